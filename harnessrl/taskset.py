@@ -1,0 +1,88 @@
+"""The task-set directory: the on-disk form every stage and CLI accepts.
+
+    <dir>/tasks.jsonl        one SWE-smith row per line
+    <dir>/repos/<name>.bundle git bundle per distinct `repo` value (name = repo with "/" -> "__")
+    <dir>/manifest.json      source, counts, tool version
+
+Repos follow the SWE-smith layout: branch `main` = one squashed "Initial commit"; branch `<instance_id>` =
+"Bug Patch" then "Remove F2P Tests" commits on top of main.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harnessrl import __version__
+from harnessrl.io import atomic_output, read_jsonl, write_jsonl
+
+TASK_FIELDS_REQUIRED = ("instance_id", "repo", "patch", "FAIL_TO_PASS", "PASS_TO_PASS", "problem_statement")
+TASK_FIELDS_OPTIONAL = ("image_name", "created_at", "base_commit", "test_patch")
+
+
+def bundle_name(repo: str) -> str:
+    return repo.replace("/", "__") + ".bundle"
+
+
+@dataclass
+class TaskSet:
+    root: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, root: str | Path) -> TaskSet:
+        root = Path(root)
+        if not (root / "tasks.jsonl").is_file():
+            raise FileNotFoundError(
+                f"{root}: not a task-set directory (no tasks.jsonl). Create one with "
+                "`harnessrl tasks synthesize` or `harnessrl tasks import`."
+            )
+        manifest_path = root / "manifest.json"
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        return cls(root=root, manifest=manifest)
+
+    @property
+    def tasks_path(self) -> Path:
+        return self.root / "tasks.jsonl"
+
+    def rows(self) -> list[dict]:
+        return list(read_jsonl(self.tasks_path))
+
+    def row(self, instance_id: str) -> dict:
+        for r in read_jsonl(self.tasks_path):
+            if r.get("instance_id") == instance_id:
+                return r
+        raise KeyError(f"{self.tasks_path}: no task with instance_id {instance_id!r}")
+
+    def bundle(self, repo: str) -> Path:
+        return self.root / "repos" / bundle_name(repo)
+
+
+def write_taskset(
+    out: str | Path,
+    rows: Iterable[dict],
+    bundles: dict[str, Path],
+    source: str,
+    extra_manifest: dict[str, Any] | None = None,
+) -> TaskSet:
+    """Writes a task-set directory atomically (replacing any previous one). `bundles` maps repo -> bundle file."""
+    out = Path(out)
+    rows = list(rows)
+    with atomic_output(out) as tmp:
+        (tmp / "repos").mkdir(parents=True)
+        write_jsonl(tmp / "tasks.jsonl", rows)
+        for repo, src in bundles.items():
+            shutil.copyfile(src, tmp / "repos" / bundle_name(repo))
+        manifest = {
+            "source": source,
+            "tasks": len(rows),
+            "repos": sorted(bundles),
+            "tool": f"harnessrl {__version__}",
+            **(extra_manifest or {}),
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return TaskSet.open(out)
