@@ -1,0 +1,163 @@
+"""The vLLM token-level `/v1/completions` wire format, shared by our server and our client.
+
+Source of the format: vLLM `vllm/entrypoints/openai/protocol.py` (CompletionRequest, CompletionResponse,
+CompletionResponseChoice, CompletionLogProbs, UsageInfo) and `serving_completion.py`
+(`request_output_to_completion_response`), v0.10.2 and later. With `"return_token_ids": true` each choice
+carries `token_ids` (sampled ids, stop token included) and `prompt_token_ids`; with `"logprobs": k` it
+carries `logprobs.token_logprobs` (one float per sampled token, clamped at -9999.0) and `logprobs.tokens`.
+Before v0.10.2 the reply has no `token_ids`; such servers are rejected with a clear error.
+
+harnessrl extension (ignored by vLLM clients): our server adds `policy_version` and `token_policy_versions`
+and `timings` to each choice and may answer `finish_reason: "abort"` with the tokens sampled so far (vLLM answers an
+aborted request with an error instead).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from harnessrl.components.engine.base import EngineError, Generation, SamplingParams
+
+MIN_VLLM_VERSION = "0.10.2"
+
+
+def build_request(
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    max_tokens: int,
+    stop_token_ids: list[int] | None,
+    model: str,
+    top_logprobs: int = 0,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": int(max_tokens),
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "logprobs": int(top_logprobs),  # 0: only the sampled token's logprob
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "stream": False,
+    }
+    if sampling.seed is not None:
+        body["seed"] = int(sampling.seed)
+    if stop_token_ids:
+        body["stop_token_ids"] = [int(t) for t in stop_token_ids]
+    return body
+
+
+def parse_response(body: Any, source: str, default_version: int = 0) -> Generation:
+    """Reads the first choice of a completions reply into a Generation, or raises EngineError saying what
+    is wrong with the reply."""
+    def bad(what: str) -> EngineError:
+        return EngineError(f"{source}: malformed /v1/completions reply: {what}")
+
+    if not isinstance(body, dict):
+        raise bad(f"expected a JSON object, got {type(body).__name__}")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise bad("no choices[0]")
+    choice = choices[0]
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        raise bad(f"choices[0].token_ids is missing: the server must support `return_token_ids` "
+                  f"(vLLM >= {MIN_VLLM_VERSION})")
+    if not isinstance(token_ids, list) or not all(isinstance(t, int) for t in token_ids):
+        raise bad("choices[0].token_ids is not a list of integers")
+    logprobs_obj = choice.get("logprobs")
+    if not isinstance(logprobs_obj, dict) or not isinstance(logprobs_obj.get("token_logprobs"), list):
+        raise bad("choices[0].logprobs.token_logprobs is missing (the request asks for logprobs)")
+    logprobs = logprobs_obj["token_logprobs"]
+    if len(logprobs) != len(token_ids):
+        raise bad(f"{len(token_ids)} token_ids but {len(logprobs)} token_logprobs")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in logprobs):
+        raise bad("choices[0].logprobs.token_logprobs holds a non-number")
+    finish = choice.get("finish_reason")
+    if finish not in ("stop", "length", "abort"):
+        raise bad(f"unknown finish_reason {finish!r}")
+    version = choice.get("policy_version", default_version)
+    versions = choice.get("token_policy_versions") or [version] * len(token_ids)
+    tops = None
+    top_raw = logprobs_obj.get("top_logprobs")
+    if isinstance(top_raw, list) and top_raw and isinstance(choice.get("top_logprob_ids"), list):
+        tops = [[(int(i), float(lp)) for i, lp in row] for row in choice["top_logprob_ids"]]
+    return Generation(
+        token_ids=list(token_ids),
+        logprobs=[float(x) for x in logprobs],
+        finish_reason=finish,
+        policy_version=int(version),
+        token_policy_versions=[int(v) for v in versions],
+        top_logprobs=tops,
+        timings={k: float(v) for k, v in (choice.get("timings") or {}).items() if isinstance(v, int | float)},
+    )
+
+
+def build_response(
+    generation: Generation,
+    prompt_ids: list[int],
+    model: str,
+    tokenizer,
+    request: dict[str, Any],
+    stop_token_ids: list[int] | None,
+) -> dict[str, Any]:
+    """A vLLM-shaped CompletionResponse for one generation."""
+    skip_special = bool(request.get("skip_special_tokens", True))
+    tokens = [tokenizer.decode([t]) for t in generation.token_ids]
+    logprobs = None
+    if request.get("logprobs") is not None:
+        offsets, pos = [], 0
+        for text in tokens:
+            offsets.append(pos)
+            pos += len(text)
+        top = None
+        if generation.top_logprobs is not None:
+            top = [{tokenizer.decode([i]): max(lp, -9999.0) for i, lp in row} for row in generation.top_logprobs]
+        else:
+            top = [{text: max(lp, -9999.0)} for text, lp in zip(tokens, generation.logprobs, strict=True)]
+        logprobs = {
+            "text_offset": offsets,
+            "token_logprobs": [max(lp, -9999.0) for lp in generation.logprobs],
+            "tokens": tokens,
+            "top_logprobs": top,
+        }
+    last = generation.token_ids[-1] if generation.token_ids else None
+    stop_reason = last if generation.finish_reason == "stop" and last in set(stop_token_ids or ()) else None
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": tokenizer.decode(generation.token_ids, skip_special_tokens=skip_special),
+        "logprobs": logprobs,
+        "finish_reason": generation.finish_reason,
+        "stop_reason": stop_reason,
+        "token_ids": generation.token_ids if request.get("return_token_ids") else None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids if request.get("return_token_ids") else None,
+        "policy_version": generation.policy_version,
+        "token_policy_versions": generation.token_policy_versions,
+        "timings": generation.timings,
+    }
+    if generation.top_logprobs is not None:
+        choice["top_logprob_ids"] = [[[i, lp] for i, lp in row] for row in generation.top_logprobs]
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "total_tokens": len(prompt_ids) + len(generation.token_ids),
+            "completion_tokens": len(generation.token_ids),
+            "prompt_tokens_details": None,
+        },
+        "kv_transfer_params": None,
+    }
+
+
+def error_body(message: str, code: int, kind: str = "BadRequestError") -> dict[str, Any]:
+    """vLLM's ErrorResponse shape (v0.11+ nests it under "error")."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}

@@ -1,0 +1,20 @@
+"""Token-exact recording gateway between agent harnesses and inference engines.
+
+Stable API (the rollout stage builds on it):
+  - In process:  `GatewayServer(engine, tokenizer, journal_dir, admin_token).start() -> base_url`
+    (`.stop()`); `engine` is any `harnessrl.components.engine.base.Engine`. As a subprocess:
+    `harnessrl gateway serve --engine-url URL --journal DIR --admin-token T` (prints `READY <base_url>`).
+  - Sessions:    `POST {base}/admin/sessions {rollout_id, group_id}` -> `{session_id, api_key, base_url, ...}`;
+    OpenAI base URL = `{base}/sessions/{sid}/v1`, Anthropic base URL = `{base}/sessions/{sid}`;
+    end with `POST {base}/admin/sessions/{sid}/end {status: ok|failed}`.
+  - Export:      `POST {base}/admin/export {out_dir, rollout_id?|session_id?, selection: all|longest}` or offline
+    `harnessrl gateway export --journal DIR --out DIR` -> `records.parquet` (one row per call),
+    `samples.parquet` (`harnessrl.schema.Sample` rows).
+  - Python helpers: `harnessrl.components.gateway.client.GatewayAdmin`.
+See docs/gateway.md.
+"""
+
+from .client import GatewayAdmin, SessionInfo
+from .server import GatewayConfig, GatewayServer
+
+__all__ = ["GatewayAdmin", "GatewayConfig", "GatewayServer", "SessionInfo"]

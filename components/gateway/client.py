@@ -1,0 +1,84 @@
+"""Python helpers for the gateway's admin API (what the rollout stage calls). Blocking, stdlib only.
+
+    admin = GatewayAdmin(base_url, admin_token)
+    s = admin.create_session(rollout_id="r1", group_id="task-1")
+    # harness: OpenAI base URL s.openai_base_url, Anthropic base URL s.anthropic_base_url, key s.api_key
+    admin.end_session(s.session_id)                   # or status="failed", reason="..."
+    admin.export(out_dir, rollout_id="r1")            # records.parquet + samples.parquet
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+
+class GatewayClientError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"gateway answered HTTP {status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    api_key: str
+    base_url: str
+    openai_base_url: str
+    anthropic_base_url: str
+
+
+def request_json(method: str, url: str, token: str | None = None, body: dict | None = None,
+                 timeout_s: float = 600.0) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            msg = json.loads(raw)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = raw.decode(errors="replace")[:500]
+        raise GatewayClientError(e.code, msg) from None
+
+
+class GatewayAdmin:
+    def __init__(self, base_url: str, admin_token: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = admin_token
+
+    def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float = 600.0) -> dict:
+        return request_json(method, self.base_url + path, self.token, body, timeout_s)
+
+    def create_session(self, rollout_id: str, group_id: str) -> SessionInfo:
+        d = self._call("POST", "/admin/sessions", {"rollout_id": rollout_id, "group_id": group_id})
+        return SessionInfo(d["session_id"], d["api_key"], d["base_url"], d["openai_base_url"], d["anthropic_base_url"])
+
+    def session(self, session_id: str) -> dict:
+        return self._call("GET", f"/admin/sessions/{session_id}")
+
+    def end_session(self, session_id: str, status: str = "ok", reason: str | None = None) -> dict:
+        return self._call("POST", f"/admin/sessions/{session_id}/end", {"status": status, "reason": reason})
+
+    def pause(self, mode: str = "finish", timeout_s: float = 600.0) -> dict:
+        return self._call("POST", "/admin/pause", {"mode": mode, "timeout_s": timeout_s}, timeout_s + 30)
+
+    def resume(self) -> dict:
+        return self._call("POST", "/admin/resume", {})
+
+    def metrics(self) -> dict:
+        return self._call("GET", "/admin/metrics")
+
+    def export(self, out_dir: str, session_id: str | None = None, rollout_id: str | None = None,
+               selection: str = "all") -> dict:
+        """Writes records.parquet and samples.parquet to out_dir on the gateway's file system."""
+        return self._call("POST", "/admin/export", {"out_dir": str(out_dir), "session_id": session_id,
+                                                    "rollout_id": rollout_id, "selection": selection})

@@ -1,0 +1,80 @@
+"""A tokenizer for gateway processes that need no model: `tokenizer.json` through `tokenizers`, the chat
+template through jinja2 configured as transformers configures it. Loads in ~1 s instead of importing
+transformers + torch (tens of seconds on a busy CPU), which matters for gateways started per rollout pod.
+
+Supports exactly what the gateway uses: `encode`, `decode`, `convert_tokens_to_ids`, `eos_token_id`,
+`chat_template` and `apply_chat_template(..., tokenize=False)`. Tests compare it with the transformers tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+
+def _token_text(v: Any) -> str | None:
+    if isinstance(v, dict):
+        return v.get("content")
+    return v
+
+
+class LightTokenizer:
+    def __init__(self, model_dir: str | os.PathLike) -> None:
+        d = Path(model_dir)
+        if not (d / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{d}: no tokenizer.json (a Hugging Face fast-tokenizer directory is needed)")
+        self._tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        cfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
+        template = cfg.get("chat_template")
+        if (d / "chat_template.jinja").is_file():
+            template = (d / "chat_template.jinja").read_text()
+        if not isinstance(template, str):
+            raise ValueError(f"{d}: no chat template (chat_template.jinja or a string chat_template in tokenizer_config.json)")
+        self.chat_template = template
+        self.special = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        self.eos_token = self.special["eos_token"]
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+            json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = env.from_string(template)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], tokenize: bool = False, add_generation_prompt: bool = False,
+                            tools: list[dict] | None = None, **kwargs: Any) -> str:
+        if tokenize:
+            raise ValueError("LightTokenizer.apply_chat_template renders text only (tokenize=False)")
+        return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                     **{k: v for k, v in self.special.items() if v is not None}, **kwargs)
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def load_gateway_tokenizer(model_dir: str | os.PathLike | None = None):
+    """The light tokenizer for `model_dir` (default: the tiny model's directory)."""
+    if model_dir is None:
+        from harnessrl.tinymodel import tiny_model_dir
+
+        model_dir = tiny_model_dir()
+    return LightTokenizer(model_dir)
