@@ -1,0 +1,1 @@
+"""KFP component of the clean stage (stage logic lives in harnessrl.dataprep.clean)."""

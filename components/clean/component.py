@@ -1,0 +1,28 @@
+"""KFP component `clean`: drops rows by the seeds' rules; every dropped row keeps its reasons."""
+
+from harnessrl.components.kfp_common import component
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+
+@component
+def clean(
+    tasks: Input[Dataset],
+    kept: Output[Dataset],
+    rejected: Output[Dataset],
+    report: Output[Markdown],
+    metrics: Output[Metrics],
+    max_tests: int = 200,
+    require_f2p: bool = True,
+    require_problem_statement: bool = True,
+    check_branches: bool = True,
+    drop_duplicates: bool = True,
+):
+    from pathlib import Path
+
+    from harnessrl.components.clean.stage import run_clean
+    from harnessrl.pipelines.reports import publish
+
+    result = run_clean(Path(tasks.path), Path(kept.path), Path(rejected.path), max_tests=max_tests,
+                       require_f2p=require_f2p, require_problem_statement=require_problem_statement,
+                       check_branches=check_branches, drop_duplicates=drop_duplicates)
+    publish(result.markdown, result.metrics, report, metrics)

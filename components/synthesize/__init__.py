@@ -1,0 +1,1 @@
+"""KFP component of the synthesize stage (stage logic lives in harnessrl.dataprep.synthesize)."""

@@ -1,0 +1,24 @@
+"""KFP component `synthesize`: SWE-smith-style tasks from a Python repo directory or sdist."""
+
+from harnessrl.components.kfp_common import component
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Output
+
+
+@component
+def synthesize(
+    source: Input[Artifact],
+    tasks: Output[Dataset],
+    report: Output[Markdown],
+    metrics: Output[Metrics],
+    max_tasks: int = 20,
+    seed: int = 0,
+    timeout_s: float = 120.0,
+):
+    from pathlib import Path
+
+    from harnessrl.components.synthesize.stage import run_synthesize
+    from harnessrl.pipelines.reports import publish
+
+    result = run_synthesize(Path(source.path), Path(tasks.path), max_tasks=max_tasks, seed=seed,
+                            timeout_s=timeout_s)
+    publish(result.markdown, result.metrics, report, metrics)

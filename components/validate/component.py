@@ -1,0 +1,23 @@
+"""KFP component `validate`: the Great Expectations suite; fails the step (after reporting) on violations."""
+
+from harnessrl.components.kfp_common import component
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+
+@component
+def validate(
+    tasks: Input[Dataset],
+    results: Output[Dataset],
+    report: Output[Markdown],
+    metrics: Output[Metrics],
+    fail_on_violation: bool = True,
+):
+    from pathlib import Path
+
+    from harnessrl.components.validate.stage import run_validate
+    from harnessrl.pipelines.reports import publish
+
+    outcome = run_validate(Path(tasks.path), Path(results.path))
+    publish(outcome.report.markdown, outcome.report.metrics, report, metrics)
+    if fail_on_violation and not outcome.success:
+        raise RuntimeError(f"task set failed validation:\n{outcome.summary}")

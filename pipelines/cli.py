@@ -1,0 +1,157 @@
+"""`harnessrl compile | submit | run | pipelines | demo` (registered into harnessrl/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from harnessrl.cli import UserError
+
+
+def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("pipelines", help="list the pipelines and whether this checkout can build them")
+    p.set_defaults(func=cmd_pipelines)
+
+    p = commands.add_parser("compile", help="write KFP IR YAML for every pipeline into a folder")
+    p.add_argument("--out", default="compiled", help="output folder (default: ./compiled)")
+    p.add_argument("--pipeline", action="append", dest="names", metavar="NAME",
+                   help="compile only this pipeline (repeatable)")
+    p.add_argument("--check", action="store_true",
+                   help="also check cluster placement: GPU steps complete, S3 credentials only from Secrets")
+    p.set_defaults(func=cmd_compile)
+
+    p = commands.add_parser("submit", help="send a pipeline to a Kubeflow Pipelines endpoint")
+    p.add_argument("pipeline", help="compiled pipeline .yaml or a pipeline name (compiled on the fly)")
+    p.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://localhost:8080")
+    p.add_argument("--namespace", default=None, help="namespace (multi-user KFP)")
+    p.add_argument("--experiment", default="harnessrl", help="experiment name (created if missing)")
+    p.add_argument("--run-name", default=None)
+    p.add_argument("--token", default=None, help="bearer token (default: $KF_PIPELINES_TOKEN)")
+    p.add_argument("--arg", action="append", default=[], metavar="K=V", help="pipeline argument (repeatable)")
+    p.add_argument("--pipeline-root", default=None, help="override the pipeline root, e.g. minio://harnessrl/root")
+    p.add_argument("--service-account", default=None)
+    p.add_argument("--upload", action="store_true",
+                   help="also upload it as a named pipeline (new version if it exists) and run that version")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the endpoint to answer")
+    p.set_defaults(func=cmd_submit)
+
+    p = commands.add_parser("run", help="run a pipeline locally with kfp.local in a run directory")
+    p.add_argument("pipeline", help="pipeline name (see `harnessrl pipelines`) or compiled .yaml")
+    p.add_argument("--run-dir", default=None, help="default: runs/<pipeline>-<UTC time>")
+    p.add_argument("--arg", action="append", default=[], metavar="K=V", help="pipeline argument (repeatable)")
+    p.add_argument("--no-cache", action="store_true", help="re-execute every step (no kfp.local cache)")
+    p.add_argument("--verbose", "-v", action="store_true", help="stream every step's log to the terminal")
+    p.set_defaults(func=cmd_run)
+
+    p = commands.add_parser("demo", help="synthesize tasks from a small real package and run data-prep locally")
+    p.add_argument("--run-dir", default=None, help="default: runs/demo-<UTC time>")
+    p.add_argument("--max-tasks", type=int, default=6)
+    p.add_argument("--source", default=None, help="repo dir or sdist to use instead of parse==1.22.4")
+    p.add_argument("--verbose", "-v", action="store_true")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_pipelines(args: argparse.Namespace) -> int:
+    from harnessrl.pipelines.full import PipelineUnavailable
+    from harnessrl.pipelines.registry import PIPELINES
+
+    for entry in PIPELINES.values():
+        try:
+            pipeline = entry.load()
+            params = ", ".join(sorted(pipeline.component_spec.inputs or {}))
+            print(f"{entry.name:16} {entry.summary}\n{'':16} parameters: {params}")
+        except PipelineUnavailable as e:
+            print(f"{entry.name:16} {entry.summary}\n{'':16} unavailable here: {e}")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from harnessrl.pipelines.compile import compile_all
+    from harnessrl.pipelines.registry import get_entry
+
+    for name in args.names or []:
+        get_entry(name)  # unknown names: one clear error
+    result = compile_all(args.out, args.names)
+    for name, path in result.written.items():
+        print(f"compiled {name:16} -> {path}")
+    for name, why in result.skipped.items():
+        print(f"skipped  {name:16} ({why})")
+    problems: list[str] = []
+    if args.check:
+        from harnessrl.pipelines.full import STAGE_SLOTS
+        from harnessrl.pipelines.spec_checks import CompiledPipeline, placement_problems
+
+        s3 = {slot.stage.replace("_", "-") for slot in STAGE_SLOTS if slot.streams_large_objects}
+        for name, path in result.written.items():
+            problems += [f"{name}: {p}" for p in placement_problems(CompiledPipeline.load(path), s3)]
+        print("\n".join(problems) if problems else f"placement checked: {len(result.written)} pipeline(s) ok")
+    return 0 if result.written and not problems else 1
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from harnessrl.pipelines.full import PipelineUnavailable
+    from harnessrl.pipelines.submit import SubmitError, submit
+
+    try:
+        submitted = submit(args.pipeline, host=args.host, arguments=args.arg, namespace=args.namespace,
+                           experiment=args.experiment, run_name=args.run_name, token=args.token,
+                           pipeline_root=args.pipeline_root, service_account=args.service_account,
+                           upload=args.upload, timeout_s=args.timeout)
+    except (SubmitError, PipelineUnavailable) as e:
+        raise UserError(str(e)) from None
+    print(f"submitted run {submitted.run_id} ({submitted.run_name}) to {args.host}")
+    if submitted.pipeline_version_id:
+        print(f"pipeline {submitted.pipeline_id} version {submitted.pipeline_version_id}")
+    print(f"run details: {submitted.url}")
+    return 0
+
+
+def print_run_summary(result) -> None:
+    from rich.console import Console
+
+    console = Console(soft_wrap=True)
+    color = "green" if result.status == "succeeded" else "red"
+    console.print(f"[{color}]{result.status}[/]" + (f": step {result.failed_task} failed — its log is in "
+                                                    f"{result.run_dir / 'run.log'}" if result.failed_task else ""))
+    if result.failure_reason:
+        console.print(result.failure_reason, highlight=False, markup=False, soft_wrap=True)
+    console.print(f"run directory: {result.run_dir}", highlight=False)
+    console.print(f"index of outputs: {result.index_path}", highlight=False)
+    console.print(f"artifacts: {result.run_dir / 'artifacts'}", highlight=False)
+    for path in result.reports[:1]:
+        console.print(f"report: {path}", highlight=False)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harnessrl.pipelines.full import PipelineUnavailable
+    from harnessrl.pipelines.local_run import LocalRunError, run_local
+
+    try:
+        result = run_local(args.pipeline, args.arg, args.run_dir, cache=not args.no_cache, verbose=args.verbose)
+    except (LocalRunError, PipelineUnavailable) as e:
+        raise UserError(str(e)) from None
+    except KeyboardInterrupt as e:
+        print(f"harnessrl: {e}", file=sys.stderr)
+        return 130
+    print_run_summary(result)
+    return 0 if result.status == "succeeded" else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from harnessrl.pipelines.demo import run_demo
+
+    try:
+        result = run_demo(run_dir=args.run_dir, max_tasks=args.max_tasks,
+                          source=Path(args.source) if args.source else None, verbose=args.verbose)
+    except KeyboardInterrupt as e:
+        print(f"harnessrl: {e}", file=sys.stderr)
+        return 130
+    print_run_summary(result)
+    if result.status == "succeeded":
+        index = json.loads(result.index_path.read_text())
+        kept = [t["outputs"]["kept"]["path"] for k, t in index["tasks"].items() if "kept" in t["outputs"]]
+        if kept:
+            print(f"clean task set: {kept[0]}")
+    return 0 if result.status == "succeeded" else 1

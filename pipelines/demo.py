@@ -1,0 +1,53 @@
+"""`harnessrl demo`: a task set synthesized from a small real package, through the data-prep pipeline locally."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from harnessrl.pipelines.local_run import RunResult, default_run_dir, run_local
+from rich.console import Console
+
+DEMO_PACKAGE = "parse==1.22.4"
+SOURCES_CACHE = Path.home() / ".cache" / "harnessrl" / "sources"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_REPO = REPO_ROOT / "tests" / "fixtures" / "minirepo"
+
+
+def cached_sdist(requirement: str = DEMO_PACKAGE, cache: Path = SOURCES_CACHE) -> Path | None:
+    """The sdist of `requirement`, downloaded once with pip into `cache`; None when offline."""
+    name, version = requirement.split("==")
+    pattern = f"{name}-{version}.tar.gz"
+    found = sorted(cache.glob(pattern))
+    if found:
+        return found[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                           "--disable-pip-version-check", "-q", "-d", str(cache), requirement],
+                          capture_output=True, text=True, timeout=300)
+    found = sorted(cache.glob(pattern))
+    return found[0] if proc.returncode == 0 and found else None
+
+
+def demo_source(console: Console, cache: Path = SOURCES_CACHE) -> Path:
+    sdist = cached_sdist(cache=cache)
+    if sdist is not None:
+        console.print(f"source: {sdist} ({DEMO_PACKAGE} sdist, cached)", highlight=False)
+        return sdist
+    if FIXTURE_REPO.is_dir():
+        console.print(f"[yellow]could not download {DEMO_PACKAGE} (offline?); using the test fixture "
+                      f"{FIXTURE_REPO} instead[/]", highlight=False)
+        return FIXTURE_REPO
+    raise FileNotFoundError(f"could not download {DEMO_PACKAGE} and {FIXTURE_REPO} is missing: "
+                            "pass --source <repo dir or sdist>")
+
+
+def run_demo(run_dir: str | Path | None = None, max_tasks: int = 6, source: Path | None = None,
+             verbose: bool = False) -> RunResult:
+    console = Console(file=sys.stdout, soft_wrap=True)
+    if source is not None and not source.exists():
+        raise FileNotFoundError(f"--source {source}: no such file or directory")
+    source = source or demo_source(console)
+    return run_local("data-prep", {"source_uri": str(source), "max_tasks": max_tasks, "seed": 0},
+                     run_dir or default_run_dir("demo"), verbose=verbose, console=console)

@@ -1,0 +1,50 @@
+"""Kubernetes placement for pipeline steps: GPU steps and the S3 credentials of steps that stream big objects.
+
+Only names of Secrets/ConfigMaps go into the compiled YAML; their values stay in the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from kfp import dsl, kubernetes
+
+GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}  # label set by NVIDIA GPU feature discovery
+GPU_TOLERATIONS: tuple[dict, ...] = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+
+S3_SECRET_NAME = os.environ.get("HARNESSRL_S3_SECRET", "harnessrl-s3")
+S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+STORE_CONFIG_MAP = os.environ.get("HARNESSRL_STORE_CONFIGMAP", "harnessrl-store")
+STORE_CONFIG_KEYS = {"HARNESSRL_S3_ENDPOINT": "HARNESSRL_S3_ENDPOINT", "HARNESSRL_S3_BUCKET": "HARNESSRL_S3_BUCKET",
+                     "HARNESSRL_S3_REGION": "HARNESSRL_S3_REGION"}
+
+
+def gpu_step(
+    task: dsl.PipelineTask,
+    gpus: int = 1,
+    accelerator: str = "nvidia.com/gpu",
+    *,
+    cpu: str = "8",
+    memory: str = "64G",
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping] | None = None,
+) -> dsl.PipelineTask:
+    """Requests `gpus` accelerators plus CPU/memory and pins the step to GPU nodes (selector + toleration)."""
+    if gpus < 1:
+        raise ValueError(f"gpu_step: gpus must be >= 1, got {gpus}")
+    task.set_accelerator_type(accelerator).set_accelerator_limit(gpus)
+    task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)
+    for key, value in (GPU_NODE_SELECTOR if node_selector is None else node_selector).items():
+        kubernetes.add_node_selector(task, label_key=key, label_value=value)
+    for tol in GPU_TOLERATIONS if tolerations is None else tolerations:
+        kubernetes.add_toleration(task, **tol)
+    return task
+
+
+def use_s3_credentials(task: dsl.PipelineTask, secret_name: str = S3_SECRET_NAME,
+                       config_map: str = STORE_CONFIG_MAP) -> dsl.PipelineTask:
+    """Env for `harnessrl.store` from a Secret (keys) and a ConfigMap (endpoint, bucket); values never in YAML."""
+    kubernetes.use_secret_as_env(task, secret_name=secret_name, secret_key_to_env=S3_SECRET_KEYS)
+    kubernetes.use_config_map_as_env(task, config_map_name=config_map, config_map_key_to_env=STORE_CONFIG_KEYS)
+    return task

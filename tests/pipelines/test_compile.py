@@ -1,0 +1,162 @@
+"""Every registered pipeline compiles, kfp loads it back, and cluster placement is what the stages need."""
+
+import os
+
+import pytest
+import yaml
+from harnessrl.components.validate.component import validate
+from harnessrl.pipelines.compile import compile_all
+from harnessrl.pipelines.full import STAGE_SLOTS, PipelineUnavailable
+from harnessrl.pipelines.k8s import gpu_step, use_s3_credentials
+from harnessrl.pipelines.registry import PIPELINES
+from harnessrl.pipelines.spec_checks import (
+    CompiledPipeline,
+    gpu_problems,
+    literal_env_names,
+    placement_problems,
+    secret_env_problems,
+)
+from kfp import components, dsl
+
+from harnessrl.cli import main
+
+GPU_STAGES = {slot.stage.replace("_", "-"): slot for slot in STAGE_SLOTS if slot.gpus}
+S3_STAGES = {slot.stage.replace("_", "-") for slot in STAGE_SLOTS if slot.streams_large_objects}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compiled")
+    sentinel = "SENTINEL-secret-value-must-not-leak"
+    old = os.environ.get("AWS_SECRET_ACCESS_KEY")
+    os.environ["AWS_SECRET_ACCESS_KEY"] = sentinel
+    try:
+        result = compile_all(out)
+    finally:
+        if old is None:
+            os.environ.pop("AWS_SECRET_ACCESS_KEY")
+        else:
+            os.environ["AWS_SECRET_ACCESS_KEY"] = old
+    return result, sentinel
+
+
+def test_every_pipeline_compiles_or_says_why(compiled):
+    result, _ = compiled
+    assert set(result.written) | set(result.skipped) == set(PIPELINES)
+    assert {"data-prep", "clean-only", "validate-only"} <= set(result.written)
+    for name, why in result.skipped.items():
+        assert "does not exist yet" in why or "has no component" in why or "no upstream" in why, (name, why)
+
+
+def test_compiled_yaml_loads_back_in_kfp(compiled):
+    result, sentinel = compiled
+    for name, path in result.written.items():
+        comp = components.load_component_from_file(str(path))
+        assert comp.name == name
+        text = path.read_text()
+        assert sentinel not in text, f"{name}: a credential value leaked into the compiled YAML"
+        pipeline = CompiledPipeline.load(path)
+        assert pipeline.name == name
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & literal_env_names(pipeline)
+        images = {pipeline.executor(label)["container"]["image"] for _, _, label in pipeline.tasks()
+                  if "container" in pipeline.executor(label)}
+        assert len(images) == 1, f"{name}: every step should use the project image, got {images}"
+
+
+def test_per_stage_pipelines_import_by_uri(compiled):
+    result, _ = compiled
+    for name, param in (("clean-only", "tasks_uri"), ("validate-only", "tasks_uri"), ("data-prep", "source_uri")):
+        spec = yaml.safe_load(result.written[name].read_text())
+        assert spec["root"]["inputDefinitions"]["parameters"][param]["parameterType"] == "STRING"
+        importers = [e for e in spec["deploymentSpec"]["executors"].values() if "importer" in e]
+        assert importers and all(
+            e["importer"]["artifactUri"] == {"runtimeParameter": "uri"} for e in importers), name
+
+
+def test_data_prep_wiring(compiled):
+    result, _ = compiled
+    pipeline = CompiledPipeline.load(result.written["data-prep"])
+    dag = pipeline.spec["root"]["dag"]["tasks"]
+    assert dag["clean"]["inputs"]["artifacts"]["tasks"]["taskOutputArtifact"] == {
+        "producerTask": "synthesize", "outputArtifactKey": "tasks"}
+    assert dag["validate"]["inputs"]["artifacts"]["tasks"]["taskOutputArtifact"] == {
+        "producerTask": "clean", "outputArtifactKey": "kept"}
+    outputs = pipeline.spec["components"]["comp-clean"]["outputDefinitions"]["artifacts"]
+    assert outputs["report"]["artifactType"]["schemaTitle"] == "system.Markdown"
+    assert outputs["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
+
+
+def test_gpu_stages_in_compiled_pipelines_are_placed_on_gpus(compiled):
+    """Checks GPU stages automatically once their components exist and the full pipeline compiles."""
+    result, _ = compiled
+    checked = 0
+    for path in result.written.values():
+        pipeline = CompiledPipeline.load(path)
+        for task_path, comp_name, label in pipeline.tasks():
+            stage = comp_name.removeprefix("comp-").rsplit("-", 1)[0] if comp_name[-1].isdigit() else \
+                comp_name.removeprefix("comp-")
+            if stage in GPU_STAGES:
+                assert gpu_problems(pipeline, label, gpus=GPU_STAGES[stage].gpus) == [], task_path
+                checked += 1
+            if stage in S3_STAGES:
+                assert secret_env_problems(pipeline, label) == [], task_path
+    if "harnessrl-full" in result.written:  # difficulty + generate and train in each of the 2 rounds
+        assert checked >= 5
+
+
+def test_gpu_step_helper_and_checker(tmp_path):
+    @dsl.pipeline(name="gpu-check")
+    def gpu_check(tasks_uri: str):
+        imported = dsl.importer(artifact_uri=tasks_uri, artifact_class=dsl.Dataset)
+        on_gpu = validate(tasks=imported.output).set_display_name("on-gpu")
+        gpu_step(on_gpu, gpus=4, accelerator="nvidia.com/gpu", cpu="16", memory="128G")
+        use_s3_credentials(on_gpu)
+        validate(tasks=imported.output).set_display_name("on-cpu")
+
+    from kfp import compiler
+
+    path = tmp_path / "gpu.yaml"
+    compiler.Compiler().compile(gpu_check, str(path))
+    pipeline = CompiledPipeline.load(path)
+    (gpu_task,) = pipeline.gpu_tasks()
+    label = gpu_task[2]
+    assert gpu_problems(pipeline, label, gpus=4) == []
+    assert gpu_problems(pipeline, label, gpus=2) == [f"{label}: accelerator count 4, expected 2"]
+    res = pipeline.resources(label)
+    assert (res["resourceCpuLimit"], res["resourceMemoryLimit"]) == ("16", "128G")
+    assert pipeline.platform[label]["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}
+    assert pipeline.platform[label]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert secret_env_problems(pipeline, label) == []
+    (cpu_label,) = [lbl for _, _, lbl in pipeline.tasks() if lbl != label and "container" in pipeline.executor(lbl)]
+    problems = gpu_problems(pipeline, cpu_label)
+    assert any("accelerator type None" in p for p in problems) and any("node selector" in p for p in problems)
+    assert secret_env_problems(pipeline, cpu_label)
+    with pytest.raises(ValueError, match="gpus must be >= 1"):
+        gpu_step(None, gpus=0)
+    assert placement_problems(pipeline) == []
+    (problem,) = placement_problems(pipeline, s3_components={"validate"})  # the CPU copy has no Secret env
+    assert "not taken from a Secret" in problem
+
+
+def test_compile_cli(tmp_path, capsys):
+    assert main(["compile", "--out", str(tmp_path / "out"), "--pipeline", "clean-only"]) == 0
+    assert (tmp_path / "out" / "clean-only.yaml").is_file()
+    assert "compiled clean-only" in capsys.readouterr().out
+    assert main(["compile", "--out", str(tmp_path / "out"), "--pipeline", "data-prep", "--check"]) == 0
+    assert "placement checked: 1 pipeline(s) ok" in capsys.readouterr().out
+    assert main(["compile", "--out", str(tmp_path / "out"), "--pipeline", "nope"]) == 2
+    assert "unknown pipeline 'nope'" in capsys.readouterr().err
+
+
+def test_full_pipeline_reports_missing_stages_or_builds(tmp_path):
+    from kfp import compiler
+
+    try:
+        cluster = PIPELINES["harnessrl-full"].load()
+    except PipelineUnavailable as e:
+        assert "pipelines/full.py" in str(e) or "does not exist yet" in str(e) or "has no component" in str(e)
+        return
+    compiler.Compiler().compile(PIPELINES["harnessrl-full"].load(local=True), str(tmp_path / "local.yaml"))
+    compiler.Compiler().compile(cluster, str(tmp_path / "cluster.yaml"))
+    assert CompiledPipeline.load(tmp_path / "local.yaml").platform == {}  # `harnessrl run` variant
+    assert CompiledPipeline.load(tmp_path / "cluster.yaml").gpu_tasks()
