@@ -58,4 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Re-enter through the imported module so areas raising harnessrl.cli.UserError are caught by the same class.
+    from harnessrl.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,174 @@
+"""The vLLM-compatible HTTP server: in-process on loopback (shared engine), and `harnessrl engine serve` as a
+real subprocess with `vllm` blocked from importing."""
+
+import asyncio
+import contextlib
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from conftest import GREEDY, run
+from harnessrl.components.engine.base import EngineError, EngineRequestError
+from harnessrl.components.engine.http_client import HTTPEngine
+from harnessrl.components.engine.server import serve
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    """Serves the session's engine on a free loopback port from a background event loop."""
+    loop = asyncio.new_event_loop()
+    ready = loop.create_future()
+    task = loop.create_task(serve(engine, "127.0.0.1", 0, ready=ready))
+    def run_server() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(task)
+        loop.close()
+
+    thread = threading.Thread(target=run_server, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not ready.done() and time.time() < deadline:
+        time.sleep(0.05)
+    yield ready.result()
+    loop.call_soon_threadsafe(task.cancel)
+    thread.join(timeout=10)
+
+
+async def post(address: str, body, headers=None):
+    async with aiohttp.ClientSession() as session, session.post(address, json=body, headers=headers) as r:
+        return r.status, await r.json()
+
+
+def test_completions_reply_has_vllm_token_fields(url, engine, chat):
+    prompt = chat("What is the capital of France?")
+    status, body = run(post(url + "/v1/completions", {
+        "model": "x", "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1, "return_token_ids": True}))
+    assert status == 200
+    choice = body["choices"][0]
+    assert body["object"] == "text_completion" and body["usage"]["prompt_tokens"] == len(prompt)
+    assert choice["prompt_token_ids"] == prompt
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["token_logprobs"]) == len(choice["logprobs"]["tokens"])
+    assert body["usage"]["completion_tokens"] == len(choice["token_ids"])
+    assert choice["finish_reason"] in ("stop", "length")
+    assert choice["text"] == engine.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+    assert choice["token_ids"] == run(engine.generate(prompt, GREEDY, 6)).token_ids
+
+
+def test_bad_requests_get_400_with_a_clear_message(url):
+    for body, message in [({"prompt": [], "max_tokens": 3}, "non-empty list of token ids"),
+                          ({"prompt": [1, 2], "n": 2}, "`n` must be 1"),
+                          ({"prompt": [1, 2], "temperature": "hot"}, "`temperature` must be a number"),
+                          ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens must be a positive integer")]:
+        status, reply = run(post(url + "/v1/completions", body))
+        assert status == 400 and message in reply["error"]["message"], reply
+
+
+def test_http_engine_against_our_server(url, chat):
+    async def go():
+        client = HTTPEngine(url)
+        try:
+            gen = await client.generate(chat("Name a color."), GREEDY, 5)
+            with pytest.raises(EngineRequestError, match="HTTP 400.*non-empty list of token ids"):
+                await client.generate([], GREEDY, 5)
+            with pytest.raises(EngineRequestError, match="HTTP 400.*no \\*.safetensors"):
+                await client.load_weights("/nonexistent/ckpt", 2)
+            return gen, client.model
+        finally:
+            await client.close()
+
+    gen, model = run(go())
+    assert model == "smollm2-135m-instruct"
+    assert 0 < len(gen.token_ids) <= 5 and gen.timings["total_s"] > 0 and gen.timings["http_s"] > 0
+
+
+def test_load_weights_and_abort_over_http(url, chat):
+    from harnessrl.tinymodel import tiny_model_dir
+
+    async def go():
+        client = HTTPEngine(url)
+        try:
+            await client.load_weights(str(tiny_model_dir()), 3)
+            after = await client.generate(chat("hi"), GREEDY, 3)
+            long = asyncio.ensure_future(client.generate(chat("Tell me a very long story."), GREEDY, 500,
+                                                         request_id="long-1"))
+            await asyncio.sleep(1.0)
+            await client.abort(["long-1"])
+            aborted = await long
+            async with aiohttp.ClientSession() as s, s.get(url + "/health") as r:
+                health = await r.json()
+            return after, aborted, health
+        finally:
+            await client.close()
+
+    after, aborted, health = run(go())
+    assert after.policy_version == 3 and after.token_policy_versions == [3] * len(after.token_ids)
+    assert aborted.finish_reason == "abort" and len(aborted.token_ids) < 500
+    assert health["status"] == "ok" and health["policy_version"] == 3
+
+
+SERVE_WITHOUT_VLLM = r"""
+import importlib, pkgutil, sys
+
+class BlockVllm:
+    def find_spec(self, name, path=None, target=None):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError(f"blocked import of {name}")
+        return None
+
+sys.meta_path.insert(0, BlockVllm())
+import harnessrl.components.engine as pkg
+names = [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+for name in names:
+    importlib.import_module(name)
+assert not any(m == "vllm" or m.startswith("vllm.") for m in sys.modules)
+print("imported", len(names), "engine modules without vllm", flush=True)
+from harnessrl.cli import main
+sys.exit(main(["engine", "serve", "--port", "0", "--max-batch", "4"]))
+"""
+
+
+def test_serve_process_imports_without_vllm_and_fails_cleanly_when_killed(engine, chat):
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_WITHOUT_VLLM], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        address, seen, deadline = None, [], time.time() + 240
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            match = re.search(r"listening on (http://\S+)", line)
+            if match:
+                address = match.group(1)
+                break
+        assert address, "engine server did not start:\n" + "".join(seen[-20:])
+        imported = next(line for line in seen if line.startswith("imported"))
+        assert int(imported.split()[1]) >= 8  # base, kv, sampling, local, server, http_client, router, cli, ...
+        prompt = chat("What is 2+2?")
+
+        async def ask():
+            client = HTTPEngine(address)
+            try:
+                return await client.generate(prompt, GREEDY, 4)
+            finally:
+                await client.close()
+
+        assert run(ask()).token_ids == run(engine.generate(prompt, GREEDY, 4)).token_ids
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    with pytest.raises(EngineError, match="unreachable"):
+        run(ask())
+
+
+def test_cli_rejects_a_missing_model_dir(tmp_path):
+    harnessrl = Path(sys.executable).parent / "harnessrl"  # the installed entry point, as users type it
+    out = subprocess.run([str(harnessrl), "engine", "serve", "--model", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "not a Hugging Face model directory" in out.stderr and "Traceback" not in out.stderr
