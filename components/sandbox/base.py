@@ -1,0 +1,97 @@
+"""The one small interface every sandbox backend implements, and its typed results.
+
+    Sandbox.run(cmd: list[str] | str, timeout: float, limits: Limits | None = None, cwd: str = "/workspace")
+        -> RunResult(outcome, exit_code, stdout, stderr, wall_s, detail, limit_events)
+
+Outcomes: `ok` (exit 0), `nonzero` (the command failed), `timeout` (wall clock; the whole sandbox was killed),
+`resource_limit` (memory / processes / CPU time / file size), `sandbox_error` (the sandbox itself could not
+start or broke: an infrastructure failure that must never be reported as the agent's failure).
+A string `cmd` runs under `/bin/sh -c`.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+WORKSPACE_MOUNT = "/workspace"
+GATEWAY_SOCKET_MOUNT = "/run/harnessrl/gateway.sock"
+
+
+class Outcome(enum.StrEnum):
+    OK = "ok"
+    NONZERO = "nonzero"
+    TIMEOUT = "timeout"
+    RESOURCE_LIMIT = "resource_limit"
+    SANDBOX_ERROR = "sandbox_error"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-command resource limits. Memory and process limits use cgroups where this host lets us create them
+    (exact, with OOM/pids events) and rlimits otherwise (RLIMIT_AS / RLIMIT_NPROC)."""
+
+    memory_mb: int = 2048
+    processes: int = 256
+    cpu_s: int = 600  # CPU seconds (RLIMIT_CPU): SIGXCPU at the limit, SIGKILL 5 s later
+    file_size_mb: int = 512  # largest single file a command may write (RLIMIT_FSIZE)
+    open_files: int = 1024
+    tmp_mb: int = 512  # size of the private /tmp tmpfs
+
+    def __post_init__(self) -> None:
+        for name in ("memory_mb", "processes", "cpu_s", "file_size_mb", "open_files", "tmp_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Limits.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass
+class RunResult:
+    outcome: Outcome
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    wall_s: float
+    detail: str = ""  # why: which limit was hit, what broke in the sandbox
+    limit_events: dict[str, int] = field(default_factory=dict)  # e.g. {"oom_kill": 1, "pids_max": 37}
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    @property
+    def infra_error(self) -> bool:
+        return self.outcome is Outcome.SANDBOX_ERROR
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outcome"] = self.outcome.value
+        return d
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be created or used (missing bwrap, bad workspace path): infrastructure, not agent."""
+
+
+class Sandbox(ABC):
+    """A place to run an agent's or a verifier's commands, with the workspace at /workspace."""
+
+    @abstractmethod
+    def run(
+        self,
+        cmd: list[str] | str,
+        timeout: float,
+        limits: Limits | None = None,
+        cwd: str = WORKSPACE_MOUNT,
+    ) -> RunResult: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Releases backend resources (pods, cgroups). The workspace itself is left alone."""
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

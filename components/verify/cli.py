@@ -1,0 +1,76 @@
+"""`harnessrl verify ...` (one task, one patch or workspace) and `harnessrl stage verify ...` (a whole run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds for the test run (default 300)")
+    p.add_argument("--memory-mb", type=int, default=2048, help="memory limit of the test run (default 2048)")
+    p.add_argument("--processes", type=int, default=256, help="process limit of the test run (default 256)")
+
+
+def register(commands, stages) -> None:
+    v = commands.add_parser("verify", help="grade one patch or workspace against a task (prints a JSON report)")
+    v.add_argument("--tasks", required=True, type=Path, help="task-set directory")
+    v.add_argument("--instance", required=True, help="instance_id of the task")
+    src = v.add_mutually_exclusive_group(required=True)
+    src.add_argument("--patch", type=Path, help="a diff file, applied to a fresh copy of the task tip")
+    src.add_argument("--workspace", type=Path, help="a final workspace directory (diffed by the framework)")
+    _limit_args(v)
+    v.set_defaults(func=_verify_one)
+
+    s = stages.add_parser("verify", help="grade every rollout: rewards.jsonl, logs, summary, report")
+    s.add_argument("--tasks", required=True, type=Path, help="task-set directory")
+    s.add_argument("--rollouts", required=True, type=Path,
+                   help="rollouts JSONL (or a directory with rollouts.jsonl): rollout_id, instance_id, "
+                        "workspace | model_patch | patch")
+    s.add_argument("--out", required=True, type=Path, help="output directory (replaced)")
+    s.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _limit_args(s)
+    s.set_defaults(func=_stage)
+
+
+def _limits(args: argparse.Namespace):
+    from harnessrl.components.sandbox.base import Limits
+
+    return Limits(memory_mb=args.memory_mb, processes=args.processes)
+
+
+def _verify_one(args: argparse.Namespace) -> int:
+    from harnessrl.components.verify.verify import verify_patch, verify_workspace
+
+    from harnessrl.cli import UserError
+    from harnessrl.taskset import TaskSet
+
+    taskset = TaskSet.open(args.tasks)
+    row = taskset.row(args.instance)
+    if args.patch is not None:
+        if not args.patch.is_file():
+            raise UserError(f"--patch {args.patch}: no such file")
+        result = verify_patch(taskset, row, args.patch.read_text(errors="surrogateescape"), timeout_s=args.timeout,
+                              limits=_limits(args))
+    else:
+        if not args.workspace.is_dir():
+            raise UserError(f"--workspace {args.workspace}: not a directory")
+        result = verify_workspace(taskset, row, args.workspace, timeout_s=args.timeout, limits=_limits(args))
+    json.dump(result.to_dict(), sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+    if result.infra_error:
+        print(f"harnessrl: verify: infrastructure error: {result.detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from harnessrl.components.verify.stage import run_verify
+
+    summary = run_verify(args.tasks, args.rollouts, args.out, args.workers, timeout_s=args.timeout,
+                         limits=_limits(args), show_progress=not args.no_progress)
+    print(json.dumps(summary, sort_keys=True))
+    return 0

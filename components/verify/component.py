@@ -1,0 +1,29 @@
+"""KFP component `verify`: task rows + rollouts -> rewards dataset (rewards.jsonl, logs), report, metrics."""
+
+from harnessrl.components.kfp_common import component
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+
+@component
+def verify(
+    tasks: Input[Dataset],
+    rollouts: Input[Dataset],
+    verified: Output[Dataset],
+    report: Output[Markdown],
+    metrics: Output[Metrics],
+    workers: int = 2,
+    timeout_s: float = 300.0,
+    memory_mb: int = 2048,
+):
+    """Grades each rollout's final workspace (or diff) in a fresh sandbox with SWE-bench rules."""
+    from pathlib import Path
+
+    from harnessrl.components.sandbox.base import Limits
+    from harnessrl.components.verify.stage import run_verify
+    from harnessrl.pipelines.reports import publish
+
+    summary = run_verify(Path(tasks.path), Path(rollouts.path), Path(verified.path), workers, timeout_s=timeout_s,
+                         limits=Limits(memory_mb=memory_mb), show_progress=False)
+    keys = ("rollouts", "graded", "resolved", "infra_errors", "flagged", "reward_mean", "verifications_per_min")
+    publish((Path(verified.path) / "report.md").read_text(), {k: summary.get(k) for k in keys}, report, metrics)
+    verified.metadata.update({"rollouts": summary["rollouts"], "resolved": summary["resolved"]})
