@@ -1,0 +1,1 @@
+"""The generate stage: task -> workspace -> sandbox -> harness <-> gateway <-> engine -> rollout records."""

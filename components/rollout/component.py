@@ -1,0 +1,41 @@
+"""KFP component `generate_rollouts` (thin: the work is in generate.run_generate). A GPU step on the cluster."""
+
+from harnessrl.components.kfp_common import component
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+
+@component
+def generate_rollouts(
+    tasks: Input[Dataset],
+    policy: Input[Model],
+    rollouts: Output[Dataset],
+    samples: Output[Dataset],
+    report: Output[Markdown],
+    metrics: Output[Metrics],
+    group_size: int = 4,
+    specs_json: str = "",
+    concurrency: int = 4,
+    engine_url: str = "",
+    seed: int = 0,
+):
+    """N rollouts per task through harness ↔ gateway ↔ engine: rollouts (rows, records, transcripts) and samples."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from harnessrl.components.rollout.generate import GenerateConfig, run_generate
+    from harnessrl.components.rollout.policy import PolicySource
+    from harnessrl.components.rollout.specs import parse_specs
+    from harnessrl.pipelines.reports import publish
+
+    specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
+    out = Path(rollouts.path)
+    result = run_generate(Path(tasks.path), out, specs,
+                          PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
+                          GenerateConfig(group_size=group_size, concurrency=concurrency, seed=seed), progress=False)
+    Path(samples.path).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "samples.parquet", Path(samples.path) / "samples.parquet")
+    flat = {k: v for k, v in result.items() if not isinstance(v, dict)}
+    flat.update({f"status_{k}": v for k, v in result["status"].items()})
+    publish((out / "report.md").read_text(), flat, report, metrics)
+    rollouts.metadata.update({"rollouts": result["rollouts"], "tasks": result["tasks"]})
