@@ -45,9 +45,9 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
     p.add_argument("--verbose", "-v", action="store_true", help="stream every step's log to the terminal")
     p.set_defaults(func=cmd_run)
 
-    p = commands.add_parser("demo", help="synthesize tasks from a small real package and run data-prep locally")
+    p = commands.add_parser("demo", help="the full pipeline locally on the embedded default (tiny model, small real package)")
     p.add_argument("--run-dir", default=None, help="default: runs/demo-<UTC time>")
-    p.add_argument("--max-tasks", type=int, default=6)
+    p.add_argument("--max-tasks", type=int, default=3)
     p.add_argument("--source", default=None, help="repo dir or sdist to use instead of parse==1.22.4")
     p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=cmd_demo)
@@ -150,8 +150,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 130
     print_run_summary(result)
     if result.status == "succeeded":
-        index = json.loads(result.index_path.read_text())
-        kept = [t["outputs"]["kept"]["path"] for k, t in index["tasks"].items() if "kept" in t["outputs"]]
-        if kept:
-            print(f"clean task set: {kept[0]}")
+        tasks = json.loads(result.index_path.read_text())["tasks"]
+        for label, step, output in (("clean task set", "clean", "kept"), ("selected tasks", "select", "selected"),
+                                    ("final checkpoint", "train-grpo-2", "model")):
+            if output in tasks.get(step, {}).get("outputs", {}):
+                print(f"{label}: {tasks[step]['outputs'][output]['path']}")
     return 0 if result.status == "succeeded" else 1

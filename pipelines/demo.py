@@ -1,4 +1,9 @@
-"""`harnessrl demo`: a task set synthesized from a small real package, through the data-prep pipeline locally."""
+"""`harnessrl demo`: the full pipeline locally on the embedded default.
+
+A task set synthesized from a small real package (parse==1.22.4) → clean → validate → Best-of-N difficulty →
+select → two rounds of generate → verify → GRPO train, with SmolLM2-135M on the CPU. Sizes are cut so it
+finishes in minutes on 2 cores: 3 tasks, N=2, 2 turns of at most 32 sampled tokens.
+"""
 
 from __future__ import annotations
 
@@ -43,11 +48,22 @@ def demo_source(console: Console, cache: Path = SOURCES_CACHE) -> Path:
                             "pass --source <repo dir or sdist>")
 
 
-def run_demo(run_dir: str | Path | None = None, max_tasks: int = 6, source: Path | None = None,
+# One harness spec for every rollout: our ReAct loop in bubblewrap, budgets sized for a CPU.
+DEMO_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 2}, "options": {"max_tokens_per_turn": 32}}]'
+
+
+def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
+    from harnessrl.tinymodel import tiny_model_dir
+
+    return {"source_uri": str(source), "base_model_uri": str(tiny_model_dir()), "max_tasks": max_tasks,
+            "seed": 0, "group_size": 2, "difficulty_n": 2, "k_all_fail": max_tasks, "specs_json": DEMO_SPECS}
+
+
+def run_demo(run_dir: str | Path | None = None, max_tasks: int = 3, source: Path | None = None,
              verbose: bool = False) -> RunResult:
     console = Console(file=sys.stdout, soft_wrap=True)
     if source is not None and not source.exists():
         raise FileNotFoundError(f"--source {source}: no such file or directory")
     source = source or demo_source(console)
-    return run_local("data-prep", {"source_uri": str(source), "max_tasks": max_tasks, "seed": 0},
-                     run_dir or default_run_dir("demo"), verbose=verbose, console=console)
+    return run_local("harnessrl-full", demo_arguments(source, max_tasks), run_dir or default_run_dir("demo"),
+                     verbose=verbose, console=console)

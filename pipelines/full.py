@@ -53,7 +53,7 @@ class StageSlot:
 
 STAGE_SLOTS: tuple[StageSlot, ...] = (
     StageSlot("estimate_difficulty", "harnessrl.components.difficulty.component:estimate_difficulty",
-              gpus=1, aliases={"model": "checkpoint", "policy": "checkpoint"}),
+              gpus=1, aliases={"model": "checkpoint", "policy": "checkpoint", "n": "difficulty_n"}),
     StageSlot("select", "harnessrl.components.difficulty.component:select",
               aliases={"difficulty": "estimates"}),
     StageSlot("generate_rollouts", "harnessrl.components.rollout.component:generate_rollouts", per_round=True,
@@ -137,6 +137,8 @@ def build_full_pipeline(slots: Sequence[StageSlot] = STAGE_SLOTS, *, rounds: int
         engine_url: str = "",
         specs_json: str = "",
         group_size: int = 4,
+        difficulty_n: int = 4,
+        k_all_fail: int = 1000,
         config_json: str = "{}",
     ):
         prep = add_data_prep(source_uri, max_tasks=max_tasks, seed=seed, timeout_s=timeout_s,
@@ -148,6 +150,7 @@ def build_full_pipeline(slots: Sequence[StageSlot] = STAGE_SLOTS, *, rounds: int
         # pipeline parameters later stages take by name (engine_url: e.g. http://vllm.harnessrl:8000)
         pool: dict[str, Any] = {"tasks": prep.tasks, "checkpoint": base_model.output, "seed": seed,
                                 "engine_url": engine_url, "specs_json": specs_json, "group_size": group_size,
+                                "difficulty_n": difficulty_n, "k_all_fail": k_all_fail,
                                 "config_json": config_json}
         previous: dsl.PipelineTask = prep.gate
         for round_index in range(rounds + 1):

@@ -1,0 +1,93 @@
+"""Packed vs padded micro-batches: tokens/s and peak memory of one GRPO step on SmolLM2-135M (CPU).
+
+The batch has a 10× length spread (16…160 tokens). Padded: 4 sequences per micro-batch, right-padded to the
+longest. Packed: the same token budget per micro-batch (4 × 160), sequences concatenated with restarting
+position ids, no padding. Each (mode, repetition) runs in a fresh child process so peak RSS is per mode;
+modes alternate so machine load hits both alike.
+
+    .venv/bin/python benchmarks/train.py [--reps 2] [--threads 0]
+
+Last line: JSON with packed_speedup, padding_fraction_packed, padding_fraction_padded, peak_rss_mb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+LENGTHS = [16, 24, 40, 56, 80, 104, 136, 160]
+
+
+def child(mode: str, threads: int) -> None:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from harnessrl.components.train.batching import SeqItem
+    from harnessrl.components.train.losses import sequence_weights
+    from harnessrl.components.train.trainer import TrainConfig, Trainer
+    from harnessrl.tinymodel import load_model
+
+    rng = random.Random(0)
+    lengths = list(LENGTHS)
+    rng.shuffle(lengths)  # padded micro-batches mix short and long sequences, as real batches do
+    seqs = []
+    for i, n in enumerate(lengths):
+        prompt = n // 4
+        ids = [rng.randrange(100, 49000) for _ in range(n)]
+        mask = [0] * prompt + [1] * (n - prompt)
+        beh = [0.0] * prompt + [-rng.uniform(0.1, 3.0) for _ in range(n - prompt)]
+        seqs.append((ids, mask, beh, f"r{i % 4}"))
+    w = sequence_weights([sum(m[1:]) for _, m, _, _ in seqs], [r for *_, r in seqs], "rollout-token-mean")
+    items = [SeqItem(i, m, b, 1.0 if k % 2 else -1.0, wk, r) for k, ((i, m, b, r), wk) in enumerate(zip(seqs, w, strict=True))]
+    cfg = TrainConfig(packing=(mode == "packed"), max_tokens_per_micro_batch=4 * max(LENGTHS), seqs_per_micro_batch=4)
+    trainer = Trainer(load_model(), cfg)
+    t = time.perf_counter()
+    m = trainer.step(items)
+    elapsed = time.perf_counter() - t
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"mode": mode, "tokens": m["tokens"], "step_s": elapsed, "tokens_per_s": m["tokens"] / elapsed,
+                      "padding_fraction": m["padding_fraction"], "micro_batches": m["micro_batches"],
+                      "peak_rss_mb": rss_mb, "loss": m["loss"]}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--child", choices=["packed", "padded"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.threads)
+        return
+    results: dict[str, list[dict]] = {"packed": [], "padded": []}
+    for rep in range(args.reps):
+        for mode in ("padded", "packed") if rep % 2 == 0 else ("packed", "padded"):
+            out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(args.threads)],
+                                 capture_output=True, text=True, check=True)
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            results[mode].append(row)
+            print(f"rep {rep} {mode:6s}: {row['tokens_per_s']:.1f} tok/s, step {row['step_s']:.1f}s, "
+                  f"padding {row['padding_fraction']:.1%}, {row['micro_batches']} micro-batches, "
+                  f"peak RSS {row['peak_rss_mb']:.0f} MB", flush=True)
+    tps = {m: statistics.median(r["tokens_per_s"] for r in rows) for m, rows in results.items()}
+    rss = {m: max(r["peak_rss_mb"] for r in rows) for m, rows in results.items()}
+    assert abs(results["packed"][0]["loss"] - results["padded"][0]["loss"]) < 1e-4, "modes must compute the same loss"
+    print(json.dumps({
+        "packed_speedup": round(tps["packed"] / tps["padded"], 3),
+        "tokens_per_s_packed": round(tps["packed"], 1), "tokens_per_s_padded": round(tps["padded"], 1),
+        "padding_fraction_packed": results["packed"][0]["padding_fraction"],
+        "padding_fraction_padded": round(results["padded"][0]["padding_fraction"], 4),
+        "peak_rss_mb": round(rss["packed"], 1), "peak_rss_mb_padded": round(rss["padded"], 1),
+        "reps": args.reps, "lengths": LENGTHS,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Train stage: samples + rewards → rollout-level advantages → GRPO/PPO updates → checkpoint (see docs/train.md)."""

@@ -1,0 +1,42 @@
+"""KFP component `train_grpo` (thin: the work is in stage.run). A GPU step on the cluster: the full pipeline's
+StageSlot requests it through `harnessrl.pipelines.k8s.gpu_step` (gpus=1)."""
+
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from harnessrl.components.kfp_common import component
+
+
+@component
+def train_grpo(
+    samples: Input[Dataset],
+    verified: Input[Dataset],
+    policy: Input[Model],
+    model: Output[Model],
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    config_json: str = "{}",
+    seed: int = 0,
+    resume: bool = True,
+):
+    """GRPO update with rollout-level advantages: samples + verify rewards + policy → new policy."""
+    import json
+    import math
+    import shutil
+    from pathlib import Path
+
+    from harnessrl.components.train.stage import StageConfig, run
+
+    cfg_d = json.loads(config_json or "{}")
+    cfg_d.setdefault("train", {})["seed"] = seed
+    cfg = StageConfig.from_dict(cfg_d)
+    # Work (checkpoints for --resume) lives beside the output artifact so a retried step on the same
+    # artifact path resumes instead of starting over.
+    work = Path(model.path).parent / (Path(model.path).name + ".work")
+    summary = run(samples.path, verified.path, policy.path, work, cfg, resume=resume, model_out=model.path,
+                  progress=False)
+    for key, value in summary.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            metrics.log_metric(key, float(value))
+    shutil.copyfile(work / "report.md", report.path)
+    model.metadata.update({"framework": "transformers", "steps": summary.get("steps", 0),
+                           "fingerprint": summary.get("fingerprint", "")})

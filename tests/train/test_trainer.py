@@ -1,0 +1,151 @@
+"""Trainer on real forward/backward passes: packing, micro-batching and data parallelism leave the update
+unchanged; bf16 and multi-epoch paths run; same seed → same result."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from harnessrl.components.train.batching import SeqItem, pack, pad, padding_fraction, plan_packs
+from harnessrl.components.train.losses import sequence_weights
+from harnessrl.components.train.trainer import TrainConfig, Trainer, token_logprobs
+
+VOCAB = 512  # small vocabulary: the invariances are about batching, not the tokenizer
+
+
+def small_llama(seed: int = 0):
+    return tiny_llama(seed, vocab=VOCAB)
+
+
+def make_items(mode: str, seed: int = 0) -> list[SeqItem]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [5, 40, 12, 3, 25, 9, 17]  # ~10× spread
+    rollouts = ["a", "a", "b", "c", "c", "c", "d"]  # rollout a split in 2 samples, c in 3
+    advs = {"a": 1.0, "b": -0.5, "c": 0.25, "d": -1.5}
+    seqs = []
+    for n in lengths:
+        ids = torch.randint(3, VOCAB, (n,), generator=g).tolist()
+        cut = max(1, n // 3)
+        mask = [0] * cut + [1] * (n - cut)
+        beh = [0.0] * cut + (-torch.rand(n - cut, generator=g) * 3).tolist()
+        seqs.append((ids, mask, beh))
+    counts = [sum(m[1:]) for _, m, _ in seqs]
+    w = sequence_weights(counts, rollouts, mode, loss_scale_factor=64.0)
+    return [SeqItem(i, m, b, advs[r], wi, r) for (i, m, b), r, wi in zip(seqs, rollouts, w, strict=True)]
+
+
+def grads_after(items, cfg: TrainConfig, world: int = 1, rank_items=None) -> tuple[float, dict]:
+    model = small_llama()
+    tr = Trainer(model, cfg)
+    if rank_items is None:
+        m = tr.step(items)
+    else:  # simulated data parallelism: each rank's share scaled by world size, then averaged
+        tr.optimizer.step = lambda: None  # only gradients are compared here
+        total = 0.0
+        acc = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+        for share in rank_items:
+            mbs = pack(share, 10_000)
+            for mb in mbs:
+                lp = token_logprobs(model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits,
+                                    mb.targets)
+                from harnessrl.components.train.losses import ppo_token_losses
+                tl = ppo_token_losses(lp, lp.detach(), mb.advantages, cfg.policy, mb.behavior_logprobs)
+                loss = (tl.pg * mb.target_mask * mb.weights).sum() * world
+                loss.backward()
+                total += float(loss.detach()) / world
+            for n, p in model.named_parameters():
+                if p.grad is not None:
+                    acc[n] += p.grad / world
+                    p.grad = None
+        return total, acc
+    return m["loss"], None
+
+
+def grads_of_step(items, cfg: TrainConfig) -> tuple[float, dict]:
+    """Loss and gradient of one step (the optimizer is replaced so gradients stay inspectable)."""
+    model = small_llama()
+    tr = Trainer(model, cfg)
+    grads: dict = {}
+
+    def capture():
+        grads.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+
+    tr.optimizer.step = capture
+    tr.optimizer.zero_grad = lambda set_to_none=True: None
+    m = tr.step(items)
+    return m["loss"], grads
+
+
+def no_clip(**kw) -> TrainConfig:
+    cfg = TrainConfig(**kw)
+    cfg.optim.max_grad_norm = 1e9
+    return cfg
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "rollout-token-mean"])
+def test_micro_batch_budget_and_padding_do_not_change_loss_or_gradient(mode):
+    items = make_items(mode)
+    ref_loss, ref = grads_of_step(items, no_clip(loss_mode=mode, max_tokens_per_micro_batch=10_000,
+                                                 loss_scale_factor=64.0))
+    for cfg in (no_clip(loss_mode=mode, max_tokens_per_micro_batch=45, loss_scale_factor=64.0),
+                no_clip(loss_mode=mode, packing=False, seqs_per_micro_batch=2, loss_scale_factor=64.0)):
+        loss, grads = grads_of_step(items, cfg)
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
+        for name, g in ref.items():
+            assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-7), name
+
+
+@pytest.mark.parametrize("world", [3])
+def test_simulated_data_parallel_world_size_does_not_change_gradient(world):
+    mode = "rollout-token-mean"
+    items = make_items(mode)
+    ref_loss, ref = grads_of_step(items, no_clip(loss_mode=mode))
+    shares = [items[r::world] for r in range(world)]
+    loss, acc = grads_after(items, no_clip(loss_mode=mode), world=world, rank_items=shares)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    for name, g in ref.items():
+        assert torch.allclose(acc[name], g, rtol=1e-4, atol=1e-7), name
+
+
+def test_packing_removes_padding_and_never_crosses_sequences():
+    items = make_items("token-mean")
+    packed, padded = pack(items, 64), pad(items, 3)
+    assert padding_fraction(packed) == 0.0
+    assert padding_fraction(padded) > 0.3
+    assert sorted(i for p in plan_packs([len(x) for x in items], 64) for i in p) == list(range(len(items)))
+    mb = packed[0]
+    starts = (mb.position_ids[0] == 0).nonzero().flatten().tolist()
+    ends = [s - 1 for s in starts[1:]] + [mb.input_ids.shape[1] - 1]
+    assert all(mb.target_mask[0, e] == 0 for e in ends)  # last token of a sequence predicts nothing
+
+
+def test_same_seed_same_losses_and_bf16_runs():
+    items = make_items("rollout-token-mean")
+    a = Trainer(small_llama(), TrainConfig()).step(items)["loss"]
+    b = Trainer(small_llama(), TrainConfig()).step(items)["loss"]
+    assert a == b
+    m = Trainer(small_llama(), TrainConfig(precision="bf16")).step(items)
+    assert torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0
+
+
+def test_ppo_epochs_recompute_old_policy_and_clip_after_first_update():
+    items = make_items("token-mean")
+    cfg = TrainConfig(loss_mode="token-mean", ppo_epochs=3)
+    cfg.optim.lr = 5e-2
+    tr = Trainer(small_llama(), cfg)
+    m = tr.step(items)
+    assert tr.global_step == 3
+    assert m["clip_frac"] > 0  # the third epoch's ratio has moved away from π_old
+    assert m["approx_kl"] != 0
+
+
+def test_kl_to_reference_needs_and_uses_a_reference_model():
+    from harnessrl.components.train.losses import PolicyLossConfig
+
+    cfg = TrainConfig(policy=PolicyLossConfig(kl_coef=0.1))
+    with pytest.raises(ValueError, match="reference model"):
+        Trainer(small_llama(), cfg)
+    ref = small_llama(seed=1).requires_grad_(False)
+    m = Trainer(small_llama(), cfg, ref_model=ref).step(make_items("rollout-token-mean"))
+    assert m["kl_ref"] > 0
