@@ -24,7 +24,6 @@ from harnessrl.dataprep.clean import clean_taskset
 from harnessrl.dataprep.gitrepo import bundle_heads
 from harnessrl.dataprep.load import load_rows
 from harnessrl.dataprep.validate import validate_frame, validate_taskset, validation_frame
-
 from harnessrl.taskset import TaskSet
 
 

@@ -50,7 +50,6 @@ def main() -> int:
 
     from harnessrl.components.engine.base import SamplingParams
     from harnessrl.components.engine.local import LocalEngine
-
     from harnessrl.tinymodel import load_model, tiny_model_dir
 
     model_dir = tiny_model_dir()

@@ -38,7 +38,6 @@ def sandbox_per_command(tasks: Path, work: Path, n: int) -> dict:
     from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
     from harnessrl.components.sandbox.envs import ensure_env
     from harnessrl.components.sandbox.workspace import materialize
-
     from harnessrl.taskset import TaskSet
 
     ts = TaskSet.open(tasks)
@@ -80,7 +79,6 @@ def main() -> int:
 
     from harnessrl.components.gateway.fast_engine import FastEngineServer
     from harnessrl.components.rollout.policy import PolicySource
-
     from harnessrl.tinymodel import load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:

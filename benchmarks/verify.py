@@ -39,7 +39,6 @@ def main() -> None:
     from harnessrl.components.verify.stage import run_verify
     from harnessrl.components.verify.verify import PYTEST_ARGS, verify_workspace
     from harnessrl.dataprep.synthesize import synthesize_taskset
-
     from harnessrl.io import write_jsonl
     from harnessrl.taskset import TaskSet
 

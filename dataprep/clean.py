@@ -13,11 +13,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harnessrl.dataprep.gitrepo import GitError, bundle_heads
-from harnessrl.dataprep.load import load_rows
 from rich.console import Console
 from rich.progress import track
 
+from harnessrl.dataprep.gitrepo import GitError, bundle_heads
+from harnessrl.dataprep.load import load_rows
 from harnessrl.io import atomic_output, atomic_write_bytes, write_jsonl
 from harnessrl.taskset import TaskSet, write_taskset
 

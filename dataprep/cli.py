@@ -55,9 +55,8 @@ def register(commands, stages) -> None:
 
 def _git_errors_as_user_errors(func):
     def wrapper(args: argparse.Namespace) -> int:
-        from harnessrl.dataprep.gitrepo import GitError
-
         from harnessrl.cli import UserError
+        from harnessrl.dataprep.gitrepo import GitError
 
         try:
             return func(args)

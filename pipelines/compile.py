@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harnessrl.pipelines.full import PipelineUnavailable
-from harnessrl.pipelines.registry import PIPELINES, load_pipeline
 from kfp import compiler
 
 from harnessrl.io import atomic_write_text
+from harnessrl.pipelines.full import PipelineUnavailable
+from harnessrl.pipelines.registry import PIPELINES, load_pipeline
 
 
 @dataclass

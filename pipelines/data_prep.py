@@ -7,11 +7,12 @@ consume; `harnessrl-full` (pipelines/full.py) reuses them unchanged.
 
 from dataclasses import dataclass
 
+from kfp import dsl
+from kfp.dsl.pipeline_channel import PipelineChannel
+
 from harnessrl.components.clean.component import clean
 from harnessrl.components.synthesize.component import synthesize
 from harnessrl.components.validate.component import validate
-from kfp import dsl
-from kfp.dsl.pipeline_channel import PipelineChannel
 
 
 @dataclass

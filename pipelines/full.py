@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp import dsl
+
 from harnessrl.pipelines.data_prep import add_data_prep
 from harnessrl.pipelines.k8s import gpu_step, use_s3_credentials
-from kfp import dsl
 
 FULL_PIPELINE_NAME = "harnessrl-full"
 

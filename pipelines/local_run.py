@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.pipelines.reports import DATA_URI_RE, extract_pngs
-
 from harnessrl.io import atomic_write_json, atomic_write_text
+from harnessrl.pipelines.reports import DATA_URI_RE, extract_pngs
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 TASK_START_RE = re.compile(r"Executing task '([^']+)'")

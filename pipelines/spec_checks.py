@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
 from harnessrl.pipelines.k8s import GPU_NODE_SELECTOR, GPU_TOLERATIONS, S3_SECRET_KEYS
 
 

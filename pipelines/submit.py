@@ -97,9 +97,10 @@ def submit(
     token = token or os.environ.get("KF_PIPELINES_TOKEN")
     check_reachable(host, token, timeout_s)
     import kfp
-    from harnessrl.pipelines.local_run import LocalRunError, parse_arguments
     from kfp import components
     from kfp_server_api import ApiException
+
+    from harnessrl.pipelines.local_run import LocalRunError, parse_arguments
 
     with tempfile.TemporaryDirectory(prefix="harnessrl-submit-") as tmp:
         name, package = resolve_package(pipeline, Path(tmp))

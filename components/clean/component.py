@@ -1,7 +1,8 @@
 """KFP component `clean`: drops rows by the seeds' rules; every dropped row keeps its reasons."""
 
-from harnessrl.components.kfp_common import component
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+from harnessrl.components.kfp_common import component
 
 
 @component

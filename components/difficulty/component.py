@@ -1,7 +1,8 @@
 """KFP components `estimate_difficulty` (Best-of-N generate + verify) and `select` (train/test task sets)."""
 
-from harnessrl.components.kfp_common import component
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from harnessrl.components.kfp_common import component
 
 
 @component

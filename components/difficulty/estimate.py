@@ -27,7 +27,6 @@ from harnessrl.components.difficulty.select import (
     classify,
     plot_pass_rate_histogram,
 )
-
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 
 

@@ -73,15 +73,16 @@ class PassRateHistory:
         self.rows.sort(key=lambda r: (r.round, r.group_id))
         write_jsonl(self.path, (asdict(r) for r in self.rows))
 
-    def recent_pass_rates(self, last_k: int = 3) -> dict[str, float]:
+    def recent_pass_rates(self, last_k: int = 3, before_round: int | None = None) -> dict[str, float]:
         """group_id -> passes/n over the group's last `last_k` recorded rounds (absent when that n is 0).
 
-        Same semantics as the trainer's `components/train/passrate.py` (tests cross-check the two)."""
+        `before_round`: only rounds earlier than it count (a rerun of round r must not see its own row)."""
         if last_k < 1:
             raise ValueError("last_k must be >= 1")
         by_group: dict[str, list[HistoryRow]] = defaultdict(list)
         for r in self.rows:
-            by_group[r.group_id].append(r)
+            if before_round is None or r.round < before_round:
+                by_group[r.group_id].append(r)
         rates = {}
         for group, rows in by_group.items():
             recent = sorted(rows, key=lambda r: r.round)[-last_k:]
@@ -93,6 +94,6 @@ class PassRateHistory:
     def recent_pass_rate(self, group_id: str, last_k: int = 3) -> float | None:
         return self.recent_pass_rates(last_k).get(group_id)
 
-    def skip_for_dynamic_sampling(self, last_k: int = 3) -> set[str]:
+    def skip_for_dynamic_sampling(self, last_k: int = 3, before_round: int | None = None) -> set[str]:
         """Groups whose recent pass rate is 0 or 1: no learning signal under group-relative advantages."""
-        return {g for g, rate in self.recent_pass_rates(last_k).items() if rate in (0.0, 1.0)}
+        return {g for g, rate in self.recent_pass_rates(last_k, before_round).items() if rate in (0.0, 1.0)}

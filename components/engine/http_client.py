@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import aiohttp
+
 from harnessrl.components.engine.base import EngineError, EngineRequestError, Generation, SamplingParams
 from harnessrl.components.engine.completions_api import build_request, parse_response
 

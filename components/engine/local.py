@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from harnessrl.components.engine import kv
 from harnessrl.components.engine.base import EngineError, EngineRequestError, Generation, SamplingParams
 from harnessrl.components.engine.sampling import RowSampling, sample

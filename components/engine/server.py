@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
 from harnessrl.components.engine.base import EngineError, EngineRequestError, SamplingParams
 from harnessrl.components.engine.completions_api import build_response, error_body
 from harnessrl.components.engine.local import LocalEngine

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import openai
+
 from harnessrl.components.harness.base import (
     STATUS_FAILED,
     STATUS_INFRA,

@@ -1,7 +1,8 @@
 """KFP component `generate_rollouts` (thin: the work is in generate.run_generate). A GPU step on the cluster."""
 
-from harnessrl.components.kfp_common import component
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from harnessrl.components.kfp_common import component
 
 
 @component

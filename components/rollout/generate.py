@@ -37,7 +37,6 @@ from harnessrl.components.harness.base import (
 )
 from harnessrl.components.rollout.policy import PolicyServer, PolicySource
 from harnessrl.components.rollout.specs import NamedSpec, assign, build_harness, load_specs, sandbox_limits
-
 from harnessrl.io import atomic_output, atomic_write_json, write_jsonl
 from harnessrl.taskset import TaskSet
 

@@ -41,7 +41,6 @@ class PolicyServer:
 
     def __enter__(self) -> PolicyServer:
         from harnessrl.components.gateway import GatewayAdmin, GatewayConfig, GatewayServer
-
         from harnessrl.tinymodel import load_tokenizer, tiny_model_dir
 
         model_dir = Path(self.source.checkpoint) if self.source.checkpoint else tiny_model_dir()

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.components.harness.base import Harness
-
 from harnessrl.schema import HarnessSpec
 
 HARNESSES = ("react", "mini-swe-agent")

@@ -30,7 +30,6 @@ from pathlib import Path
 
 from harnessrl.components.sandbox.bwrap import ENV_MANIFEST
 from harnessrl.components.sandbox.workspace import RepoCache, cache_root, git
-
 from harnessrl.taskset import TaskSet
 
 PACKAGING_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "requirements-dev.txt",

@@ -1,7 +1,8 @@
 """KFP component `synthesize`: SWE-smith-style tasks from a Python repo directory or sdist."""
 
-from harnessrl.components.kfp_common import component
 from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Output
+
+from harnessrl.components.kfp_common import component
 
 
 @component

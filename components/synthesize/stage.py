@@ -6,7 +6,6 @@ from collections import Counter
 from pathlib import Path
 
 from harnessrl.pipelines.reports import StageReport, bar_chart_png, embed_png
-
 from harnessrl.taskset import TaskSet
 
 

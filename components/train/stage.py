@@ -1,6 +1,6 @@
 """`train` stage: samples + rewards + policy checkpoint → new checkpoint, metrics, report.
 
-Flow: load & join (data.py) → dynamic sampling (passrate.py) → rollout-level advantages (advantages.py)
+Flow: load & join (data.py) → dynamic sampling (difficulty/history.py) → rollout-level advantages (advantages.py)
 → plan optimizer steps at group granularity (all samples of a rollout, indeed of a group, share one
 step) → Trainer steps with global loss denominators → checkpoints every `save_every` steps → final model.
 `resume=True` continues from the latest checkpoint in `<out>/checkpoints` and reproduces an
@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harnessrl.components.difficulty.history import PassRateHistory
 from harnessrl.components.train import advantages as adv_mod
-from harnessrl.components.train import passrate
 from harnessrl.components.train.batching import SeqItem
 from harnessrl.components.train.checkpoint import (
     fetch_policy,
@@ -95,11 +95,9 @@ def plan_round(prepared: Prepared, cfg: StageConfig) -> Plan:
     counts["rollouts_in"] = len(rollouts)
     skip: set[str] = set()
     if cfg.history:
-        rows = passrate.read_history(cfg.history)
-        if cfg.record_round is not None:  # this round's own row (from an earlier run) is not "history"
-            rows = [r for r in rows if r.round < cfg.record_round]
-        rates = passrate.recent_pass_rates(rows, cfg.history_last_k)
-        skip = passrate.groups_to_skip({g: r for g, r in rates.items() if g in set(groups)})
+        # this round's own row (from an earlier run of it) is not "history"
+        skip = PassRateHistory(cfg.history).skip_for_dynamic_sampling(cfg.history_last_k, cfg.record_round)
+        skip &= set(groups)
     counts["groups_skipped_history"] = len(skip)
     rollouts = [r for r in rollouts if r.group_id not in skip]
     if cfg.advantage_level == "rollout":
@@ -291,5 +289,4 @@ def _record_history(prepared: Prepared, cfg: StageConfig) -> None:
             continue
         n[r.group_id] += 1
         passes[r.group_id] += int(r.reward >= cfg.pass_threshold)
-    passrate.append_round(cfg.history, (passrate.HistoryRow(g, int(cfg.record_round), n[g], passes[g])
-                                        for g in sorted(n)))
+    PassRateHistory(cfg.history).record_round(int(cfg.record_round), {g: (n[g], passes[g]) for g in n})

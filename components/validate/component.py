@@ -1,7 +1,8 @@
 """KFP component `validate`: the Great Expectations suite; fails the step (after reporting) on violations."""
 
-from harnessrl.components.kfp_common import component
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+from harnessrl.components.kfp_common import component
 
 
 @component

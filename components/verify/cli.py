@@ -43,9 +43,8 @@ def _limits(args: argparse.Namespace):
 
 
 def _verify_one(args: argparse.Namespace) -> int:
-    from harnessrl.components.verify.verify import verify_patch, verify_workspace
-
     from harnessrl.cli import UserError
+    from harnessrl.components.verify.verify import verify_patch, verify_workspace
     from harnessrl.taskset import TaskSet
 
     taskset = TaskSet.open(args.tasks)

@@ -1,7 +1,8 @@
 """KFP component `verify`: task rows + rollouts -> rewards dataset (rewards.jsonl, logs), report, metrics."""
 
-from harnessrl.components.kfp_common import component
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+
+from harnessrl.components.kfp_common import component
 
 
 @component

@@ -36,7 +36,6 @@ from harnessrl.components.verify.verify import (
     verify_patch,
     verify_workspace,
 )
-
 from harnessrl.io import atomic_output, read_jsonl, write_jsonl
 from harnessrl.taskset import TaskSet
 

@@ -33,7 +33,6 @@ from harnessrl.components.sandbox.envs import ensure_env
 from harnessrl.components.sandbox.workspace import RepoCache, git, init_single_commit
 from harnessrl.components.verify.filtering import filter_diff, test_files_of
 from harnessrl.components.verify.grading import grade
-
 from harnessrl.taskset import TaskSet
 
 DEFAULT_TIMEOUT_S = 300.0

@@ -2,8 +2,8 @@ import json
 import subprocess
 
 import pytest
-from harnessrl.dataprep.clean import CleanParams, clean_taskset, patch_problem, run_clean_stage
 
+from harnessrl.dataprep.clean import CleanParams, clean_taskset, patch_problem, run_clean_stage
 from harnessrl.io import read_jsonl
 from harnessrl.taskset import TaskSet, write_taskset
 

@@ -1,8 +1,8 @@
 import json
 
 import pytest
-from harnessrl.dataprep.validate import ValidationFailed, validate_taskset
 
+from harnessrl.dataprep.validate import ValidationFailed, validate_taskset
 from harnessrl.taskset import TaskSet, write_taskset
 
 

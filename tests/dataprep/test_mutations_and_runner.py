@@ -2,6 +2,7 @@ import random
 
 import libcst as cst
 import pytest
+
 from harnessrl.dataprep.mutations import (
     MODIFIERS,
     Candidate,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from harnessrl.components.difficulty.history import PassRateHistory
 
 
@@ -48,13 +49,10 @@ def test_bad_history_rows_name_file_and_row(tmp_path, line, message):
     assert str(path) in str(e.value)
 
 
-def test_same_rates_as_the_trainers_reader(tmp_path):
-    passrate = pytest.importorskip("harnessrl.components.train.passrate")
+def test_rates_before_a_round_ignore_that_round_and_later(tmp_path):
     h = PassRateHistory(tmp_path / "h.jsonl")
-    h.record_round(0, {"a": (4, 0), "b": (4, 2), "c": (0, 0)})
-    h.record_round(1, {"a": (4, 4), "b": (0, 0), "c": (4, 1)})
-    h.record_round(2, {"a": (4, 0), "c": (4, 4)})
-    rows = passrate.read_history(tmp_path / "h.jsonl")
-    for k in (1, 2, 3):
-        assert h.recent_pass_rates(k) == passrate.recent_pass_rates(rows, k)
-        assert h.skip_for_dynamic_sampling(k) == passrate.groups_to_skip(passrate.recent_pass_rates(rows, k))
+    h.record_round(0, {"a": (4, 0), "b": (4, 2)})
+    h.record_round(1, {"a": (4, 4), "b": (4, 4)})
+    assert h.recent_pass_rates(3, before_round=1) == {"a": 0.0, "b": 0.5}
+    assert h.skip_for_dynamic_sampling(3, before_round=1) == {"a"}
+    assert h.recent_pass_rates(3) == {"a": 0.5, "b": 0.75}

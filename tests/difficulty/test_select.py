@@ -6,8 +6,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harnessrl.components.difficulty.select import run_select, select_tasks
 
+from harnessrl.components.difficulty.select import run_select, select_tasks
 from harnessrl.io import write_jsonl
 from harnessrl.taskset import TaskSet, write_taskset
 

@@ -1,6 +1,7 @@
 import asyncio
 
 import pytest
+
 from harnessrl.components.engine.base import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

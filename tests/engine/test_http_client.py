@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+
 from harnessrl.components.engine.base import EngineError, EngineRequestError, SamplingParams
 from harnessrl.components.engine.http_client import HTTPEngine
 

@@ -3,6 +3,8 @@
 import asyncio
 
 import pytest
+from test_http_client import RecordedServer, recorded
+
 from harnessrl.components.engine.base import SamplingParams
 from harnessrl.components.engine.http_client import HTTPEngine
 from harnessrl.components.engine.router import (
@@ -15,7 +17,6 @@ from harnessrl.components.engine.router import (
     make_policy,
     prefix_hash,
 )
-from test_http_client import RecordedServer, recorded
 
 
 def replicas(n=3, capacity=10_000):

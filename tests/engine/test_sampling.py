@@ -3,6 +3,7 @@
 import math
 
 import torch
+
 from harnessrl.components.engine import sampling
 from harnessrl.components.engine.sampling import RowSampling, _restrict_to_nucleus, sample
 

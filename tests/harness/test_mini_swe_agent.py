@@ -4,6 +4,7 @@ its actions executed through our ToolRuntime."""
 from __future__ import annotations
 
 import pytest
+
 from harnessrl.components.harness.base import Endpoint, TaskPrompt
 from harnessrl.components.harness.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
 from harnessrl.components.harness.runtime import LocalSubprocessRuntime

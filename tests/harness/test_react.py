@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from harnessrl.components.harness.base import Endpoint, TaskPrompt
 from harnessrl.components.harness.policies import SUMMARY_REQUEST, TRIMMED
 from harnessrl.components.harness.react import ReActConfig, ReActHarness

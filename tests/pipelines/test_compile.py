@@ -4,6 +4,9 @@ import os
 
 import pytest
 import yaml
+from kfp import components, dsl
+
+from harnessrl.cli import main
 from harnessrl.components.validate.component import validate
 from harnessrl.pipelines.compile import compile_all
 from harnessrl.pipelines.full import STAGE_SLOTS, PipelineUnavailable
@@ -16,9 +19,6 @@ from harnessrl.pipelines.spec_checks import (
     placement_problems,
     secret_env_problems,
 )
-from kfp import components, dsl
-
-from harnessrl.cli import main
 
 GPU_STAGES = {slot.stage.replace("_", "-"): slot for slot in STAGE_SLOTS if slot.gpus}
 S3_STAGES = {slot.stage.replace("_", "-") for slot in STAGE_SLOTS if slot.streams_large_objects}

@@ -2,8 +2,9 @@
 
 import io
 
-from harnessrl.pipelines import demo
 from rich.console import Console
+
+from harnessrl.pipelines import demo
 
 
 def test_cached_sdist_is_reused_without_pip(tmp_path, monkeypatch):

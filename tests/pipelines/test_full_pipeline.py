@@ -5,11 +5,12 @@ landed them; the real slots load `components/<stage>/component.py` the same way.
 """
 
 import pytest
+from kfp import compiler
+from kfp.dsl import Dataset, Input, Model, Output
+
 from harnessrl.components.kfp_common import component
 from harnessrl.pipelines.full import STAGE_SLOTS, PipelineUnavailable, StageSlot, build_full_pipeline
 from harnessrl.pipelines.spec_checks import CompiledPipeline, gpu_problems, secret_env_problems
-from kfp import compiler
-from kfp.dsl import Dataset, Input, Model, Output
 
 
 @component

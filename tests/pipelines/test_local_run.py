@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from harnessrl.pipelines.local_run import run_local
 from kfp import compiler
 
 from harnessrl.cli import main
+from harnessrl.pipelines.local_run import run_local
 from harnessrl.taskset import TaskSet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,8 +118,9 @@ def test_bad_run_arguments_are_one_line_errors(capsys, tmp_path):
 
 def test_full_pipeline_with_stand_in_stages_runs_locally(data_prep_run, runs_root):
     """Stand-in stage components (tests/pipelines/test_full_pipeline.py) slot into the real data-prep steps."""
-    from harnessrl.pipelines.full import build_full_pipeline
     from test_full_pipeline import slots
+
+    from harnessrl.pipelines.full import build_full_pipeline
 
     base_model = runs_root / "base-model.txt"
     base_model.write_text("base weights\n")

@@ -4,8 +4,9 @@ import io
 import threading
 import time
 
-from harnessrl.pipelines.local_run import RunResult, _ProgressTee
 from rich.console import Console
+
+from harnessrl.pipelines.local_run import RunResult, _ProgressTee
 
 
 def make_tee():

@@ -5,9 +5,9 @@ from email.parser import BytesParser
 from email.policy import HTTP
 
 import yaml
-from harnessrl.pipelines.compile import compile_pipeline
 
 from harnessrl.cli import main
+from harnessrl.pipelines.compile import compile_pipeline
 
 
 def closed_port() -> int:

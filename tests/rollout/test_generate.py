@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
 from harnessrl.components.gateway.fast_engine import FastEngineServer
 from harnessrl.components.rollout.generate import GenerateConfig, run_generate
 from harnessrl.components.rollout.policy import PolicySource
 from harnessrl.components.rollout.specs import parse_specs
-
 from harnessrl.io import read_jsonl
 from harnessrl.taskset import TaskSet
 from tests.conftest import requires_bwrap

@@ -10,11 +10,11 @@ from tests.conftest import requires_bwrap
 
 @requires_bwrap
 def test_kfp_local_generate_rollouts_and_select(synth_taskset, tmp_path):
+    from kfp import dsl, local
+
     from harnessrl.components.difficulty.component import select
     from harnessrl.components.gateway.fast_engine import FastEngineServer
     from harnessrl.components.rollout.component import generate_rollouts
-    from kfp import dsl, local
-
     from harnessrl.tinymodel import load_tokenizer, tiny_model_dir
 
     rows = TaskSet.open(synth_taskset).rows()

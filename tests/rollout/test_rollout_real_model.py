@@ -7,11 +7,11 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+
 from harnessrl.components.difficulty.estimate import run_estimate
 from harnessrl.components.difficulty.history import PassRateHistory
 from harnessrl.components.difficulty.select import run_select
 from harnessrl.components.rollout.specs import parse_specs
-
 from harnessrl.io import read_jsonl
 from harnessrl.taskset import TaskSet
 from tests.conftest import requires_bwrap

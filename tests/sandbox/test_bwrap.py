@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+
 from harnessrl.components.sandbox.base import Limits, Outcome, SandboxError
 from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
-
 from tests.conftest import requires_bwrap
 
 pytestmark = requires_bwrap

@@ -2,10 +2,9 @@
 
 import json
 
+from harnessrl.cli import main
 from harnessrl.components.sandbox.cli import render_manifest_files
 from harnessrl.components.sandbox.kubernetes import KubernetesConfig
-
-from harnessrl.cli import main
 from tests.conftest import requires_bwrap
 
 

@@ -17,6 +17,8 @@ from urllib.parse import parse_qs, urlparse
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes import client
+
 from harnessrl.components.sandbox.base import Limits, Outcome
 from harnessrl.components.sandbox.cli import render_manifest_files
 from harnessrl.components.sandbox.kubernetes import (
@@ -26,7 +28,6 @@ from harnessrl.components.sandbox.kubernetes import (
     render_namespace_objects,
     render_network_policies,
 )
-from kubernetes import client
 
 K8S_VERSION = "1.30"
 REPO = Path(__file__).resolve().parents[2]

@@ -6,11 +6,11 @@ import subprocess
 import time
 
 import pytest
+
 from harnessrl.components.sandbox.base import Outcome
 from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
 from harnessrl.components.sandbox.envs import ensure_env
 from harnessrl.components.sandbox.workspace import RepoCache, WorkspaceError, materialize
-
 from harnessrl.taskset import TaskSet
 from tests.conftest import requires_bwrap
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import write_round
 
-from harnessrl.components.train import passrate
+from harnessrl.components.difficulty.history import PassRateHistory
 from harnessrl.components.train.data import assemble, load_rewards, load_samples
 from harnessrl.components.train.stage import StageConfig, plan_round, step_items
 from harnessrl.io import write_jsonl
@@ -80,8 +78,7 @@ def test_nonok_drop_versus_mask_and_missing_rewards():
 
 def test_dynamic_sampling_from_history_and_zero_variance_groups(tmp_path):
     hist = tmp_path / "history.jsonl"
-    passrate.append_round(hist, [passrate.HistoryRow("easy", 1, 4, 4), passrate.HistoryRow("hard", 1, 4, 0),
-                                 passrate.HistoryRow("mixed", 1, 4, 1)])
+    PassRateHistory(hist).record_round(1, {"easy": (4, 4), "hard": (4, 0), "mixed": (4, 1)})
     samples = [_rollout(f"{g}{i}", g, float(i % 2)) for g in ("easy", "hard", "mixed", "new") for i in range(4)]
     samples += [_rollout(f"flat{i}", "flat", 1.0) for i in range(3)]
     cfg = StageConfig(history=str(hist), history_last_k=2, record_round=2, groups_per_step=2)
@@ -91,20 +88,6 @@ def test_dynamic_sampling_from_history_and_zero_variance_groups(tmp_path):
     assert plan.counts["groups_trained"] == 2
     assert sorted(g for step in plan.steps for g in step) == ["mixed", "new"]
     assert len(plan.steps) == 1  # whole groups per step, never a rollout split across steps
-
-
-def test_history_window_append_is_idempotent_and_validated(tmp_path):
-    hist = tmp_path / "h.jsonl"
-    passrate.append_round(hist, [passrate.HistoryRow("g", r, 4, p) for r, p in ((1, 0), (2, 0), (3, 2))])
-    rows = passrate.read_history(hist)
-    assert passrate.recent_pass_rates(rows, 2) == {"g": 0.25}
-    assert passrate.recent_pass_rates(rows, 1) == {"g": 0.5}
-    assert passrate.groups_to_skip(passrate.recent_pass_rates(rows[:2], 3)) == {"g"}
-    passrate.append_round(hist, [passrate.HistoryRow("g", 3, 4, 2)])
-    assert len(passrate.read_history(hist)) == 3
-    hist.write_text(json.dumps({"group_id": "g", "round": 1, "n": 2, "passes": 3}) + "\n")
-    with pytest.raises(ValueError, match=r"h.jsonl: row 1: need 0 ≤ passes ≤ n"):
-        passrate.read_history(hist)
 
 
 def test_cli_reports_bad_input_in_one_line(tmp_path, capsys):

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from harnessrl.components.sandbox import cgroups
 from harnessrl.components.sandbox.base import Limits, Outcome
 from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
@@ -26,7 +27,6 @@ from harnessrl.components.sandbox.envs import ensure_env
 from harnessrl.components.sandbox.workspace import RepoCache
 from harnessrl.components.verify.stage import run_verify
 from harnessrl.components.verify.verify import PYTEST_ARGS, verify_patch
-
 from harnessrl.io import read_jsonl, write_jsonl
 from tests.conftest import requires_bwrap
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from harnessrl.components.verify.grading import grade, parse_pytest_log
 from harnessrl.components.verify.verify import PYTEST_ARGS
 

@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from harnessrl.components.sandbox.workspace import RepoCache
-from harnessrl.components.verify.stage import run_verify
 
 from harnessrl.cli import main
+from harnessrl.components.sandbox.workspace import RepoCache
+from harnessrl.components.verify.stage import run_verify
 from harnessrl.io import read_jsonl, write_jsonl
 from tests.conftest import requires_bwrap
 
@@ -130,8 +130,9 @@ def test_verify_cli_infra_error_exits_nonzero(task, tmp_path, capsys, monkeypatc
 
 
 def test_kfp_local_run_of_the_verify_component(task, stage_run, tmp_path):
-    from harnessrl.components.verify.component import verify
     from kfp import dsl, local
+
+    from harnessrl.components.verify.component import verify
 
     tmp, _, _ = stage_run
     rollouts = tmp_path / "rollouts"
