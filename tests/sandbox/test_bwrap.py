@@ -120,7 +120,9 @@ def test_no_network_but_the_gateway_socket(ws, tmp_path):
     client = (
         "import os, socket\n"
         "s = socket.socket(socket.AF_UNIX); s.connect(os.environ['HARNESSRL_GATEWAY_SOCKET'])\n"
-        "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(s.recv(4096).decode().split()[-1])\n"
+        "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n"
+        "reply = b''.join(iter(lambda: s.recv(4096), b''))\n"  # headers and body may arrive in separate reads
+        "print(reply.decode().split()[-1])\n"
         f"try:\n    socket.create_connection(('127.0.0.1', {tcp.server_address[1]}), timeout=2); print('TCP-REACHED')\n"
         "except OSError as e:\n    print('tcp blocked:', e)\n")
     try:
