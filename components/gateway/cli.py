@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -80,6 +81,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         url = await server.start_async()
+        # The gateway process allocates many short-lived objects per call (JSON bodies, token lists) while its
+        # long-lived state (sessions, chains) only grows: collect the young generation less often, and keep
+        # what startup and journal recovery built out of every future collection.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 50)
         print(f"READY {url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -88,7 +95,12 @@ def _serve(args: argparse.Namespace) -> int:
         await stop.wait()
         await server.stop_async()
 
-    asyncio.run(run())
+    try:  # libuv's event loop: ~10% less CPU per call than asyncio's on this workload (benchmarks/gateway.py)
+        import uvloop
+    except ImportError:
+        asyncio.run(run())
+    else:
+        uvloop.run(run())
     return 0
 
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import math
 import os
 import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -37,10 +40,30 @@ def read_journal(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
             if not line.endswith(b"\n"):
                 return  # torn tail: never acknowledged
             try:
-                yield json.loads(line)
+                yield loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{p}:{lineno}: corrupt journal line ({e.msg}); "
                                  "only the last line may be torn — restore this file from a backup") from None
+
+
+def loads(data: bytes | str) -> Any:
+    """orjson's parse (several times faster); the stdlib's for what orjson rejects (NaN / Infinity literals,
+    written by `encode_record` for non-finite logprobs), so errors and accepted inputs stay the stdlib's."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def encode_record(rec: dict[str, Any]) -> bytes:
+    """One journal line: compact UTF-8 JSON (what `json.dumps(ensure_ascii=False, separators=(",", ":"))`
+    writes), by orjson: serializing a record's token id lists is the largest part of journaling.
+    orjson writes NaN / ±inf as null, so a record with a non-finite logprob (the only floats that do not come
+    from our own clocks) goes through the stdlib, which keeps them readable as NaN / -Infinity."""
+    lps = rec.get("completion_logprobs")
+    if lps and not math.isfinite(sum(lps)):
+        return (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
 
 
 class Journal:
@@ -80,7 +103,7 @@ class Journal:
     async def append(self, rec: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        line = encode_record(rec)
         self._q.put((line, fut, loop))
         await fut
 

@@ -8,6 +8,7 @@ tool calls as `<tool_call>` text, tool results as `tool` messages wrapped in `<t
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .messages import Msg
@@ -31,10 +32,83 @@ class DiffError(RuntimeError):
     """The template's rendering of a prefix is not a token prefix of its rendering with more messages."""
 
 
+class SegmentEncoder:
+    """Exact tokenization with a memo per piece of text between special tokens.
+
+    Hugging Face tokenizers cut the text at added tokens before normalizing and pre-tokenizing, and encode
+    each piece on its own; so when no added token strips whitespace around it (`lstrip`/`rstrip`/`single_word`
+    all off, and matched on the raw text), encode(text) is the concatenation of the pieces' encodings and the special tokens' ids. Chat
+    renders repeat most of their pieces (the synthetic prefix of every message delta; a rollout's system prompt
+    and tool list in every new chain of every session), so each distinct piece is tokenized once. Tokenizers
+    where the cut does not hold, or that fail the self-check, are used whole (`enabled` False)."""
+
+    def __init__(self, tokenizer: Any, max_chars: int = 32 << 20, max_piece_chars: int = 1 << 16) -> None:
+        self.tokenizer = tokenizer
+        self._memo: dict[str, tuple[int, ...]] = {}
+        self._chars = 0
+        self._max_chars, self._max_piece = max_chars, max_piece_chars
+        self._split: re.Pattern | None = None
+        added = getattr(tokenizer, "added_tokens_decoder", None)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if isinstance(added, dict) and added and backend is not None:
+            toks = list(added.values())
+            normalizer = getattr(backend, "normalizer", None)
+            if all(not (t.lstrip or t.rstrip or t.single_word) and isinstance(t.content, str) and t.content
+                   and not (t.normalized and normalizer is not None) for t in toks):
+                # longest first: the tokenizer matches added tokens leftmost-longest
+                alts = sorted({t.content for t in toks}, key=len, reverse=True)
+                self._split = re.compile("(" + "|".join(map(re.escape, alts)) + ")")
+                self._specials = {t.content: (self._whole(t.content)) for t in toks}
+                if any(len(v) != 1 for v in self._specials.values()):
+                    self._split = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._split is not None
+
+    def _whole(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def disable(self) -> None:
+        self._split = None
+        self._memo.clear()
+
+    def check(self, texts: list[str]) -> None:
+        """Turns the memo off unless it reproduces the tokenizer's own ids on these texts."""
+        if self._split is not None and any(self.encode(t) != self._whole(t) for t in texts):
+            self.disable()
+
+    def encode(self, text: str) -> list[int]:
+        if self._split is None:
+            return self._whole(text)
+        out: list[int] = []
+        for piece in self._split.split(text):
+            if not piece:
+                continue
+            ids = self._specials.get(piece) or self._memo.get(piece)
+            if ids is None:
+                ids = tuple(self._whole(piece))
+                if len(piece) <= self._max_piece:
+                    if self._chars + len(piece) > self._max_chars:
+                        self._memo.clear()
+                        self._chars = 0
+                    self._memo[piece] = ids
+                    self._chars += len(piece)
+            out.extend(ids)
+        return out
+
+
 class ChatRenderer:
-    def __init__(self, tokenizer: Any, tool_format: str = "hermes") -> None:
+    def __init__(self, tokenizer: Any, tool_format: str = "hermes", segment_memo: bool = True) -> None:
         self.tokenizer = tokenizer
         self.parser = get_parser(tool_format)
+        self.segments = SegmentEncoder(tokenizer)
+        if not segment_memo:  # plain tokenization of every render (benchmark baselines)
+            self.segments.disable()
+        probe = [{"role": "system", "content": "probe  system\n\n"}, {"role": "user", "content": " héllo\t x"},
+                 {"role": "assistant", "content": "\n<tool_call>\n{}\n</tool_call> "}]
+        self.segments.check([self._render_text(_SYNTH, False), self._render_text(probe, True),
+                             "a<|im_end|>b " + "".join(self.segments._specials) if self.segments.enabled else ""])
         template = getattr(tokenizer, "chat_template", None) or ""
         self.native_tools = "tools" in template
         synth_ids = self._encode(self._render_text(_SYNTH, add_generation_prompt=False))
@@ -46,7 +120,7 @@ class ChatRenderer:
 
     # -- primitives -----------------------------------------------------------------------------------
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.segments.encode(text)
 
     def _render_text(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
         kwargs: dict[str, Any] = {}

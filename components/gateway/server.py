@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
-import json
 import secrets
 import threading
 import time
@@ -28,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from aiohttp import web
+from jinja2 import TemplateError
+
 from harnessrl.components.engine.base import (
     Engine,
     EngineError,
@@ -36,11 +38,11 @@ from harnessrl.components.engine.base import (
     Generation,
     SamplingParams,
 )
-from jinja2 import TemplateError
 
 from . import api_formats as fmt
 from .chains import CallPlan, ChainSet
 from .journal import Journal
+from .journal import loads as journal_loads
 from .messages import (
     MessageHasher,
     Msg,
@@ -85,6 +87,10 @@ class _HTTPError(Exception):
     def __init__(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.kind, self.message, self.headers = status, kind, message, headers or {}
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
 
 
 def _sha(s: str) -> str:
@@ -257,7 +263,7 @@ class GatewayServer:
         raw = await request.read()
         cpu0 = time.thread_time()
         try:
-            body = json.loads(raw)
+            body = journal_loads(raw)
         except ValueError:
             raise RequestError("request body is not valid JSON") from None
         if not isinstance(body, dict):
@@ -397,7 +403,7 @@ class GatewayServer:
                                        include_usage)
             return await self._sse(request, chunks)
         return web.json_response(fmt.openai_response(call_id, self.config.model_name, content, calls, finish,
-                                                      n_prompt, n_out))
+                                                      n_prompt, n_out), dumps=_dumps)
 
     async def _anthropic_messages(self, request: web.Request) -> web.StreamResponse:
         s = self._session_for(request)
@@ -417,7 +423,7 @@ class GatewayServer:
             return await self._sse(request, fmt.anthropic_stream(call_id, self.config.model_name, pieces, calls,
                                                                  finish, n_prompt, n_out))
         return web.json_response(fmt.anthropic_response(call_id, self.config.model_name, content, calls, finish,
-                                                        n_prompt, n_out))
+                                                        n_prompt, n_out), dumps=_dumps)
 
     @staticmethod
     async def _sse(request: web.Request, chunks) -> web.StreamResponse:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from harnessrl.components.engine.http_client import HTTPEngine
 from harnessrl.components.gateway import GatewayAdmin, GatewayConfig, GatewayServer
 from harnessrl.components.gateway.fast_engine import FastEngineServer

@@ -12,6 +12,7 @@ import time
 
 import openai
 from conftest import ADMIN, read_records
+
 from harnessrl.components.gateway import GatewayAdmin
 from harnessrl.components.gateway.journal import Journal, read_journal
 

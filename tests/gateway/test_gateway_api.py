@@ -11,6 +11,7 @@ import anthropic
 import openai
 import pytest
 from conftest import BASH_TOOL, FINAL_REPLY, TOOL_REPLY, read_records
+
 from harnessrl.components.engine.http_client import HTTPEngine
 from harnessrl.components.gateway.client import GatewayClientError
 from harnessrl.components.gateway.samples import build_samples

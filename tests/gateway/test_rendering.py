@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from harnessrl.components.gateway.messages import (
     MessageHasher,
     Msg,
@@ -106,3 +107,34 @@ def test_light_tokenizer_matches_transformers(tokenizer):
     assert light.encode(text) == tokenizer.encode(text, add_special_tokens=False)
     assert light.decode(light.encode(text)) == text
     assert light.eos_token_id == tokenizer.eos_token_id
+
+
+def test_segment_memo_tokenizes_exactly_like_the_tokenizer(tokenizer):
+    """The per-piece memo (pieces between special tokens) gives the tokenizer's own ids, on first and on
+    repeated (memoized) encodes, for texts full of special tokens, near-misses, whitespace and non-ASCII."""
+    import random
+
+    from harnessrl.components.gateway.light_tokenizer import load_gateway_tokenizer
+
+    rng = random.Random(7)
+    alphabet = list("ab def\n\t  XYZé漢😀{}\"'.,:-_ 09") + ["<|im_start|>", "<|im_end|>", "<|endoftext|>",
+                                                          "<|im_", "|>", "having", " h", "<file_sep>"]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(400)]
+    for tok in (tokenizer, load_gateway_tokenizer()):
+        r = ChatRenderer(tok)
+        assert r.segments.enabled
+        for _ in range(2):
+            for t in texts:
+                assert r._encode(t) == list(tok.encode(t, add_special_tokens=False)), t
+
+
+def test_segment_memo_is_off_when_a_special_token_strips_whitespace():
+    from tokenizers import AddedToken
+
+    from harnessrl.components.gateway.light_tokenizer import load_gateway_tokenizer
+
+    tok = load_gateway_tokenizer()
+    tok.backend_tokenizer.add_special_tokens([AddedToken("<strip>", rstrip=True)])
+    r = ChatRenderer(tok)
+    assert not r.segments.enabled
+    assert r._encode("a <strip>  b") == tok.encode("a <strip>  b")

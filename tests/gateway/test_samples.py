@@ -7,11 +7,11 @@ import threading
 import openai
 import pandas as pd
 from conftest import ADMIN, read_records
+
+from harnessrl.cli import main as cli_main
 from harnessrl.components.engine.http_client import HTTPEngine
 from harnessrl.components.gateway.render import ChatRenderer
 from harnessrl.components.gateway.samples import build_samples, call_rows
-
-from harnessrl.cli import main as cli_main
 from harnessrl.schema import Sample
 
 
