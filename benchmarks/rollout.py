@@ -4,11 +4,14 @@ Three measurements, side by side in one run (timings on a shared machine are noi
   1. sandbox cost per command: `true` through the bubblewrap sandbox vs a plain subprocess (the baseline);
   2. harness + gateway + sandbox cost per turn with NO model time: the generate stage against the gateway's
      fast engine server (a scripted token API) running shell commands in bubblewrap;
-  3. the same stage on the real tiny model (SmolLM2-135M on CPU): rollouts/hour and model seconds per turn.
+  3. the same stage on the real tiny model (SmolLM2-135M on CPU): rollouts/hour and model seconds per turn;
+  4. executors: the no-model run of 2. with `--executor threads` vs `--executor ray` (local Ray on this
+     machine, started once before the timed runs; its start-up time is reported separately), interleaved.
 Headline: rollouts_per_hour (real model), model_s_per_turn, overhead_s_per_turn (harness + gateway + sandbox,
 from 2) and overhead_vs_model (2 / 3 per turn). The last line printed is one JSON object.
 
     .venv/bin/python benchmarks/rollout.py [--tasks DIR] [--rollouts 2] [--turns 2] [--max-tokens 16]
+        [--executor-rollouts 8] [--executor-repeats 2] [--skip-real-model]
 """
 
 from __future__ import annotations
@@ -57,14 +60,40 @@ def sandbox_per_command(tasks: Path, work: Path, n: int) -> dict:
             "sandbox_overhead_ratio": med["bwrap"] / med["local"]}
 
 
-def generate(tasks: Path, out: Path, specs: list[dict], rollouts: int, policy) -> dict:
+def generate(tasks: Path, out: Path, specs: list[dict], rollouts: int, policy, executor: str = "threads",
+             concurrency: int | None = None) -> dict:
     from harnessrl.components.rollout.generate import GenerateConfig, run_generate
     from harnessrl.components.rollout.specs import parse_specs
 
     n_tasks = 2
     return run_generate(tasks, out, parse_specs(specs), policy,
-                        GenerateConfig(group_size=max(1, rollouts // n_tasks), concurrency=rollouts,
-                                       max_tasks=n_tasks), progress=False)
+                        GenerateConfig(group_size=max(1, rollouts // n_tasks), concurrency=concurrency or rollouts,
+                                       max_tasks=n_tasks, executor=executor), progress=False)
+
+
+def executors_side_by_side(tasks: Path, work: Path, spec: dict, rollouts: int, concurrency: int, repeats: int,
+                           policy) -> dict:
+    """Same no-model generate run with threads and with local Ray, interleaved `repeats` times."""
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    ray_init_s = time.perf_counter() - t0
+    walls: dict[str, list[float]] = {"threads": [], "ray": []}
+    try:
+        generate(tasks, work / "warm", [spec], concurrency, policy, "ray", concurrency)  # worker processes up
+        for i in range(repeats):
+            for executor in ("threads", "ray"):
+                m = generate(tasks, work / f"{executor}{i}", [spec], rollouts, policy, executor, concurrency)
+                assert m["status"].get("ok", 0) == m["rollouts"], m["status"]
+                walls[executor].append(m["wall_s"])
+    finally:
+        ray.shutdown()
+    med = {k: statistics.median(v) for k, v in walls.items()}
+    n = max(1, rollouts // 2) * 2
+    return {"threads_rollouts_per_hour": n / med["threads"] * 3600, "ray_rollouts_per_hour": n / med["ray"] * 3600,
+            "ray_vs_threads_throughput": med["threads"] / med["ray"], "ray_init_s": ray_init_s,
+            "executor_rollouts": n, "executor_concurrency": concurrency}
 
 
 def main() -> int:
@@ -75,6 +104,10 @@ def main() -> int:
     ap.add_argument("--scripted-turns", type=int, default=6, help="turns per rollout in the no-model run")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--commands", type=int, default=20, help="commands for the per-command sandbox timing")
+    ap.add_argument("--executor-rollouts", type=int, default=8, help="rollouts per run in the threads-vs-ray part")
+    ap.add_argument("--executor-concurrency", type=int, default=4)
+    ap.add_argument("--executor-repeats", type=int, default=2)
+    ap.add_argument("--skip-real-model", action="store_true", help="leave out part 3 (the slow one)")
     args = ap.parse_args()
 
     from harnessrl.components.gateway.fast_engine import FastEngineServer
@@ -100,32 +133,52 @@ def main() -> int:
         try:
             scripted = generate(tasks, work / "scripted", [scripted_spec], args.rollouts,
                                 PolicySource(engine_url=engine.base_url))
+            overhead = (scripted["tool_s_per_turn"] + scripted["harness_overhead_s_per_turn"]
+                        + scripted["model_s_per_turn"])
+            print(f"no-model run: {scripted['rollouts']} rollouts, {scripted['turns']} turns, "
+                  f"{overhead:.3f} s/turn harness+gateway+sandbox ({scripted['tool_s_per_turn']:.3f} s of it in "
+                  "tools)", flush=True)
+            ex = executors_side_by_side(tasks, work, scripted_spec, args.executor_rollouts,
+                                        args.executor_concurrency, args.executor_repeats,
+                                        PolicySource(engine_url=engine.base_url))
+            print(f"executors (no model, {ex['executor_rollouts']} rollouts, concurrency "
+                  f"{ex['executor_concurrency']}): threads {ex['threads_rollouts_per_hour']:.0f}/h, ray "
+                  f"{ex['ray_rollouts_per_hour']:.0f}/h (x{ex['ray_vs_threads_throughput']:.2f}); "
+                  f"ray.init {ex['ray_init_s']:.1f} s", flush=True)
         finally:
             engine.stop()
-        overhead = scripted["tool_s_per_turn"] + scripted["harness_overhead_s_per_turn"] + scripted["model_s_per_turn"]
-        print(f"no-model run: {scripted['rollouts']} rollouts, {scripted['turns']} turns, "
-              f"{overhead:.3f} s/turn harness+gateway+sandbox ({scripted['tool_s_per_turn']:.3f} s of it in tools)",
-              flush=True)
 
-        real = generate(tasks, work / "real", [spec], args.rollouts, PolicySource())
-        print(f"tiny model: {real['rollouts']} rollouts in {real['wall_s']:.1f} s = {real['rollouts_per_hour']:.0f}/h; "
-              f"model {real['model_s_per_turn']:.2f} s/turn, tools {real['tool_s_per_turn']:.3f} s/turn, "
-              f"status {real['status']}", flush=True)
-    result = {
-        "rollouts_per_hour": round(real["rollouts_per_hour"], 1),
-        "turns": real["turns"],
-        "model_s_per_turn": round(real["model_s_per_turn"], 3),
-        "tool_s_per_turn": round(real["tool_s_per_turn"], 4),
+        real = None
+        if not args.skip_real_model:
+            real = generate(tasks, work / "real", [spec], args.rollouts, PolicySource())
+            print(f"tiny model: {real['rollouts']} rollouts in {real['wall_s']:.1f} s = "
+                  f"{real['rollouts_per_hour']:.0f}/h; model {real['model_s_per_turn']:.2f} s/turn, tools "
+                  f"{real['tool_s_per_turn']:.3f} s/turn, status {real['status']}", flush=True)
+    result = {}
+    if real is not None:
+        result.update({
+            "rollouts_per_hour": round(real["rollouts_per_hour"], 1),
+            "turns": real["turns"],
+            "model_s_per_turn": round(real["model_s_per_turn"], 3),
+            "tool_s_per_turn": round(real["tool_s_per_turn"], 4),
+            "overhead_vs_model": round(overhead / real["model_s_per_turn"], 4) if real["model_s_per_turn"] else None,
+            "setup_s_per_rollout": round(real["setup_s_mean"], 3),
+        })
+    result.update({
         "overhead_s_per_turn": round(overhead, 4),
-        "overhead_vs_model": round(overhead / real["model_s_per_turn"], 4) if real["model_s_per_turn"] else None,
         "no_model_rollouts_per_hour": round(scripted["rollouts_per_hour"], 1),
         "no_model_gateway_s_per_turn": round(scripted["model_s_per_turn"], 4),
         "no_model_tool_s_per_turn": round(scripted["tool_s_per_turn"], 4),
         "bwrap_ms_per_command": round(cmd["bwrap_s_per_command"] * 1000, 2),
         "plain_ms_per_command": round(cmd["local_s_per_command"] * 1000, 2),
         "sandbox_overhead_ratio": round(cmd["sandbox_overhead_ratio"], 2),
-        "setup_s_per_rollout": round(real["setup_s_mean"], 3),
-    }
+        "threads_rollouts_per_hour": round(ex["threads_rollouts_per_hour"], 1),
+        "ray_rollouts_per_hour": round(ex["ray_rollouts_per_hour"], 1),
+        "ray_vs_threads_throughput": round(ex["ray_vs_threads_throughput"], 3),
+        "ray_init_s": round(ex["ray_init_s"], 2),
+        "executor_rollouts": ex["executor_rollouts"],
+        "executor_concurrency": ex["executor_concurrency"],
+    })
     print(json.dumps(result))
     return 0
 

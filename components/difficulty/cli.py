@@ -17,6 +17,9 @@ def register(commands, stages) -> None:
     p.add_argument("--n", type=int, default=4, help="rollouts per task (Best-of-N)")
     p.add_argument("--specs", help="harness spec JSON (see `harnessrl stage generate --help`)")
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--executor", choices=["threads", "ray"], default="threads",
+                   help="where rollouts run (see `harnessrl stage generate --help`)")
+    p.add_argument("--ray-cpus", type=float, default=0.5, help="ray: CPUs reserved per rollout task")
     p.add_argument("--verify-workers", type=int, default=2)
     p.add_argument("--max-tasks", type=int)
     p.add_argument("--round", type=int, default=0, help="history round these counts are recorded as")
@@ -44,7 +47,8 @@ def _estimate(args) -> int:
     metrics = run_estimate(args.tasks, args.out, n=args.n, specs=args.specs, policy=policy_from_args(args),
                            concurrency=args.concurrency, verify_workers=args.verify_workers,
                            max_tasks=args.max_tasks, history_round=args.round, progress=not args.quiet,
-                           allow_unsandboxed=args.allow_unsandboxed)
+                           allow_unsandboxed=args.allow_unsandboxed, executor=args.executor,
+                           ray_cpus=args.ray_cpus)
     print(json.dumps(metrics))
     return 0
 

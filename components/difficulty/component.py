@@ -17,6 +17,7 @@ def estimate_difficulty(
     concurrency: int = 4,
     verify_workers: int = 2,
     engine_url: str = "",
+    executor: str = "threads",
 ):
     """Best-of-N rollouts of the policy per task, verified: pass counts, history (round 0), histogram."""
     import json
@@ -30,7 +31,8 @@ def estimate_difficulty(
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
     result = run_estimate(Path(tasks.path), Path(estimates.path), n=n, specs=specs,
                           policy=PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
-                          concurrency=concurrency, verify_workers=verify_workers, progress=False)
+                          concurrency=concurrency, verify_workers=verify_workers, progress=False,
+                          executor=executor)
     publish((Path(estimates.path) / "report.md").read_text(),
             {k: v for k, v in result.items() if not isinstance(v, dict)}, report, metrics)
     estimates.metadata.update({"tasks": result["tasks"], "n": n})

@@ -58,7 +58,8 @@ def count_passes(rollouts: list[dict], rewards: list[dict]) -> list[dict]:
 
 def run_estimate(tasks: str | Path, out: str | Path, n: int = 4, specs: Any = None, policy: Any = None,
                  concurrency: int = 4, verify_workers: int = 2, max_tasks: int | None = None,
-                 history_round: int = 0, progress: bool = True, allow_unsandboxed: bool = False) -> dict[str, Any]:
+                 history_round: int = 0, progress: bool = True, allow_unsandboxed: bool = False,
+                 executor: str = "threads", ray_cpus: float = 0.5) -> dict[str, Any]:
     from harnessrl.components.rollout.generate import GenerateConfig, run_generate
     from harnessrl.components.verify.stage import run_verify
 
@@ -68,7 +69,8 @@ def run_estimate(tasks: str | Path, out: str | Path, n: int = 4, specs: Any = No
     with atomic_output(out) as tmp:
         gen_metrics = run_generate(tasks, tmp / "rollouts", specs, policy,
                                    GenerateConfig(group_size=n, concurrency=concurrency, max_tasks=max_tasks,
-                                                  allow_unsandboxed=allow_unsandboxed), progress=progress)
+                                                  allow_unsandboxed=allow_unsandboxed, executor=executor,
+                                                  ray_cpus=ray_cpus), progress=progress)
         verify_summary = run_verify(Path(tasks), tmp / "rollouts", tmp / "verified", verify_workers,
                                     show_progress=progress)
         rollouts = list(read_jsonl(tmp / "rollouts" / "rollouts.jsonl"))

@@ -19,6 +19,10 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--specs", help="JSON file: one HarnessSpec or a list (assigned round-robin per rollout); "
                                    "default: the react harness in bubblewrap")
     p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
+    p.add_argument("--executor", choices=["threads", "ray"], default="threads",
+                   help="where rollouts run: threads in this process, or Ray tasks (local Ray when RAY_ADDRESS "
+                        "is unset, else that cluster, e.g. ray://harnessrl-ray-head-svc.harnessrl:10001)")
+    p.add_argument("--ray-cpus", type=float, default=0.5, help="ray: CPUs reserved per rollout task")
     p.add_argument("--max-tasks", type=int, help="only the first N tasks")
     p.add_argument("--instance-ids", nargs="+", help="only these tasks")
     p.add_argument("--allow-unsandboxed", action="store_true",
@@ -53,6 +57,7 @@ def config_from_args(args, group_size: int):
     return GenerateConfig(group_size=group_size, concurrency=args.concurrency, max_tasks=args.max_tasks,
                           instance_ids=args.instance_ids, allow_unsandboxed=args.allow_unsandboxed,
                           keep_workspaces=args.keep_workspaces, seed=args.seed,
+                          executor=args.executor, ray_cpus=args.ray_cpus,
                           failed_samples=getattr(args, "failed_samples", "keep"))
 
 

@@ -18,8 +18,13 @@ def generate_rollouts(
     concurrency: int = 4,
     engine_url: str = "",
     seed: int = 0,
+    executor: str = "threads",
+    ray_cpus: float = 0.5,
 ):
-    """N rollouts per task through harness ↔ gateway ↔ engine: rollouts (rows, records, transcripts) and samples."""
+    """N rollouts per task through harness ↔ gateway ↔ engine: rollouts (rows, records, transcripts) and samples.
+
+    executor: "threads" (in this pod) or "ray" (Ray tasks; the cluster in the pod's RAY_ADDRESS env, else local).
+    """
     import json
     import shutil
     from pathlib import Path
@@ -33,7 +38,8 @@ def generate_rollouts(
     out = Path(rollouts.path)
     result = run_generate(Path(tasks.path), out, specs,
                           PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
-                          GenerateConfig(group_size=group_size, concurrency=concurrency, seed=seed), progress=False)
+                          GenerateConfig(group_size=group_size, concurrency=concurrency, seed=seed,
+                                                         executor=executor, ray_cpus=ray_cpus), progress=False)
     Path(samples.path).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "samples.parquet", Path(samples.path) / "samples.parquet")
     flat = {k: v for k, v in result.items() if not isinstance(v, dict)}

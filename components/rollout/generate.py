@@ -17,12 +17,12 @@ Output directory:
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import tempfile
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +35,10 @@ from harnessrl.components.harness.base import (
     HarnessResult,
     TaskPrompt,
 )
+from harnessrl.components.rollout.executors import EXECUTORS, RolloutJob, RolloutOutcome, make_executor
 from harnessrl.components.rollout.policy import PolicyServer, PolicySource
 from harnessrl.components.rollout.specs import NamedSpec, assign, build_harness, load_specs, sandbox_limits
-from harnessrl.io import atomic_output, atomic_write_json, write_jsonl
+from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, write_jsonl
 from harnessrl.taskset import TaskSet
 
 FAILED_POLICIES = ("keep", "drop")  # samples of non-ok rollouts: keep (status set; trainer masks) | drop
@@ -53,6 +54,8 @@ class GenerateConfig:
     allow_unsandboxed: bool = False
     keep_workspaces: bool = False
     seed: int = 0
+    executor: str = "threads"  # threads | ray (executors.py)
+    ray_cpus: float = 0.5  # CPUs Ray reserves per rollout (the engine's GPUs stay with the engine service)
 
 
 @dataclass
@@ -127,18 +130,51 @@ class _Sandboxes:
         return SandboxRuntime(sandbox, workspace)
 
 
-def _run_one(row: RolloutRow, spec: NamedSpec, task: dict, taskset: TaskSet, policy: PolicyServer,
-             sandboxes: _Sandboxes, work: Path, transcripts: Path, keep_workspace: bool, seed: int) -> RolloutRow:
+@dataclass(frozen=True)
+class RolloutContext:
+    """What a rollout worker needs besides its job; plain values, so it pickles to Ray workers."""
+
+    tasks: str  # task-set directory (on a Ray cluster: the same path on every worker, e.g. a shared volume)
+    gateway_url: str
+    admin_token: str
+    allow_unsandboxed: bool
+    work: str | None  # where workspaces go; None: a private temp dir per rollout (removed afterwards)
+    keep_workspace: bool
+
+
+_SANDBOXES: dict[tuple[str, bool], _Sandboxes] = {}
+_SANDBOXES_LOCK = threading.Lock()
+
+
+def _sandboxes_for(ctx: RolloutContext) -> _Sandboxes:
+    """One `_Sandboxes` per process (threads share it; each Ray worker process builds its own)."""
+    key = (ctx.tasks, ctx.allow_unsandboxed)
+    with _SANDBOXES_LOCK:
+        if key not in _SANDBOXES:
+            _SANDBOXES[key] = _Sandboxes(TaskSet.open(ctx.tasks), ctx.allow_unsandboxed)
+        return _SANDBOXES[key]
+
+
+def run_rollout(ctx: RolloutContext, row: RolloutRow, spec: NamedSpec, task: dict, seed: int) -> RolloutOutcome:
+    """One rollout, start to end; errors are caught and kept in the row. Runs in a thread or a Ray worker."""
+    from harnessrl.components.gateway import GatewayAdmin
     from harnessrl.components.sandbox.workspace import RepoCache, materialize
 
     t0 = time.monotonic()
+    sandboxes = _sandboxes_for(ctx)
+    taskset = sandboxes.taskset
+    admin = GatewayAdmin(ctx.gateway_url, ctx.admin_token)
+    own_work = ctx.work is None
+    work = Path(tempfile.mkdtemp(prefix="harnessrl-ws-")) if own_work else Path(ctx.work)
     workspace = work / row.rollout_id
+    files: dict[str, str] = {}
     session = None
     result: HarnessResult | None = None
     try:
+        _import_harnesses({spec.spec.harness})
         materialize(taskset, row.instance_id, workspace, strict=spec.spec.sandbox == "bubblewrap-strict")
         runtime = sandboxes.runtime(spec, row.repo, workspace)
-        session = policy.admin.create_session(rollout_id=row.rollout_id, group_id=row.group_id)
+        session = admin.create_session(rollout_id=row.rollout_id, group_id=row.group_id)
         row.session_id = session.session_id
         row.setup_s = time.monotonic() - t0
         harness = build_harness(spec.spec, seed=seed)
@@ -157,23 +193,21 @@ def _run_one(row: RolloutRow, spec: NamedSpec, task: dict, taskset: TaskSet, pol
         row.rollout_status = STATUS_INFRA if result is None else STATUS_FAILED
         row.finish_reason = row.finish_reason or "setup_error"
         row.error = f"{type(e).__name__}: {e}"
-        (transcripts / f"{row.rollout_id}.traceback.txt").write_text(traceback.format_exc())
+        files[f"{row.rollout_id}.traceback.txt"] = traceback.format_exc()
     finally:
         if session is not None:
             try:
                 ok = row.rollout_status == STATUS_OK
-                policy.admin.end_session(session.session_id, "ok" if ok else "failed",
-                                         None if ok else f"{row.rollout_status}: {row.finish_reason} {row.error}"[:500])
+                admin.end_session(session.session_id, "ok" if ok else "failed",
+                                  None if ok else f"{row.rollout_status}: {row.finish_reason} {row.error}"[:500])
             except Exception as e:  # the rollout row already says what happened
                 row.error = (row.error + f"; ending the gateway session failed: {e}").strip("; ")
         if result is not None:
-            from harnessrl.io import atomic_write_json as _w
-
-            _w(transcripts / f"{row.rollout_id}.json", result.transcript)
-        if not keep_workspace:
-            shutil.rmtree(workspace, ignore_errors=True)
+            files[f"{row.rollout_id}.json"] = json.dumps(result.transcript, indent=2, sort_keys=True, default=str) + "\n"
+        if not ctx.keep_workspace:
+            shutil.rmtree(workspace if not own_work else work, ignore_errors=True)
     row.wall_s = time.monotonic() - t0
-    return row
+    return RolloutOutcome(row, files)
 
 
 def plan_rollouts(taskset: TaskSet, specs: list[NamedSpec], cfg: GenerateConfig) -> list[tuple[RolloutRow, NamedSpec, dict]]:
@@ -210,6 +244,8 @@ def run_generate(tasks: str | Path, out: str | Path, specs: list[NamedSpec] | st
         raise ValueError(f"failed_samples must be one of {FAILED_POLICIES}, got {cfg.failed_samples!r}")
     if cfg.concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {cfg.concurrency}")
+    if cfg.executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {cfg.executor!r}")
     taskset = TaskSet.open(tasks)
     specs = specs if isinstance(specs, list) else load_specs(specs)
     plan = plan_rollouts(taskset, specs, cfg)
@@ -220,28 +256,37 @@ def run_generate(tasks: str | Path, out: str | Path, specs: list[NamedSpec] | st
         if spec.spec.sandbox == "local" and not cfg.allow_unsandboxed:
             sandboxes.runtime(spec, "", Path("."))
     _import_harnesses({spec.spec.harness for _, spec, _ in plan})
+    jobs = [RolloutJob(row, spec, task, _rollout_seed(cfg.seed, row.rollout_id)) for row, spec, task in plan]
+    executor = make_executor(cfg.executor, cfg.concurrency, cfg.ray_cpus)
     started = time.monotonic()
-    with atomic_output(out) as tmp, tempfile.TemporaryDirectory(prefix="harnessrl-ws-") as work_dir:
-        transcripts = tmp / "transcripts"
-        transcripts.mkdir(parents=True)
-        work = Path(cfg.keep_workspaces and (tmp / "workspaces") or work_dir)
-        work.mkdir(parents=True, exist_ok=True)
-        rows: list[RolloutRow] = []
-        with PolicyServer(policy or PolicySource(), tmp / "journal") as server:
-            with ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="rollout") as pool:
-                futures = [pool.submit(_run_one, row, spec, task, taskset, server, sandboxes, work, transcripts,
-                                       cfg.keep_workspaces, _rollout_seed(cfg.seed, row.rollout_id))
-                           for row, spec, task in plan]
-                for fut in _progress(as_completed(futures), len(futures), progress):
-                    rows.append(fut.result())
-            gateway_metrics = server.admin.metrics()
-            server.admin.export(str(tmp / "gateway_export"))
-        rows.sort(key=lambda r: (r.group_id, r.sample_index))
-        wall = time.monotonic() - started
-        row_dicts = [asdict(r) for r in rows]
-        metrics = export_and_summarize(tmp, row_dicts, gateway_metrics, wall, cfg)  # adds per-rollout gateway stats
-        write_jsonl(tmp / "rollouts.jsonl", row_dicts)
-        atomic_write_json(tmp / "metrics.json", metrics)
+    try:
+        with atomic_output(out) as tmp, tempfile.TemporaryDirectory(prefix="harnessrl-ws-") as work_dir:
+            transcripts = tmp / "transcripts"
+            transcripts.mkdir(parents=True)
+            if cfg.keep_workspaces:
+                work: str | None = str(tmp / "workspaces")
+                Path(work).mkdir(parents=True)
+            else:  # threads share one temp dir; Ray workers (maybe on other machines) make their own
+                work = work_dir if executor.name == "threads" else None
+            rows: list[RolloutRow] = []
+            with PolicyServer(policy or PolicySource(), tmp / "journal", host=executor.gateway_host()) as server:
+                ctx = RolloutContext(str(taskset.root.resolve()), server.admin.base_url, server.admin_token,
+                                     cfg.allow_unsandboxed, work, cfg.keep_workspaces)
+                for outcome in _progress(executor.run(jobs, run_rollout, ctx), len(jobs), progress):
+                    for name, text in outcome.files.items():
+                        atomic_write_text(transcripts / name, text)
+                    rows.append(outcome.row)
+                gateway_metrics = server.admin.metrics()
+                server.admin.export(str(tmp / "gateway_export"))
+            rows.sort(key=lambda r: (r.group_id, r.sample_index))
+            wall = time.monotonic() - started
+            row_dicts = [asdict(r) for r in rows]
+            metrics = export_and_summarize(tmp, row_dicts, gateway_metrics, wall, cfg)  # adds gateway stats
+            metrics["executor"] = executor.name
+            write_jsonl(tmp / "rollouts.jsonl", row_dicts)
+            atomic_write_json(tmp / "metrics.json", metrics)
+    finally:
+        executor.close()
     return metrics
 
 

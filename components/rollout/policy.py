@@ -31,8 +31,9 @@ def _remote_engine(url: str) -> Any:
 class PolicyServer:
     """Context manager: starts engine + gateway; opens/ends sessions; exports records and samples."""
 
-    def __init__(self, source: PolicySource, journal_dir: str | Path):
+    def __init__(self, source: PolicySource, journal_dir: str | Path, host: str = "127.0.0.1"):
         self.source = source
+        self.host = host  # where the gateway listens and what session URLs name (Ray workers on other pods)
         self.journal_dir = Path(journal_dir)
         self.admin_token = "adm-" + secrets.token_urlsafe(16)
         self.engine: Any = None
@@ -55,7 +56,7 @@ class PolicyServer:
             tokenizer = self.engine.tokenizer
             max_len = self.source.max_model_len or self.engine.max_context
         self.gateway = GatewayServer(self.engine, tokenizer, self.journal_dir, self.admin_token,
-                                     config=GatewayConfig(max_model_len=max_len))
+                                     host=self.host, config=GatewayConfig(max_model_len=max_len))
         base = self.gateway.start()
         self.admin = GatewayAdmin(base, self.admin_token)
         return self
