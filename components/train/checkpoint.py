@@ -25,11 +25,13 @@ STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
 
 
-def save_model(model: torch.nn.Module, tokenizer: Any, dest: str | Path, extra_json: dict | None = None) -> Path:
-    """Writes an HF model directory atomically; returns its path."""
+def save_model(model: torch.nn.Module, tokenizer: Any, dest: str | Path, extra_json: dict | None = None,
+               state_dict: dict | None = None) -> Path:
+    """Writes an HF model directory atomically; returns its path. `state_dict`: the gathered weights of a
+    sharded (FSDP) model."""
     dest = Path(dest)
     with atomic_output(dest) as tmp:
-        _unwrap(model).save_pretrained(tmp, safe_serialization=True)
+        _unwrap(model).save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if extra_json:
@@ -43,11 +45,11 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, tokenizer: Any,
-                    trainer_state: dict, meta: dict, keep: int = 2) -> Path:
+                    trainer_state: dict, meta: dict, keep: int = 2, state_dict: dict | None = None) -> Path:
     root = Path(root)
     dest = root / f"step-{step:06d}"
     with atomic_output(dest) as tmp:
-        _unwrap(model).save_pretrained(tmp, safe_serialization=True)
+        _unwrap(model).save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, Path(tmp) / STATE_PT)

@@ -33,6 +33,7 @@ def register(commands, stages) -> None:
     p.add_argument("--history", help="pass-rate history JSONL for dynamic sampling")
     p.add_argument("--record-round", type=int, help="append this round's pass counts to --history")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--model-out", help="where to write the final model (default: OUT/model)")
     p.add_argument("--upload-to", help="s3://bucket/prefix to upload the final model to (via harnessrl.store)")
     p.set_defaults(func=_run)
 
@@ -68,13 +69,22 @@ def build_config(args):
         raise ValueError(f"{args.config or 'config'}: {e}") from None
 
 
+def _is_worker_rank() -> bool:
+    """Under torchrun only rank 0 reports."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) != 0
+
+
 def _run(args) -> int:
     from harnessrl.components.train.stage import run
     from harnessrl.tinymodel import tiny_model_dir
 
     cfg = build_config(args)
     summary = run(args.samples, args.rewards, args.policy or tiny_model_dir(), args.out, cfg, resume=args.resume,
-                  upload_to=args.upload_to)
+                  model_out=args.model_out, upload_to=args.upload_to, progress=not _is_worker_rank())
+    if _is_worker_rank():
+        return 0
     keys = ("steps", "loss", "reward_mean", "entropy", "clip_frac", "grad_norm", "tokens_per_s", "padding_fraction")
     print(json.dumps({k: summary.get(k) for k in keys}))
     return 0

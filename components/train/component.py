@@ -1,5 +1,6 @@
 """KFP component `train_grpo` (thin: the work is in stage.run). A GPU step on the cluster: the full pipeline's
-StageSlot requests it through `harnessrl.pipelines.k8s.gpu_step` (gpus=1)."""
+StageSlot requests it through `harnessrl.pipelines.k8s.gpu_step`. With more than one GPU visible in the pod the
+component launches one rank per GPU with torchrun (FSDP2 data parallelism, see docs/train.md)."""
 
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
@@ -24,6 +25,9 @@ def train_grpo(
     import shutil
     from pathlib import Path
 
+    import torch
+
+    from harnessrl.components.train.launch import run_multiprocess
     from harnessrl.components.train.stage import StageConfig, run
 
     cfg_d = json.loads(config_json or "{}")
@@ -32,8 +36,13 @@ def train_grpo(
     # Work (checkpoints for --resume) lives beside the output artifact so a retried step on the same
     # artifact path resumes instead of starting over.
     work = Path(model.path).parent / (Path(model.path).name + ".work")
-    summary = run(samples.path, verified.path, policy.path, work, cfg, resume=resume, model_out=model.path,
-                  progress=False)
+    gpus = torch.cuda.device_count() if cfg.device in ("auto", "cuda") else 0
+    if gpus > 1:
+        summary = run_multiprocess(gpus, samples.path, verified.path, policy.path, work, cfg, resume=resume,
+                                   model_out=model.path)
+    else:
+        summary = run(samples.path, verified.path, policy.path, work, cfg, resume=resume, model_out=model.path,
+                      progress=False)
     for key, value in summary.items():
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             metrics.log_metric(key, float(value))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from harnessrl.components.difficulty.history import PassRateHistory
 from harnessrl.components.train import advantages as adv_mod
+from harnessrl.components.train import distributed as dist_mod
 from harnessrl.components.train.batching import SeqItem
 from harnessrl.components.train.checkpoint import (
     fetch_policy,
@@ -186,77 +187,100 @@ def run(samples: str | Path, rewards: str | Path | None, policy: str | Path, out
     out = Path(out)
     model_out = Path(model_out) if model_out else out / "model"
     ckpt_root = out / "checkpoints"
-    if str(policy).startswith("s3://"):
-        policy = fetch_policy(str(policy), out / "policy_in")
-    policy = Path(policy)
-    if not (policy / "config.json").is_file():
-        raise FileNotFoundError(f"{policy}: not a Hugging Face model directory (no config.json)")
-    prepared = assemble(load_samples(samples), load_rewards(rewards) if rewards else None, nonok=cfg.nonok,
-                        mask_reward=cfg.mask_reward, ok_statuses=frozenset(cfg.ok_statuses))
-    plan = plan_round(prepared, cfg)
-    fp = fingerprint(prepared, cfg)
-    if cfg.history and cfg.record_round is not None:
-        _record_history(prepared, cfg)
+    ctx = dist_mod.init_from_env(_device(cfg.device))
+    device = ctx.device
+    main = ctx.is_main
+    try:
+        if str(policy).startswith("s3://"):
+            if main:
+                fetch_policy(str(policy), out / "policy_in")
+            dist_mod.barrier()
+            policy = out / "policy_in"
+        policy = Path(policy)
+        if not (policy / "config.json").is_file():
+            raise FileNotFoundError(f"{policy}: not a Hugging Face model directory (no config.json)")
+        prepared = assemble(load_samples(samples), load_rewards(rewards) if rewards else None, nonok=cfg.nonok,
+                            mask_reward=cfg.mask_reward, ok_statuses=frozenset(cfg.ok_statuses))
+        plan = plan_round(prepared, cfg)
+        fp = fingerprint(prepared, cfg)
+        if main and cfg.history and cfg.record_round is not None:
+            _record_history(prepared, cfg)
 
-    seed_everything(cfg.train.seed)
-    device = _device(cfg.device)
-    start_step = 0
-    history: list[dict] = []
-    ckpt = latest_checkpoint(ckpt_root) if resume else None
-    source = ckpt if ckpt is not None else policy
-    tokenizer = load_tokenizer(policy)
-    model = load_model(source).to(device)
-    ref_model = None
-    if cfg.reference_kl and cfg.train.policy.kl_coef > 0:
-        ref_model = load_model(policy).to(device).eval().requires_grad_(False)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    trainer = Trainer(model, cfg.train, ref_model=ref_model, device=device, pad_id=pad_id)
-    if ckpt is not None:
-        state, meta = load_checkpoint_state(ckpt)
-        if meta.get("fingerprint") != fp:
-            raise ValueError(f"{ckpt}: this checkpoint was written for different inputs or settings "
-                             f"(fingerprint {meta.get('fingerprint')} ≠ {fp}); rerun without --resume or use a new --out")
-        trainer.load_state_dict(state)
-        start_step = int(meta["step"])
-        history = list(meta.get("history", []))
+        seed_everything(cfg.train.seed)
+        start_step = 0
+        history: list[dict] = []
+        ckpt = latest_checkpoint(ckpt_root) if resume else None
+        source = ckpt if ckpt is not None else policy
+        tokenizer = load_tokenizer(policy)
+        model = load_model(source).to(device)
+        if ctx.enabled:
+            dist_mod.wrap_fsdp(model)
+        ref_model = None
+        if cfg.reference_kl and cfg.train.policy.kl_coef > 0:  # frozen, so every rank holds a full copy
+            ref_model = load_model(policy).to(device).eval().requires_grad_(False)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        trainer = Trainer(model, cfg.train, ref_model=ref_model, device=device, pad_id=pad_id)
+        if ckpt is not None:
+            state, meta = load_checkpoint_state(ckpt)
+            if meta.get("fingerprint") != fp:
+                raise ValueError(f"{ckpt}: this checkpoint was written for different inputs or settings "
+                                 f"(fingerprint {meta.get('fingerprint')} ≠ {fp}); rerun without --resume or use a "
+                                 f"new --out")
+            trainer.load_state_dict(state)
+            start_step = int(meta["step"])
+            history = list(meta.get("history", []))
 
-    reward_by_rollout = {r.rollout_id: r.reward for r in plan.rollouts}
-    steps = plan.steps
-    from rich.progress import Progress
+        reward_by_rollout = {r.rollout_id: r.reward for r in plan.rollouts}
+        steps = plan.steps
+        from rich.progress import Progress
 
-    with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("GRPO steps", total=len(steps), completed=start_step)
-        for step_index in range(start_step, len(steps)):
-            items, members = step_items(plan, steps[step_index], cfg)
-            m = trainer.step(items)
-            rewards_step = [reward_by_rollout[r.rollout_id] for r in members]
-            advs_step = [it.advantage for it in items]
-            m.update({"reward_mean": _stats(rewards_step)["mean"], "reward_std": _stats(rewards_step)["std"],
-                      "adv_mean": _stats(advs_step)["mean"], "adv_std": _stats(advs_step)["std"],
-                      "adv_abs_max": max((abs(a) for a in advs_step), default=0.0),
-                      "rollouts": len(members), "groups": len(steps[step_index])})
-            history.append(m)
-            done = step_index + 1
-            if cfg.save_every and done % cfg.save_every == 0 and done < len(steps):
-                save_checkpoint(ckpt_root, done, model, tokenizer, trainer.state_dict(),
-                                {"fingerprint": fp, "history": history, "config": cfg.to_dict()},
-                                keep=cfg.keep_checkpoints)
+        with Progress(disable=not (progress and main), transient=True) as bar:
+            task = bar.add_task("GRPO steps", total=len(steps), completed=start_step)
+            for step_index in range(start_step, len(steps)):
+                items, members = step_items(plan, steps[step_index], cfg)
+                m = trainer.step(dist_mod.shard_items(items, ctx.rank, ctx.world_size))
+                rewards_step = [reward_by_rollout[r.rollout_id] for r in members]
+                advs_step = [it.advantage for it in items]
+                m.update({"reward_mean": _stats(rewards_step)["mean"], "reward_std": _stats(rewards_step)["std"],
+                          "adv_mean": _stats(advs_step)["mean"], "adv_std": _stats(advs_step)["std"],
+                          "adv_abs_max": max((abs(a) for a in advs_step), default=0.0),
+                          "rollouts": len(members), "groups": len(steps[step_index]),
+                          "world_size": ctx.world_size})
+                history.append(m)
+                done = step_index + 1
+                if cfg.save_every and done % cfg.save_every == 0 and done < len(steps):
+                    weights = dist_mod.full_state_dict(model) if ctx.enabled else None  # collective
+                    tstate = trainer.state_dict()  # collective under FSDP
+                    if main:
+                        save_checkpoint(ckpt_root, done, model, tokenizer, tstate,
+                                        {"fingerprint": fp, "history": history, "config": cfg.to_dict()},
+                                        keep=cfg.keep_checkpoints, state_dict=weights)
+                    dist_mod.barrier()
+                if main:
+                    write_jsonl(out / "steps.jsonl", history)
+                bar.update(task, completed=done)
+
+        summary = summarize(plan, history)
+        summary["fingerprint"] = fp
+        summary["world_size"] = ctx.world_size
+        weights = dist_mod.full_state_dict(model) if ctx.enabled else None
+        if main:
+            save_model(model, tokenizer, model_out, state_dict=weights, extra_json={"harnessrl_train.json": {
+                "steps": len(history), "fingerprint": fp, "policy_in": str(policy), "config": cfg.to_dict(),
+                "world_size": ctx.world_size}})
+            if upload_to:
+                upload_dir(model_out, upload_to)
             write_jsonl(out / "steps.jsonl", history)
-            bar.update(task, completed=done)
-
-    summary = summarize(plan, history)
-    summary["fingerprint"] = fp
-    save_model(model, tokenizer, model_out, extra_json={"harnessrl_train.json": {
-        "steps": len(history), "fingerprint": fp, "policy_in": str(policy), "config": cfg.to_dict()}})
-    if upload_to:
-        upload_dir(model_out, upload_to)
-    write_jsonl(out / "steps.jsonl", history)
-    atomic_write_json(out / "metrics.json", summary)
-    write_report(out, summary, history, cfg)
-    del model, trainer
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return summary
+            atomic_write_json(out / "metrics.json", summary)
+            write_report(out, summary, history, cfg)
+        dist_mod.barrier()
+        del model, trainer
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return summary
+    finally:
+        if ctx.enabled:
+            dist_mod.shutdown()
 
 
 def summarize(plan: Plan, history: list[dict]) -> dict:

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from harnessrl.components.train.batching import MicroBatch, SeqItem, pack, pad, padding_fraction
+from harnessrl.components.train import distributed as dist_mod
+from harnessrl.components.train.batching import MicroBatch, SeqItem, pack, pad
 from harnessrl.components.train.losses import PolicyLossConfig, check_mode, low_var_kl, ppo_token_losses
 
 
@@ -139,6 +140,14 @@ class Trainer:
         cfg = self.cfg
         start = time.perf_counter()
         mbs = micro_batches(items, cfg, self.pad_id)
+        real_mbs = len(mbs)
+        if self.world_size > 1:
+            # FSDP all-gathers in every forward and reduce-scatters in every backward: all ranks must run the
+            # same number of micro-batches, so short ranks add zero-weight ones (no effect on loss or gradient).
+            filler = SeqItem([self.pad_id, self.pad_id], [0, 0], [0.0, 0.0], 0.0, 0.0)
+            target = dist_mod.max_across_ranks(real_mbs, str(self.device))
+            while len(mbs) < target:
+                mbs.append(micro_batches([filler], cfg, self.pad_id)[0])
         self.model.train()
         old_lp = None
         if cfg.ppo_epochs > 1:
@@ -183,6 +192,9 @@ class Trainer:
                 del logits, lp, loss, per_token
             self._all_reduce_grads()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+                grad_norm = grad_norm.full_tensor()
+            sums = dist_mod.all_reduce_sum(sums, str(self.device))
             lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
             self.scheduler.step()
@@ -197,10 +209,16 @@ class Trainer:
                 "trained_tokens": sums["tokens"],
             }
         elapsed = time.perf_counter() - start
-        real = sum(mb.real_tokens for mb in mbs)
+        mbs = mbs[:real_mbs]
+        counts = dist_mod.all_reduce_sum({"sequences": len(items), "micro_batches": len(mbs),
+                                          "tokens": sum(mb.real_tokens for mb in mbs),
+                                          "pad": sum(mb.pad_tokens for mb in mbs)}, str(self.device))
+        real = int(counts["tokens"])
         metrics.update({
-            "step": self.global_step, "sequences": len(items), "micro_batches": len(mbs), "tokens": real,
-            "padding_fraction": padding_fraction(mbs), "step_seconds": elapsed,
+            "step": self.global_step, "sequences": int(counts["sequences"]),
+            "micro_batches": int(counts["micro_batches"]), "tokens": real,
+            "padding_fraction": counts["pad"] / (real + counts["pad"]) if real + counts["pad"] else 0.0,
+            "step_seconds": elapsed,
             "tokens_per_s": real * cfg.ppo_epochs / elapsed if elapsed > 0 else math.nan,
         })
         return metrics
@@ -208,7 +226,7 @@ class Trainer:
     def _all_reduce_grads(self) -> None:
         if self.world_size == 1 or isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
             return
-        if type(self.model).__name__.startswith(("FSDP", "FullyShardedDataParallel")):
+        if dist_mod.is_fsdp(self.model) or type(self.model).__name__.startswith("FullyShardedDataParallel"):
             return
         dist = torch.distributed
         for p in self.model.parameters():
@@ -217,12 +235,31 @@ class Trainer:
                 p.grad.div_(self.world_size)
 
     def state_dict(self) -> dict:
+        """Under FSDP a collective: every rank calls it; the full (unsharded, FQN-keyed) optimizer state
+        is on rank 0."""
+        if dist_mod.is_fsdp(self.model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return {"optimizer": optim, "optimizer_format": "full_fqn", "scheduler": self.scheduler.state_dict(),
+                    "global_step": self.global_step, "torch_rng": torch.get_rng_state(),
+                    "python_rng": random.getstate()}
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "global_step": self.global_step, "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("optimizer_format") == "full_fqn" or dist_mod.is_fsdp(self.model):
+            if state.get("optimizer_format") != "full_fqn":
+                raise ValueError("this checkpoint was written by a single-process run; resume it with the same "
+                                 "world size (1), or start a new --out")
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
         torch.set_rng_state(state["torch_rng"])
