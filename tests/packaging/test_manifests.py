@@ -13,7 +13,6 @@ import yaml
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 K8S_VERSION = "1.30.0"
 KUBECTL = shutil.which("kubectl")
-SANDBOX_READY = (MANIFESTS / "sandbox" / "kustomization.yaml").is_file()
 
 
 def load_resources(kustomization_dir: Path) -> list[dict]:
@@ -115,7 +114,6 @@ def test_secret_and_store_names_match_the_pipeline_code():
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="overlays use patches: rendering them needs kubectl kustomize")
-@pytest.mark.skipif(not SANDBOX_READY, reason="manifests/sandbox/kustomization.yaml not there yet")
 @pytest.mark.parametrize("overlay", ["local-kind", "production"])
 def test_overlays_render_and_validate(overlay):
     docs = render(MANIFESTS / "overlays" / overlay)

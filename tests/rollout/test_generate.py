@@ -62,7 +62,7 @@ def pick_task(taskset_dir: Path) -> dict:
             return row
         except AssertionError:
             continue
-    pytest.skip("no single-line task in the synthesized set")
+    raise AssertionError("the minirepo fixture must yield a task with a single-line fix")
 
 
 @requires_bwrap
