@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,17 @@ class Generation:
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
+@dataclass
+class GenerationDelta:
+    """What one streaming step adds: new sampled token ids, their logprobs and weight versions. The last
+    delta of a stream carries `finish_reason` (and may hold no tokens)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    token_policy_versions: list[int]
+    finish_reason: str | None = None
+
+
 class EngineError(RuntimeError):
     """The engine failed (unreachable, crashed, rejected the request): the rollout is marked failed, not 0."""
 
@@ -43,3 +55,22 @@ class Engine(Protocol):
         max_tokens: int,
         stop_token_ids: list[int] | None = None,
     ) -> Generation: ...
+
+
+async def generate_stream(
+    engine: Any,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    max_tokens: int,
+    stop_token_ids: list[int] | None = None,
+) -> AsyncIterator[GenerationDelta]:
+    """Streams from `engine.generate_stream` when the engine has it (optional in the protocol); otherwise
+    adapts `generate`: one delta at the end with every token and the finish reason."""
+    streaming = getattr(engine, "generate_stream", None)
+    if callable(streaming):
+        async for delta in streaming(prompt_ids, sampling, max_tokens, stop_token_ids):
+            yield delta
+        return
+    gen = await engine.generate(prompt_ids, sampling, max_tokens, stop_token_ids)
+    versions = list(gen.token_policy_versions or [gen.policy_version] * len(gen.token_ids))
+    yield GenerationDelta(list(gen.token_ids), list(gen.logprobs), versions, gen.finish_reason)

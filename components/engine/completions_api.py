@@ -7,6 +7,11 @@ carries `token_ids` (sampled ids, stop token included) and `prompt_token_ids`; w
 carries `logprobs.token_logprobs` (one float per sampled token, clamped at -9999.0) and `logprobs.tokens`.
 Before v0.10.2 the reply has no `token_ids`; such servers are rejected with a clear error.
 
+Streaming (`"stream": true`, vLLM `completion_stream_generator`): Server-Sent Events, each `data: {...}` a
+CompletionStreamResponse (`object: "text_completion"`) whose `choices[0]` holds that step's `text`,
+`token_ids` (with `return_token_ids`; `prompt_token_ids` only in the first chunk), `logprobs` (with
+`logprobs`) and `finish_reason` (null until the last chunk); then `data: [DONE]`.
+
 harnessrl extension (ignored by vLLM clients): our server adds `policy_version` and `token_policy_versions`
 and `timings` to each choice and may answer `finish_reason: "abort"` with the tokens sampled so far (vLLM answers an
 aborted request with an error instead).
@@ -18,7 +23,7 @@ import time
 import uuid
 from typing import Any
 
-from harnessrl.components.engine.base import EngineError, Generation, SamplingParams
+from harnessrl.components.engine.base import EngineError, Generation, GenerationDelta, SamplingParams
 
 MIN_VLLM_VERSION = "0.10.2"
 
@@ -47,6 +52,73 @@ def build_request(
     if stop_token_ids:
         body["stop_token_ids"] = [int(t) for t in stop_token_ids]
     return body
+
+
+def parse_stream_chunk(body: Any, source: str, default_version: int = 0) -> GenerationDelta:
+    """Reads one streamed CompletionStreamResponse chunk into a GenerationDelta, or raises EngineError."""
+    def bad(what: str) -> EngineError:
+        return EngineError(f"{source}: malformed /v1/completions stream chunk: {what}")
+
+    if not isinstance(body, dict):
+        raise bad(f"expected a JSON object, got {type(body).__name__}")
+    if isinstance(body.get("error"), dict):
+        raise EngineError(f"{source}: engine failed mid-stream: {body['error'].get('message')}")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise bad("no choices[0]")
+    choice = choices[0]
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        raise bad(f"choices[0].token_ids is missing: the server must support `return_token_ids` "
+                  f"(vLLM >= {MIN_VLLM_VERSION})")
+    if not isinstance(token_ids, list) or not all(isinstance(t, int) for t in token_ids):
+        raise bad("choices[0].token_ids is not a list of integers")
+    logprobs_obj = choice.get("logprobs")
+    logprobs = logprobs_obj.get("token_logprobs") if isinstance(logprobs_obj, dict) else None
+    if token_ids and not isinstance(logprobs, list):
+        raise bad("choices[0].logprobs.token_logprobs is missing (the request asks for logprobs)")
+    logprobs = logprobs or []
+    if len(logprobs) != len(token_ids):
+        raise bad(f"{len(token_ids)} token_ids but {len(logprobs)} token_logprobs")
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in logprobs):
+        raise bad("choices[0].logprobs.token_logprobs holds a non-number")
+    finish = choice.get("finish_reason")
+    if finish not in (None, "stop", "length", "abort"):
+        raise bad(f"unknown finish_reason {finish!r}")
+    version = choice.get("policy_version", default_version)
+    versions = choice.get("token_policy_versions") or [version] * len(token_ids)
+    return GenerationDelta(list(token_ids), [float(x) for x in logprobs], [int(v) for v in versions], finish)
+
+
+def build_stream_chunk(
+    delta: GenerationDelta,
+    text: str,
+    chunk_id: str,
+    created: int,
+    model: str,
+    request: dict[str, Any],
+    prompt_ids: list[int] | None,
+    policy_version: int,
+) -> dict[str, Any]:
+    """One vLLM-shaped CompletionStreamResponse; `prompt_ids` only for the first chunk."""
+    logprobs = None
+    if request.get("logprobs") is not None:
+        logprobs = {"text_offset": [], "token_logprobs": [max(lp, -9999.0) for lp in delta.logprobs],
+                    "tokens": [f"token_id:{t}" for t in delta.token_ids], "top_logprobs": None}
+    return_ids = bool(request.get("return_token_ids"))
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": delta.finish_reason,
+        "stop_reason": None,
+        "token_ids": delta.token_ids if return_ids else None,
+        "prompt_token_ids": prompt_ids if return_ids and prompt_ids is not None else None,
+        "policy_version": delta.token_policy_versions[-1] if delta.token_policy_versions else policy_version,
+        "token_policy_versions": delta.token_policy_versions,
+    }
+    return {"id": chunk_id, "object": "text_completion", "created": created, "model": model,
+            "choices": [choice], "usage": None}
 
 
 def parse_response(body: Any, source: str, default_version: int = 0) -> Generation:

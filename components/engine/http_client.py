@@ -9,12 +9,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
-from harnessrl.components.engine.base import EngineError, EngineRequestError, Generation, SamplingParams
-from harnessrl.components.engine.completions_api import build_request, parse_response
+from harnessrl.components.engine.base import (
+    EngineError,
+    EngineRequestError,
+    Generation,
+    GenerationDelta,
+    SamplingParams,
+)
+from harnessrl.components.engine.completions_api import build_request, parse_response, parse_stream_chunk
 
 
 class HTTPEngine:
@@ -85,6 +92,51 @@ class HTTPEngine:
         generation = parse_response(reply, self.base_url + "/v1/completions", self.policy_version)
         generation.timings["http_s"] = time.perf_counter() - start
         return generation
+
+    async def generate_stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[GenerationDelta]:
+        """`stream: true` on `/v1/completions`: one delta per SSE chunk as the server sends it; the last
+        delta carries finish_reason. Closing the iterator early closes the connection (vLLM then aborts)."""
+        model = self.model or await self._first_model()
+        body = build_request(prompt_ids, sampling, max_tokens, stop_token_ids, model)
+        body["stream"] = True
+        headers = {"X-Request-Id": request_id} if request_id else None
+        url = self.base_url + "/v1/completions"
+        finished = False
+        try:
+            async with self._session().post(url, json=body, headers=headers) as response:
+                if response.status >= 400:
+                    text = await response.text()
+                    status = response.status
+                    kind = EngineRequestError if 400 <= status < 500 and status not in (408, 429) else EngineError
+                    raise kind(f"{url}: engine answered HTTP {status}: {_error_message(text)}")
+                async for raw in response.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, comments, `event:` lines
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except json.JSONDecodeError as e:
+                        raise EngineError(f"{url}: stream chunk is not JSON ({e}): {data[:200]!r}") from e
+                    delta = parse_stream_chunk(chunk, url, self.policy_version)
+                    finished = delta.finish_reason is not None
+                    yield delta
+        except TimeoutError as e:
+            raise EngineError(f"{url}: stream did not finish within {self.timeout.total:.0f} s") from e
+        except aiohttp.ClientError as e:
+            raise EngineError(f"{url}: engine unreachable ({type(e).__name__}: {e})") from e
+        if not finished:
+            raise EngineError(f"{url}: stream ended without a finish_reason")
 
     async def _first_model(self) -> str:
         reply = await self._call("GET", "/v1/models")

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,13 @@ from pathlib import Path
 import torch
 
 from harnessrl.components.engine import kv
-from harnessrl.components.engine.base import EngineError, EngineRequestError, Generation, SamplingParams
+from harnessrl.components.engine.base import (
+    EngineError,
+    EngineRequestError,
+    Generation,
+    GenerationDelta,
+    SamplingParams,
+)
 from harnessrl.components.engine.sampling import RowSampling, sample
 
 _TRIM_MIN_COLUMNS = 64  # drop shared left padding once it is at least this wide and a quarter of the batch
@@ -57,6 +64,9 @@ class _Request:
     aborted: bool = False
     prefill_s: float = 0.0
     first_token_at: float = 0.0
+    # Called on the scheduler thread after each sampled token (token id, logprob, version) and once with
+    # None when the request finishes; must be cheap and thread-safe (it hands off to an event loop).
+    listener: Callable[[tuple[int, float, int] | None], None] | None = None
 
 
 @dataclass
@@ -147,6 +157,41 @@ class LocalEngine:
             self.abort([request.id])  # the caller went away: free the batch slot
             raise
 
+    async def generate_stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[GenerationDelta]:
+        """One delta per decode step (tokens reach the caller as they are sampled); the last delta carries
+        `finish_reason` and no tokens. Same tokens as `generate` for the same seed."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, float, int] | None] = asyncio.Queue()
+
+        def listener(item: tuple[int, float, int] | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the consumer's event loop is closed
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        request = self.submit(prompt_ids, sampling, max_tokens, stop_token_ids, request_id=request_id,
+                              listener=listener)
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                items = [item]
+                while not queue.empty() and queue._queue[0] is not None:  # noqa: SLF001 - batch what is ready
+                    items.append(queue.get_nowait())
+                yield GenerationDelta([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
+            generation: Generation = await asyncio.wrap_future(request.result)
+            yield GenerationDelta([], [], [], generation.finish_reason)
+        finally:
+            if not request.result.done():  # the consumer stopped early: free the batch slot
+                self.abort([request.id])
+
     def submit(
         self,
         prompt_ids: list[int],
@@ -156,6 +201,7 @@ class LocalEngine:
         *,
         request_id: str | None = None,
         top_logprobs: int = 0,
+        listener: Callable[[tuple[int, float, int] | None], None] | None = None,
     ) -> _Request:
         """Queues a request; its `.result` (a concurrent Future) resolves to a Generation."""
         self._validate(prompt_ids, sampling, max_tokens, stop_token_ids)
@@ -169,6 +215,7 @@ class LocalEngine:
             stop=self.default_stop | frozenset(int(t) for t in stop_token_ids or ()),
             row=RowSampling(sampling.temperature, sampling.top_p, generator, top_logprobs),
             result=Future(),
+            listener=listener,
         )
         with self._lock:
             if self._closed:
@@ -369,6 +416,8 @@ class LocalEngine:
         if token.top is not None:
             request.tops.append(token.top)
         request.pending_token = token.token_id
+        if request.listener is not None:
+            request.listener((token.token_id, token.logprob, self.policy_version))
 
     def _finished_reason(self, request: _Request) -> str | None:
         if request.aborted:
@@ -419,11 +468,19 @@ class LocalEngine:
         )
         with contextlib.suppress(Exception):  # the caller may have cancelled the future
             request.result.set_result(generation)
+        self._notify_end(request)
+
+    @staticmethod
+    def _notify_end(request: _Request) -> None:
+        if request.listener is not None:
+            with contextlib.suppress(RuntimeError):  # the consumer's event loop is closed
+                request.listener(None)
 
     def _fail_all(self, admitted: list[_Request], error: Exception) -> None:
         message = EngineError(f"local engine step failed: {type(error).__name__}: {error}")
         for request in [*self._active, *admitted]:
             if not request.result.done():
                 request.result.set_exception(message)
+                self._notify_end(request)
         self._active = []
         self._cache = kv.new_cache(self.num_layers)

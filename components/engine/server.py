@@ -3,7 +3,7 @@
 Endpoints
 - `POST /v1/completions`   vLLM CompletionRequest subset: `prompt` (token ids, or a string that is
                             tokenized), `max_tokens`, `temperature`, `top_p`, `seed`, `stop_token_ids`,
-                            `logprobs`, `return_token_ids`, `skip_special_tokens`, `n` (=1), `stream` (=false).
+                            `logprobs`, `return_token_ids`, `skip_special_tokens`, `n` (=1), `stream` (SSE chunks as vLLM sends them; `logprobs` 0 only).
                             Header `X-Request-Id` names the request for `/abort`.
 - `GET  /health`, `GET /v1/models`
 - `POST /load_weights {"path", "version"}` (ours; vLLM: `/collective_rpc` + weight-update workers)
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from harnessrl.components.engine.base import EngineError, EngineRequestError, SamplingParams
-from harnessrl.components.engine.completions_api import build_response, error_body
+from harnessrl.components.engine.completions_api import build_response, build_stream_chunk, error_body
 from harnessrl.components.engine.local import LocalEngine
 
 ENGINE_KEY = web.AppKey("engine", LocalEngine)
@@ -66,12 +67,10 @@ def _number(body: dict[str, Any], name: str, default, kind=float):
     return kind(value)
 
 
-async def completions(request: web.Request) -> web.Response:
+async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     body = await _json(request)
     try:
-        if body.get("stream"):
-            raise ValueError("`stream: true` is not supported by this server; the gateway streams to harnesses")
         if body.get("n", 1) != 1:
             raise ValueError("`n` must be 1: send one request per sample")
         prompt = _prompt_ids(body, engine.tokenizer)
@@ -87,9 +86,13 @@ async def completions(request: web.Request) -> web.Response:
         top_k = body.get("logprobs")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 0 or top_k > 20):
             raise ValueError("`logprobs` must be an integer in [0, 20]")
+        if body.get("stream") and top_k:
+            raise ValueError("`logprobs` > 0 (top alternatives) is not supported with `stream: true`; use 0")
     except ValueError as e:
         return _error(str(e), 400)
     request_id = request.headers.get("X-Request-Id") or f"cmpl-{uuid.uuid4().hex}"
+    if body.get("stream"):
+        return await _stream(request, engine, body, prompt, sampling, max_tokens, stop, request_id)
     try:
         generation = await engine.generate(prompt, sampling, max_tokens, stop, request_id=request_id,
                                            top_logprobs=top_k or 0)
@@ -99,6 +102,53 @@ async def completions(request: web.Request) -> web.Response:
         return _error(str(e), 500)
     reply = build_response(generation, prompt, request.app[MODEL_NAME_KEY], engine.tokenizer, body, stop)
     return web.json_response(reply)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def _stream(request: web.Request, engine: LocalEngine, body: dict[str, Any], prompt: list[int],
+                  sampling: SamplingParams, max_tokens: int, stop: list[int], request_id: str) -> web.StreamResponse:
+    """vLLM-style SSE: one chunk per decode step, text decoded incrementally (an incomplete UTF-8 character
+    is held back until its last token arrives), then `data: [DONE]`. Errors after the headers went out are
+    sent as a `data: {"error": ...}` chunk, as vLLM does."""
+    skip_special = bool(body.get("skip_special_tokens", True))
+    model, created = request.app[MODEL_NAME_KEY], int(time.time())
+    stream = engine.generate_stream(prompt, sampling, max_tokens, stop, request_id=request_id)
+    try:
+        first = await stream.__anext__()  # request errors still get a plain HTTP 400
+    except EngineRequestError as e:
+        return _error(str(e), 400)
+    except EngineError as e:
+        return _error(str(e), 500)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    ids: list[int] = []
+    sent = ""
+    delta = first
+    try:
+        while True:
+            ids += delta.token_ids
+            text = engine.tokenizer.decode(ids, skip_special_tokens=skip_special)
+            if delta.finish_reason is None and text.endswith("\ufffd"):
+                text = text.rstrip("\ufffd")
+            piece = text[len(sent):] if text.startswith(sent) else ""
+            sent = text if text.startswith(sent) else sent
+            chunk = build_stream_chunk(delta, piece, request_id, created, model, body,
+                                       None if first is None else prompt, engine.policy_version)
+            first = None
+            await resp.write(_sse(chunk))
+            if delta.finish_reason is not None:
+                break
+            delta = await stream.__anext__()
+    except EngineError as e:
+        await resp.write(_sse(error_body(str(e), 500, "InternalServerError")))
+    finally:
+        await stream.aclose()
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 async def health(request: web.Request) -> web.Response:

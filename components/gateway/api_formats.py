@@ -43,26 +43,39 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-def openai_stream(call_id: str, model: str, pieces: list[str], calls: list[ToolCall], finish: str,
-                  prompt_tokens: int, completion_tokens: int, include_usage: bool) -> Iterator[bytes]:
-    base = {"id": f"chatcmpl-{call_id}", "object": "chat.completion.chunk", "created": int(time.time()),
+def _openai_base(call_id: str, model: str) -> dict[str, Any]:
+    return {"id": f"chatcmpl-{call_id}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model}
 
-    def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
-        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
 
-    yield chunk({"role": "assistant", "content": ""})
-    for p in pieces:
-        if p:
-            yield chunk({"content": p})
+def _openai_chunk(call_id: str, model: str, delta: dict, finish_reason: str | None = None) -> bytes:
+    return _sse({**_openai_base(call_id, model), "choices": [{"index": 0, "delta": delta,
+                                                               "finish_reason": finish_reason}]})
+
+
+def openai_stream_head(call_id: str, model: str) -> bytes:
+    return _openai_chunk(call_id, model, {"role": "assistant", "content": ""})
+
+
+def openai_stream_text(call_id: str, model: str, text: str) -> bytes:
+    return _openai_chunk(call_id, model, {"content": text})
+
+
+def openai_stream_tail(call_id: str, model: str, calls: list[ToolCall], finish: str, prompt_tokens: int,
+                       completion_tokens: int, include_usage: bool) -> Iterator[bytes]:
+    """Tool-call chunks (parsed once the completion is whole), the finish chunk, usage, [DONE]."""
     for i, tc in enumerate(_openai_calls(call_id, calls)):
-        yield chunk({"tool_calls": [{"index": i, **tc}]})
-    yield chunk({}, openai_finish(finish, calls))
+        yield _openai_chunk(call_id, model, {"tool_calls": [{"index": i, **tc}]})
+    yield _openai_chunk(call_id, model, {}, openai_finish(finish, calls))
     if include_usage:
-        yield _sse({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                     "completion_tokens": completion_tokens,
-                                                     "total_tokens": prompt_tokens + completion_tokens}})
+        yield _sse({**_openai_base(call_id, model), "choices": [],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                              "total_tokens": prompt_tokens + completion_tokens}})
     yield b"data: [DONE]\n\n"
+
+
+def openai_stream_error(message: str) -> bytes:
+    return _sse({"error": {"type": "engine_error", "message": message}}) + b"data: [DONE]\n\n"
 
 
 def anthropic_blocks(call_id: str, content: str, calls: list[ToolCall]) -> list[dict]:
@@ -92,19 +105,27 @@ def _event(name: str, obj: dict) -> bytes:
     return f"event: {name}\n".encode() + _sse(obj)
 
 
-def anthropic_stream(call_id: str, model: str, pieces: list[str], calls: list[ToolCall], finish: str,
-                     prompt_tokens: int, completion_tokens: int) -> Iterator[bytes]:
-    msg = anthropic_response(call_id, model, "", [], finish, prompt_tokens, 0)
+def anthropic_stream_head(call_id: str, model: str, prompt_tokens: int) -> bytes:
+    msg = anthropic_response(call_id, model, "", [], "stop", prompt_tokens, 0)
     msg.update(content=[], stop_reason=None)
-    yield _event("message_start", {"type": "message_start", "message": msg})
+    return _event("message_start", {"type": "message_start", "message": msg})
+
+
+def anthropic_text_start() -> bytes:
+    return _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "text", "text": ""}})
+
+
+def anthropic_text_delta(text: str) -> bytes:
+    return _event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                          "delta": {"type": "text_delta", "text": text}})
+
+
+def anthropic_stream_tail(call_id: str, calls: list[ToolCall], finish: str, completion_tokens: int,
+                          text_block_open: bool) -> Iterator[bytes]:
+    """Closes the text block (index 0) when one is open, then tool_use blocks, message_delta, message_stop."""
     index = 0
-    if any(pieces) or not calls:
-        yield _event("content_block_start", {"type": "content_block_start", "index": 0,
-                                             "content_block": {"type": "text", "text": ""}})
-        for p in pieces:
-            if p:
-                yield _event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                     "delta": {"type": "text_delta", "text": p}})
+    if text_block_open:
         yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
         index = 1
     for block in anthropic_blocks(call_id, "", calls)[(0 if calls else 1):]:
@@ -119,3 +140,7 @@ def anthropic_stream(call_id: str, model: str, pieces: list[str], calls: list[To
                                    "delta": {"stop_reason": anthropic_stop(finish, calls), "stop_sequence": None},
                                    "usage": {"output_tokens": completion_tokens}})
     yield _event("message_stop", {"type": "message_stop"})
+
+
+def anthropic_stream_error(message: str) -> bytes:
+    return _event("error", {"type": "error", "error": {"type": "api_error", "message": message}})

@@ -5,7 +5,8 @@ prompt as token ids, `return_token_ids`, `logprobs`), but its "model" is a scrip
 the prompt's turn number (how many assistant turns it already holds; `select="turn"`) or by a hash of the
 prompt (`select="hash"`), and its tokens are the script texts tokenized with the real tokenizer (or raw token
 ids given in the script). Logprobs are a deterministic function of the token. An optional per-token delay
-stands in for decode time. Nothing here learns or predicts — it exists so the gateway can be exercised and
+stands in for decode time; with `"stream": true` each token is sent as its own vLLM-style SSE chunk after
+its delay (so streaming can be observed token by token). Nothing here learns or predicts — it exists so the gateway can be exercised and
 benchmarked without a model in the way.
 
 Run standalone: `python -m harnessrl.components.gateway.fast_engine --script replies.json [--port N]`
@@ -72,7 +73,31 @@ class FastEngineServer:
             i = int.from_bytes(hashlib.blake2b(repr(prompt[-256:]).encode(), digest_size=8).digest(), "big")
         return self.replies[i % len(self.replies)]
 
-    async def _completions(self, request: web.Request) -> web.Response:
+    async def _stream(self, request: web.Request, body: dict, prompt: list[int], out: list[int],
+                      finish: str) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        base = {"id": f"cmpl-{self.requests}", "object": "text_completion", "model": body.get("model", "fast")}
+
+        def chunk(ids: list[int], finish_reason: str | None, first: bool) -> bytes:
+            choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": finish_reason,
+                      "policy_version": self.policy_version,
+                      "prompt_token_ids": prompt if first and body.get("return_token_ids") else None,
+                      "logprobs": {"tokens": [f"token_id:{t}" for t in ids],
+                                   "token_logprobs": [fake_logprob(t) for t in ids],
+                                   "top_logprobs": None, "text_offset": None}}
+            return b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
+
+        for i, t in enumerate(out):
+            if self.per_token_s:
+                await asyncio.sleep(self.per_token_s)
+            await resp.write(chunk([t], None, i == 0))
+        await resp.write(chunk([], finish, not out))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
             prompt = body["prompt"]
@@ -95,6 +120,8 @@ class FastEngineServer:
         else:
             if len(out) < max_tokens:
                 finish = "stop"
+        if body.get("stream"):
+            return await self._stream(request, body, prompt, out, finish)
         if self.per_token_s:
             await asyncio.sleep(self.per_token_s * len(out))
         lps = [fake_logprob(t) for t in out]

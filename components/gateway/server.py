@@ -37,6 +37,7 @@ from harnessrl.components.engine.base import (
     EngineRequestError,
     Generation,
     SamplingParams,
+    generate_stream,
 )
 
 from . import api_formats as fmt
@@ -55,6 +56,7 @@ from .messages import (
 )
 from .render import ChatRenderer, DiffError
 from .samples import export as export_samples
+from .streaming import SSEReply, stream_options
 
 
 @dataclass
@@ -395,13 +397,12 @@ class GatewayServer:
         stops = [stop] if isinstance(stop, str) else stop or []
         if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
             raise RequestError("stop: expected a string or a list of strings")
-        result = await self._call(s, msgs, tools, body, int(max_tokens), "openai", parse_cpu, stops)
-        call_id, content, calls, finish, n_prompt, n_out, pieces = result
         if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            chunks = fmt.openai_stream(call_id, self.config.model_name, pieces, calls, finish, n_prompt, n_out,
-                                       include_usage)
-            return await self._sse(request, chunks)
+            sink = SSEReply(request, "openai", self.config.model_name, self.renderer.completion_text, stops,
+                            stream_options(body))
+            return await self._streamed(sink, s, msgs, tools, body, int(max_tokens), parse_cpu, stops)
+        call_id, content, calls, finish, n_prompt, n_out = await self._call(
+            s, msgs, tools, body, int(max_tokens), "openai", parse_cpu, stops)
         return web.json_response(fmt.openai_response(call_id, self.config.model_name, content, calls, finish,
                                                       n_prompt, n_out), dumps=_dumps)
 
@@ -417,22 +418,29 @@ class GatewayServer:
         stops = body.get("stop_sequences") or []
         if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
             raise RequestError("stop_sequences: expected a list of strings")
-        call_id, content, calls, finish, n_prompt, n_out, pieces = await self._call(
-            s, msgs, tools, body, body["max_tokens"], "anthropic", parse_cpu, stops)
         if body.get("stream"):
-            return await self._sse(request, fmt.anthropic_stream(call_id, self.config.model_name, pieces, calls,
-                                                                 finish, n_prompt, n_out))
+            sink = SSEReply(request, "anthropic", self.config.model_name, self.renderer.completion_text, stops)
+            return await self._streamed(sink, s, msgs, tools, body, body["max_tokens"], parse_cpu, stops)
+        call_id, content, calls, finish, n_prompt, n_out = await self._call(
+            s, msgs, tools, body, body["max_tokens"], "anthropic", parse_cpu, stops)
         return web.json_response(fmt.anthropic_response(call_id, self.config.model_name, content, calls, finish,
                                                         n_prompt, n_out), dumps=_dumps)
 
-    @staticmethod
-    async def _sse(request: web.Request, chunks) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        for c in chunks:
-            await resp.write(c)
-        await resp.write_eof()
-        return resp
+    async def _streamed(self, sink: SSEReply, s: Session, msgs: list[Msg], tools: list[dict], body: dict,
+                        max_tokens: int, parse_cpu: float, stops: list[str]) -> web.StreamResponse:
+        """Text deltas reach the harness while the engine generates; tool calls and the end events follow
+        once the call's record is durable. Errors before the first text are plain HTTP errors."""
+        try:
+            _, content, calls, finish, _, n_out = await self._call(s, msgs, tools, body, max_tokens, sink.api,
+                                                                   parse_cpu, stops, sink)
+        except (_HTTPError, RequestError) as e:
+            if not sink.opened:
+                raise
+            return await sink.fail(e.message if isinstance(e, _HTTPError) else str(e))
+        reply = await sink.finish(content, calls, finish, n_out)
+        if sink.mismatch:
+            self.metrics["stream_mismatch"] = self.metrics.get("stream_mismatch", 0) + 1
+        return reply
 
     def _sampling(self, body: dict) -> SamplingParams:
         try:
@@ -443,7 +451,8 @@ class GatewayServer:
             raise RequestError("temperature/top_p/seed: expected numbers") from None
 
     async def _call(self, s: Session, msgs: list[Msg], tools: list[dict], body: dict, max_tokens: int,
-                    api: str, parse_cpu: float = 0.0, stops: list[str] | None = None) -> tuple:
+                    api: str, parse_cpu: float = 0.0, stops: list[str] | None = None,
+                    sink: SSEReply | None = None) -> tuple:
         if s.status != "active":
             raise _HTTPError(409, "session_closed", f"session {s.session_id} is {s.status}"
                              + (f": {s.reason}" if s.reason else ""))
@@ -466,9 +475,16 @@ class GatewayServer:
                 self.metrics["context_exhausted"] += 1
                 await self._journal.append({"type": "notice", "session_id": s.session_id, "kind": "context_exhausted",
                                             "prompt_tokens": len(plan.prompt_ids), "at": time.time()})
-                return "ctx-" + uuid.uuid4().hex[:12], "", [], "length", len(plan.prompt_ids), 0, []
+                call_id = "ctx-" + uuid.uuid4().hex[:12]
+                if sink is not None:
+                    sink.begin(call_id, len(plan.prompt_ids))
+                return call_id, "", [], "length", len(plan.prompt_ids), 0
+            call_id = "c-" + uuid.uuid4().hex[:16]
+            if sink is not None:
+                sink.begin(call_id, len(plan.prompt_ids))
             t_engine = time.perf_counter()
-            ids, lps, versions, finish = await self._generate(s, plan, sampling, min(max_tokens, room))
+            ids, lps, versions, finish = await self._generate(s, plan, sampling, min(max_tokens, room),
+                                                              sink.on_tokens if sink is not None else None)
             engine_s = time.perf_counter() - t_engine
             cpu1 = time.thread_time()
             text = self.renderer.completion_text(ids)
@@ -476,7 +492,7 @@ class GatewayServer:
                 ids, lps, versions, text = self._cut_at_stop(ids, lps, versions, text, stops)
                 finish = "stop"
             rec, content, calls = self._record(s, plan, msgs, tools, ids, lps, versions, finish, api, started,
-                                               engine_s, text)
+                                               engine_s, text, call_id)
             # prompt building + record, without the sampled full re-render of the drift check (timed apart)
             rec["timings"]["gateway_cpu_s"] = cpu_plan + time.thread_time() - cpu1 - rec["timings"]["drift_cpu_s"]
             rec["timings"]["parse_cpu_s"] = parse_cpu  # JSON body + message conversion (O(request size))
@@ -487,11 +503,31 @@ class GatewayServer:
         finally:
             s.chains.release(plan)
             self._set_working(me, False)
-        pieces = [content[i : i + 16] for i in range(0, len(content), 16)] if body.get("stream") else []
-        return rec["call_id"], content, calls, finish, rec["timings"]["prompt_tokens"], len(ids), pieces
+        return rec["call_id"], content, calls, finish, rec["timings"]["prompt_tokens"], len(ids)
 
-    async def _generate(self, s: Session, plan: CallPlan, sampling: SamplingParams, max_tokens: int):
-        """Runs the engine; across an aborting pause it resumes with the tokens sampled so far."""
+    async def _stream_into(self, prompt: list[int], sampling: SamplingParams, max_tokens: int, stop: list[int],
+                           ids: list[int], lps: list[float], versions: list[int], on_tokens) -> Generation:
+        """Consumes the engine's token stream into the call's lists (so tokens already shown to the harness
+        survive a cancelling pause) and hands each step to `on_tokens`; returns an empty Generation holding
+        the finish reason."""
+        finish: str | None = None
+        async for delta in generate_stream(self.engine, prompt, sampling, max_tokens, stop):
+            ids += delta.token_ids
+            lps += delta.logprobs
+            versions += delta.token_policy_versions or [0] * len(delta.token_ids)
+            if delta.token_ids:
+                await on_tokens(ids)
+            if delta.finish_reason is not None:
+                finish = delta.finish_reason
+                break
+        if finish is None:
+            raise EngineError("the engine's token stream ended without a finish_reason")
+        return Generation(token_ids=[], logprobs=[], finish_reason=finish)
+
+    async def _generate(self, s: Session, plan: CallPlan, sampling: SamplingParams, max_tokens: int,
+                        on_tokens=None):
+        """Runs the engine; across an aborting pause it resumes with the tokens sampled so far. With
+        `on_tokens` (a streamed reply) the engine streams and each step is handed over as it arrives."""
         ids: list[int] = []
         lps: list[float] = []
         versions: list[int] = []
@@ -503,7 +539,11 @@ class GatewayServer:
                 await self._resumed.wait()
                 self._set_working(me, True)
             prompt = plan.prompt_ids + ids if ids else plan.prompt_ids
-            task = asyncio.ensure_future(self.engine.generate(prompt, sampling, max_tokens - len(ids), stop))
+            if on_tokens is None:
+                task = asyncio.ensure_future(self.engine.generate(prompt, sampling, max_tokens - len(ids), stop))
+            else:
+                task = asyncio.ensure_future(self._stream_into(prompt, sampling, max_tokens - len(ids), stop,
+                                                               ids, lps, versions, on_tokens))
             self._in_flight.add(task)
             try:
                 gen: Generation = await task
@@ -558,7 +598,8 @@ class GatewayServer:
         return ids[:lo], lps[:lo], versions[:lo], shown[:cut]
 
     def _record(self, s: Session, plan: CallPlan, msgs: list[Msg], tools: list[dict], ids: list[int], lps: list[float],
-                versions: list[int], finish: str, api: str, started: float, engine_s: float, text: str):
+                versions: list[int], finish: str, api: str, started: float, engine_s: float, text: str,
+                call_id: str):
         content, calls = self.renderer.parse_completion(text)
         assistant = Msg("assistant", content, tuple(calls))
         close = self.renderer.close_assistant(ids)
@@ -570,7 +611,7 @@ class GatewayServer:
             drift = self._drift(plan, msgs, tools)
         drift_cpu = time.thread_time() - cpu0
         rec = {
-            "type": "call", "call_id": "c-" + uuid.uuid4().hex[:16], "session_id": s.session_id,
+            "type": "call", "call_id": call_id, "session_id": s.session_id,
             "rollout_id": s.rollout_id, "group_id": s.group_id, "chain_id": chain.chain_id, "op": plan.op,
             "parent_chain_id": plan.parent_chain_id, "base_len": plan.base_len, "base_nodes": plan.base_nodes,
             "inherited_ids": plan.inherited_ids, "inherited_nodes": [n.to_json() for n in plan.inherited_nodes],

@@ -1,29 +1,4 @@
-import asyncio
+"""Fixtures for tests/engine live in engine_support.py, importable by a unique module name (several test folders
+have a conftest.py, and `from conftest import ...` would pick whichever was imported first)."""
 
-import pytest
-
-from harnessrl.components.engine.base import SamplingParams
-
-GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="session")
-def engine():
-    from harnessrl.components.engine.local import LocalEngine
-
-    eng = LocalEngine(max_batch=16)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="session")
-def chat(engine):
-    def render(question: str) -> list[int]:
-        return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                                    add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False)
-    return render
-
-
-def run(coro):
-    return asyncio.run(coro)
+from engine_support import *  # noqa: F403 - pytest discovers the fixtures imported here

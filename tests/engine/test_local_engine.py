@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from conftest import GREEDY, run
+from engine_support import GREEDY, run
 
 from harnessrl.components.engine.base import EngineError, EngineRequestError, SamplingParams
 from harnessrl.components.engine.sampling import _restrict_to_nucleus

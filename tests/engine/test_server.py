@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import GREEDY, run
+from engine_support import GREEDY, run
 
 from harnessrl.components.engine.base import EngineError, EngineRequestError
 from harnessrl.components.engine.http_client import HTTPEngine

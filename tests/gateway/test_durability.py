@@ -11,7 +11,7 @@ import threading
 import time
 
 import openai
-from conftest import ADMIN, read_records
+from gateway_support import ADMIN, read_records
 
 from harnessrl.components.gateway import GatewayAdmin
 from harnessrl.components.gateway.journal import Journal, read_journal

@@ -10,7 +10,7 @@ import urllib.request
 import anthropic
 import openai
 import pytest
-from conftest import BASH_TOOL, FINAL_REPLY, TOOL_REPLY, read_records
+from gateway_support import BASH_TOOL, FINAL_REPLY, TOOL_REPLY, read_records
 
 from harnessrl.components.engine.http_client import HTTPEngine
 from harnessrl.components.gateway.client import GatewayClientError

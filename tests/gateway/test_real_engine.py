@@ -12,7 +12,7 @@ import time
 
 import openai
 import pytest
-from conftest import read_records
+from gateway_support import read_records
 
 from harnessrl.components.engine.http_client import HTTPEngine
 from harnessrl.components.gateway.samples import build_samples

@@ -6,7 +6,7 @@ import threading
 
 import openai
 import pandas as pd
-from conftest import ADMIN, read_records
+from gateway_support import ADMIN, read_records
 
 from harnessrl.cli import main as cli_main
 from harnessrl.components.engine.http_client import HTTPEngine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_round
+from train_support import write_round
 
 from harnessrl.components.difficulty.history import PassRateHistory
 from harnessrl.components.train.data import assemble, load_rewards, load_samples

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_round
 from safetensors.torch import load_file
+from train_support import write_round
 
 from harnessrl.components.train.batching import SeqItem
 from harnessrl.components.train.distributed import shard_items

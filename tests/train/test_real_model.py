@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chat_ids
+from train_support import chat_ids
 
 from harnessrl.components.train.batching import SeqItem, pack
 from harnessrl.components.train.losses import sequence_weights

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_round
+from train_support import write_round
 
 from harnessrl.components.train.stage import StageConfig, run
 

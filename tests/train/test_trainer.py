@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
+from train_support import tiny_llama
 
 from harnessrl.components.train.batching import SeqItem, pack, pad, padding_fraction, plan_packs
 from harnessrl.components.train.losses import sequence_weights

@@ -1,0 +1,132 @@
+"""Incremental SSE replies: text deltas go to the harness while the engine is still generating.
+
+What is sent early is only text that is certain to be a prefix of the final `content` the non-streamed reply
+would hold, so the concatenated stream equals the non-streamed text:
+- an incomplete UTF-8 character (decoded as U+FFFD) waits for its remaining tokens;
+- from the first tool-call marker (or a partial one at the end) on, text waits: tool calls are parsed once the
+  completion is whole and sent at the end (their surrounding text may be stripped);
+- trailing whitespace waits (the parser strips content around tool calls), and a reply that starts with
+  whitespace is held until the end for the same reason;
+- stop strings: text from a stop string on is never sent, and the last `len(stop) - 1` characters wait.
+The call's journal record is appended (fsync) before the closing chunks and `[DONE]` are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from . import api_formats as fmt
+from .toolcalls import ToolCall
+
+TOOL_MARKERS = ("<tool_call>", "<function=")
+
+
+def safe_prefix(text: str, stops: list[str]) -> str:
+    """The longest prefix of `text` that no later token can change in the final content."""
+    cut = len(text)
+    bad = text.find("\ufffd")
+    if bad >= 0:
+        cut = bad
+    for marker in (*TOOL_MARKERS, *(x for x in stops if x)):
+        at = text.find(marker)
+        if at >= 0:
+            cut = min(cut, at)
+        else:  # a marker may be starting at the end of the text
+            for k in range(min(len(marker) - 1, len(text)), 0, -1):
+                if text.endswith(marker[:k]):
+                    cut = min(cut, len(text) - k)
+                    break
+    prefix = text[:cut]
+    if prefix[:1].isspace():
+        return ""
+    return prefix.rstrip()
+
+
+class SSEReply:
+    """One streamed chat reply (OpenAI chunks or Anthropic events); the response opens with the first text."""
+
+    def __init__(self, request: web.Request, api: str, model: str, decode, stops: list[str],
+                 include_usage: bool = False) -> None:
+        self.request, self.api, self.model = request, api, model
+        self.decode = decode  # sampled ids -> completion text (stop token dropped)
+        self.stops = stops
+        self.include_usage = include_usage
+        self.call_id = ""
+        self.prompt_tokens = 0
+        self.sent = ""
+        self.response: web.StreamResponse | None = None
+        self.text_block_open = False
+        self.mismatch = False
+
+    def begin(self, call_id: str, prompt_tokens: int) -> None:
+        self.call_id, self.prompt_tokens = call_id, prompt_tokens
+
+    @property
+    def opened(self) -> bool:
+        return self.response is not None
+
+    async def _write(self, data: bytes) -> None:
+        if self.response is None:
+            self.response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                        "Cache-Control": "no-cache"})
+            await self.response.prepare(self.request)
+            if self.api == "openai":
+                data = fmt.openai_stream_head(self.call_id, self.model) + data
+            else:
+                data = fmt.anthropic_stream_head(self.call_id, self.model, self.prompt_tokens) + data
+        # shielded: an aborting pause cancels the generation task, never half an SSE event
+        await asyncio.shield(self.response.write(data))
+
+    async def _text(self, text: str) -> None:
+        if not text:
+            return
+        if self.api == "openai":
+            await self._write(fmt.openai_stream_text(self.call_id, self.model, text))
+        else:
+            head = b"" if self.text_block_open else fmt.anthropic_text_start()
+            self.text_block_open = True
+            await self._write(head + fmt.anthropic_text_delta(text))
+        self.sent += text
+
+    async def on_tokens(self, ids: list[int]) -> None:
+        """Called with all ids sampled so far, after each engine delta."""
+        safe = safe_prefix(self.decode(ids), self.stops)
+        if len(safe) > len(self.sent) and safe.startswith(self.sent):
+            await self._text(safe[len(self.sent):])
+
+    async def finish(self, content: str, calls: list[ToolCall], finish: str, completion_tokens: int) -> web.StreamResponse:
+        """The rest of the content, the tool calls, the end events. Call after the record is durable."""
+        if content.startswith(self.sent):
+            rest = content[len(self.sent):]
+        else:  # cannot happen for the parsers we ship; the harness keeps what it already got
+            rest, self.mismatch = "", True
+        if self.api == "openai":
+            await self._write(fmt.openai_stream_text(self.call_id, self.model, rest) if rest else b"")
+            tail = fmt.openai_stream_tail(self.call_id, self.model, calls, finish, self.prompt_tokens,
+                                          completion_tokens, self.include_usage)
+        else:
+            if rest or (not calls and not self.text_block_open):
+                if not self.text_block_open:
+                    await self._write(fmt.anthropic_text_start())
+                    self.text_block_open = True
+                if rest:
+                    await self._write(fmt.anthropic_text_delta(rest))
+            tail = fmt.anthropic_stream_tail(self.call_id, calls, finish, completion_tokens, self.text_block_open)
+        await self._write(b"".join(tail))
+        await self.response.write_eof()
+        return self.response
+
+    async def fail(self, message: str) -> web.StreamResponse:
+        """An error after the stream has opened: an error event, then the stream ends."""
+        assert self.response is not None
+        data = fmt.openai_stream_error(message) if self.api == "openai" else fmt.anthropic_stream_error(message)
+        await self.response.write(data)
+        await self.response.write_eof()
+        return self.response
+
+
+def stream_options(body: dict[str, Any]) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
