@@ -54,15 +54,12 @@ def build_request(
     return body
 
 
-def parse_stream_chunk(body: Any, source: str, default_version: int = 0) -> GenerationDelta:
-    """Reads one streamed CompletionStreamResponse chunk into a GenerationDelta, or raises EngineError."""
-    def bad(what: str) -> EngineError:
-        return EngineError(f"{source}: malformed /v1/completions stream chunk: {what}")
+def _first_choice(body: Any, bad, *, streamed: bool) -> tuple[dict, list[int], list[float], str | None]:
+    """Checks choices[0] of a reply or stream chunk: (choice, token ids, their logprobs, finish_reason).
 
+    A streamed chunk may carry no tokens and no finish reason yet; a whole reply must finish."""
     if not isinstance(body, dict):
         raise bad(f"expected a JSON object, got {type(body).__name__}")
-    if isinstance(body.get("error"), dict):
-        raise EngineError(f"{source}: engine failed mid-stream: {body['error'].get('message')}")
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise bad("no choices[0]")
@@ -75,7 +72,7 @@ def parse_stream_chunk(body: Any, source: str, default_version: int = 0) -> Gene
         raise bad("choices[0].token_ids is not a list of integers")
     logprobs_obj = choice.get("logprobs")
     logprobs = logprobs_obj.get("token_logprobs") if isinstance(logprobs_obj, dict) else None
-    if token_ids and not isinstance(logprobs, list):
+    if (token_ids or not streamed) and not isinstance(logprobs, list):
         raise bad("choices[0].logprobs.token_logprobs is missing (the request asks for logprobs)")
     logprobs = logprobs or []
     if len(logprobs) != len(token_ids):
@@ -83,11 +80,27 @@ def parse_stream_chunk(body: Any, source: str, default_version: int = 0) -> Gene
     if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in logprobs):
         raise bad("choices[0].logprobs.token_logprobs holds a non-number")
     finish = choice.get("finish_reason")
-    if finish not in (None, "stop", "length", "abort"):
+    if finish not in (("stop", "length", "abort") + ((None,) if streamed else ())):
         raise bad(f"unknown finish_reason {finish!r}")
-    version = choice.get("policy_version", default_version)
-    versions = choice.get("token_policy_versions") or [version] * len(token_ids)
-    return GenerationDelta(list(token_ids), [float(x) for x in logprobs], [int(v) for v in versions], finish)
+    return choice, list(token_ids), [float(x) for x in logprobs], finish
+
+
+def _token_versions(choice: dict, n_tokens: int, default_version: int) -> tuple[int, list[int]]:
+    version = int(choice.get("policy_version", default_version))
+    versions = choice.get("token_policy_versions") or [version] * n_tokens
+    return version, [int(v) for v in versions]
+
+
+def parse_stream_chunk(body: Any, source: str, default_version: int = 0) -> GenerationDelta:
+    """Reads one streamed CompletionStreamResponse chunk into a GenerationDelta, or raises EngineError."""
+    def bad(what: str) -> EngineError:
+        return EngineError(f"{source}: malformed /v1/completions stream chunk: {what}")
+
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        raise EngineError(f"{source}: engine failed mid-stream: {body['error'].get('message')}")
+    choice, token_ids, logprobs, finish = _first_choice(body, bad, streamed=True)
+    _, versions = _token_versions(choice, len(token_ids), default_version)
+    return GenerationDelta(token_ids, logprobs, versions, finish)
 
 
 def build_stream_chunk(
@@ -127,41 +140,18 @@ def parse_response(body: Any, source: str, default_version: int = 0) -> Generati
     def bad(what: str) -> EngineError:
         return EngineError(f"{source}: malformed /v1/completions reply: {what}")
 
-    if not isinstance(body, dict):
-        raise bad(f"expected a JSON object, got {type(body).__name__}")
-    choices = body.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise bad("no choices[0]")
-    choice = choices[0]
-    token_ids = choice.get("token_ids")
-    if token_ids is None:
-        raise bad(f"choices[0].token_ids is missing: the server must support `return_token_ids` "
-                  f"(vLLM >= {MIN_VLLM_VERSION})")
-    if not isinstance(token_ids, list) or not all(isinstance(t, int) for t in token_ids):
-        raise bad("choices[0].token_ids is not a list of integers")
-    logprobs_obj = choice.get("logprobs")
-    if not isinstance(logprobs_obj, dict) or not isinstance(logprobs_obj.get("token_logprobs"), list):
-        raise bad("choices[0].logprobs.token_logprobs is missing (the request asks for logprobs)")
-    logprobs = logprobs_obj["token_logprobs"]
-    if len(logprobs) != len(token_ids):
-        raise bad(f"{len(token_ids)} token_ids but {len(logprobs)} token_logprobs")
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in logprobs):
-        raise bad("choices[0].logprobs.token_logprobs holds a non-number")
-    finish = choice.get("finish_reason")
-    if finish not in ("stop", "length", "abort"):
-        raise bad(f"unknown finish_reason {finish!r}")
-    version = choice.get("policy_version", default_version)
-    versions = choice.get("token_policy_versions") or [version] * len(token_ids)
+    choice, token_ids, logprobs, finish = _first_choice(body, bad, streamed=False)
+    version, versions = _token_versions(choice, len(token_ids), default_version)
     tops = None
-    top_raw = logprobs_obj.get("top_logprobs")
+    top_raw = choice["logprobs"].get("top_logprobs")
     if isinstance(top_raw, list) and top_raw and isinstance(choice.get("top_logprob_ids"), list):
         tops = [[(int(i), float(lp)) for i, lp in row] for row in choice["top_logprob_ids"]]
     return Generation(
-        token_ids=list(token_ids),
-        logprobs=[float(x) for x in logprobs],
+        token_ids=token_ids,
+        logprobs=logprobs,
         finish_reason=finish,
-        policy_version=int(version),
-        token_policy_versions=[int(v) for v in versions],
+        policy_version=version,
+        token_policy_versions=versions,
         top_logprobs=tops,
         timings={k: float(v) for k, v in (choice.get("timings") or {}).items() if isinstance(v, int | float)},
     )
