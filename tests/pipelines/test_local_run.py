@@ -139,33 +139,21 @@ def test_full_pipeline_with_stand_in_stages_runs_locally(data_prep_run, runs_roo
     assert round2.read_text() == "trained on [rollouts of trained on [rollouts of base]]\n"
 
 
-def test_s3_inputs_are_fetched_for_local_runs(data_prep_run, runs_root, monkeypatch, capsys):
+def test_s3_inputs_are_fetched_for_local_runs(data_prep_run, runs_root, s3_env, capsys):
     """`harnessrl run clean-only --arg tasks_uri=s3://...` on a task set in a real S3 endpoint (moto)."""
-    from moto.server import ThreadedMotoServer
-
     from harnessrl.store import ObjectStore
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        monkeypatch.setenv("HARNESSRL_S3_ENDPOINT", f"http://{host}:{port}")
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        monkeypatch.setenv("HARNESSRL_S3_REGION", "us-east-1")
-        store = ObjectStore.from_env()
-        store.ensure_bucket("harnessrl")
-        _, index = data_prep_run
-        store.upload_dir(output(index, "synthesize", "tasks")["path"], "s3://harnessrl/tasks/v1")
-        run_dir = runs_root / "clean-from-s3"
-        assert main(["run", "clean-only", "--run-dir", str(run_dir), "--arg", "tasks_uri=s3://harnessrl/tasks/v1",
-                     "--no-cache"]) == 0, capsys.readouterr().out
-        result = json.loads((run_dir / "run.json").read_text())
-        assert result["arguments"]["tasks_uri"] == str(run_dir / "inputs" / "tasks_uri" / "v1")
-        assert TaskSet.open(run_dir / "inputs" / "tasks_uri" / "v1").rows()
-        assert output(result, "clean", "metrics")["values"]["n_in"] >= 1
-        assert main(["run", "clean-only", "--run-dir", str(runs_root / "x"),
-                     "--arg", "tasks_uri=s3://harnessrl/absent"]) == 2
-        assert "fetching s3://harnessrl/absent" in capsys.readouterr().err
-    finally:
-        server.stop()
+    store = ObjectStore.from_env()
+    store.ensure_bucket("harnessrl")
+    _, index = data_prep_run
+    store.upload_dir(output(index, "synthesize", "tasks")["path"], "s3://harnessrl/tasks/v1")
+    run_dir = runs_root / "clean-from-s3"
+    assert main(["run", "clean-only", "--run-dir", str(run_dir), "--arg", "tasks_uri=s3://harnessrl/tasks/v1",
+                 "--no-cache"]) == 0, capsys.readouterr().out
+    result = json.loads((run_dir / "run.json").read_text())
+    assert result["arguments"]["tasks_uri"] == str(run_dir / "inputs" / "tasks_uri" / "v1")
+    assert TaskSet.open(run_dir / "inputs" / "tasks_uri" / "v1").rows()
+    assert output(result, "clean", "metrics")["values"]["n_in"] >= 1
+    assert main(["run", "clean-only", "--run-dir", str(runs_root / "x"),
+                 "--arg", "tasks_uri=s3://harnessrl/absent"]) == 2
+    assert "fetching s3://harnessrl/absent" in capsys.readouterr().err

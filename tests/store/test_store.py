@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from harnessrl.store import (
     MIN_PART_SIZE,
@@ -20,21 +19,8 @@ from harnessrl.store import (
 BUCKET = "harnessrl-test"
 
 
-@pytest.fixture(scope="module")
-def endpoint():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def store(endpoint, monkeypatch):
-    monkeypatch.setenv("HARNESSRL_S3_ENDPOINT", endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
-    monkeypatch.setenv("HARNESSRL_S3_REGION", "us-east-1")
+def store(s3_env):
     s = ObjectStore.from_env(part_size=MIN_PART_SIZE)
     s.ensure_bucket(BUCKET)
     return s

@@ -90,31 +90,20 @@ def test_component_compiles_with_typed_artifacts(tmp_path):
     assert arts_out == {"model": "system.Model", "metrics": "system.Metrics", "report": "system.Markdown"}
 
 
-def test_checkpoint_round_trips_through_s3(tmp_path, tiny_policy_dir, monkeypatch):
+def test_checkpoint_round_trips_through_s3(tmp_path, tiny_policy_dir, s3_env):
     """Upload a model directory to real S3 (moto server on loopback) and fetch it back as a policy."""
-    from moto.server import ThreadedMotoServer
     from transformers import AutoModelForCausalLM
 
     from harnessrl.components.train.checkpoint import fetch_policy, upload_dir
     from harnessrl.store import ObjectStore
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        monkeypatch.setenv("HARNESSRL_S3_ENDPOINT", f"http://{host}:{port}")
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
-        monkeypatch.setenv("HARNESSRL_S3_REGION", "us-east-1")
-        ObjectStore.from_env().ensure_bucket("ckpts")
-        upload_dir(tiny_policy_dir, "s3://ckpts/run-1/model")
-        got = fetch_policy("s3://ckpts/run-1/model", tmp_path / "policy")
-        assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in Path(tiny_policy_dir).iterdir())
-        assert AutoModelForCausalLM.from_pretrained(got).config.num_hidden_layers == 2
-        with pytest.raises(ValueError, match="only s3://"):
-            upload_dir(tiny_policy_dir, "/tmp/elsewhere")
-    finally:
-        server.stop()
+    ObjectStore.from_env().ensure_bucket("ckpts")
+    upload_dir(tiny_policy_dir, "s3://ckpts/run-1/model")
+    got = fetch_policy("s3://ckpts/run-1/model", tmp_path / "policy")
+    assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in Path(tiny_policy_dir).iterdir())
+    assert AutoModelForCausalLM.from_pretrained(got).config.num_hidden_layers == 2
+    with pytest.raises(ValueError, match="only s3://"):
+        upload_dir(tiny_policy_dir, "/tmp/elsewhere")
 
 
 @pytest.mark.slow
