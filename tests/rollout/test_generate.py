@@ -10,20 +10,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.components.gateway.fast_engine import FastEngineServer
 from harnessrl.components.rollout.generate import GenerateConfig, run_generate
 from harnessrl.components.rollout.policy import PolicySource
 from harnessrl.components.rollout.specs import parse_specs
 from harnessrl.io import read_jsonl
 from harnessrl.taskset import TaskSet
 from tests.conftest import requires_bwrap
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from harnessrl.tinymodel import load_tokenizer
-
-    return load_tokenizer()
 
 
 def single_line_fix(row: dict) -> tuple[str, str, str]:
@@ -38,21 +30,6 @@ def single_line_fix(row: dict) -> tuple[str, str, str]:
 
 def tool_call(name: str, **arguments) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-@pytest.fixture
-def fast_engine(tokenizer):
-    servers = []
-
-    def make(replies, **kw):
-        server = FastEngineServer(tokenizer, replies, **kw)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield make
-    for s in servers:
-        s.stop()
 
 
 def pick_task(taskset_dir: Path) -> dict:

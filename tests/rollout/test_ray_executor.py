@@ -11,7 +11,6 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.components.gateway.fast_engine import FastEngineServer
 from harnessrl.components.rollout.executors import make_executor
 from harnessrl.components.rollout.generate import GenerateConfig, run_generate
 from harnessrl.components.rollout.policy import PolicySource
@@ -33,28 +32,6 @@ def ray_local():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from harnessrl.tinymodel import load_tokenizer
-
-    return load_tokenizer()
-
-
-@pytest.fixture
-def engine(tokenizer):
-    servers = []
-
-    def make(replies):
-        server = FastEngineServer(tokenizer, replies)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield make
-    for s in servers:
-        s.stop()
-
-
 def stable(row: dict) -> dict:
     kept = {k: v for k, v in row.items() if k not in VOLATILE}
     kept["gateway_calls"] = row["gateway"]["calls"]
@@ -74,10 +51,10 @@ def samples(out) -> list[tuple]:
 
 
 @requires_bwrap
-def test_ray_executor_writes_the_same_outputs_as_threads(ray_local, synth_taskset, engine, tmp_path):
+def test_ray_executor_writes_the_same_outputs_as_threads(ray_local, synth_taskset, fast_engine, tmp_path):
     row = pick_task(synth_taskset)
     path, buggy, fixed = single_line_fix(row)
-    server = engine([
+    server = fast_engine([
         {"text": "Fixing.\n" + tool_call("str_replace_editor", command="str_replace", path=path, old_str=buggy,
                                          new_str=fixed)},
         {"text": tool_call("bash", command="git status --short")},
@@ -108,13 +85,13 @@ def test_ray_executor_writes_the_same_outputs_as_threads(ray_local, synth_taskse
         assert CALL_ID.sub("call_ID", ray_text) == CALL_ID.sub("call_ID", threads_text)
 
 
-def test_crashed_ray_worker_is_recorded_with_its_reason(ray_local, synth_taskset, engine, tmp_path, capsys):
+def test_crashed_ray_worker_is_recorded_with_its_reason(ray_local, synth_taskset, fast_engine, tmp_path, capsys):
     """Rollout r0's agent kills its own worker process (`kill -9 $PPID` from an unsandboxed shell): a real
     worker crash. r0 must come back as infra_error / worker_crashed, r1 must finish normally."""
     from harnessrl.cli import main
 
     row = pick_task(synth_taskset)
-    server = engine([
+    server = fast_engine([
         {"text": tool_call("bash", command='case "$PWD" in *__r0) kill -9 $PPID;; esac; echo alive')},
         {"text": tool_call("submit")},
     ])
