@@ -14,7 +14,16 @@ Stable API (the rollout stage builds on it):
 See docs/gateway.md.
 """
 
-from .client import GatewayAdmin, SessionInfo
-from .server import GatewayConfig, GatewayServer
+import importlib
+from typing import Any
 
-__all__ = ["GatewayAdmin", "GatewayConfig", "GatewayServer", "SessionInfo"]
+# Lazy: `harnessrl --help` and every CLI command import this package (its cli module); the server pulls in
+# aiohttp and pyarrow (~0.6 s), which only `gateway serve`/export and the rollout stage need.
+_EXPORTS = {"GatewayAdmin": ".client", "SessionInfo": ".client", "GatewayConfig": ".server", "GatewayServer": ".server"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
