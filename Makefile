@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 
 setup: $(STAMP) sysdeps
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) -U pip
 	$(PIP) torch==2.13.0               # the CPU build on this machine; pinned first so no CUDA wheel is pulled

@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from harnessrl.dataprep.clean import clean_taskset
-from harnessrl.dataprep.gitrepo import bundle_heads
-from harnessrl.dataprep.load import load_rows
-from harnessrl.dataprep.validate import validate_frame, validate_taskset, validation_frame
+from dataprep.clean import clean_taskset
+from dataprep.gitrepo import bundle_heads
+from dataprep.load import load_rows
+from dataprep.validate import validate_frame, validate_taskset, validation_frame
 from harnessrl.taskset import TaskSet
 
 

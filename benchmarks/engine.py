@@ -48,8 +48,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
 
-    from harnessrl.components.engine.base import SamplingParams
-    from harnessrl.components.engine.local import LocalEngine
+    from harnessrl.engine.base import SamplingParams
+    from harnessrl.engine.local import LocalEngine
     from harnessrl.tinymodel import load_model, tiny_model_dir
 
     model_dir = tiny_model_dir()

@@ -1,7 +1,7 @@
 """Gateway overhead, measured side by side in one run against the same fast engine server.
 
 Part 1 — throughput and latency: harness -> gateway -> engine vs harness -> engine directly, at concurrency 1
-and 64. The engine is the fast engine server (`components/gateway/fast_engine.py`: real HTTP, a trivial
+and 64. The engine is the fast engine server (`tests/support/fast_engine.py`: real HTTP, a trivial
 scripted model) in its own process, with a per-token delay standing in for decode time (`--per-token-ms`).
 The gateway runs as its own process (`harnessrl gateway serve`), journaling with fsync as in production. The
 direct harness speaks tokens itself (it appends sampled ids and the rendering of the next message), so both
@@ -86,7 +86,7 @@ class Harness:
                                             "fail with a timezone error. Find and fix the bug."}]
 
     async def run(self, calls: int, start_delay_s: float = 0.0) -> None:
-        from harnessrl.components.gateway.messages import Msg, from_openai
+        from harnessrl.gateway.messages import Msg, from_openai
 
         await asyncio.sleep(start_delay_s)
         n = 0
@@ -148,11 +148,11 @@ async def load(renderer, mode: str, concurrency: int, calls: int, turns: int, en
 
 
 def part_throughput(args, renderer, tmp: Path) -> dict:
-    from harnessrl.components.gateway import GatewayAdmin
+    from harnessrl.gateway import GatewayAdmin
 
     script = tmp / "replies.json"
     script.write_text(json.dumps(REPLIES))
-    eng, engine_url = _spawn([sys.executable, "-m", "harnessrl.components.gateway.fast_engine", "--script",
+    eng, engine_url = _spawn([sys.executable, "-m", "tests.support.fast_engine", "--script",
                               str(script), "--select", "hash", "--per-token-ms", str(args.per_token_ms)], "READY")
     gw, gateway_url = _spawn([sys.executable, "-m", "harnessrl.cli", "gateway", "serve", "--engine-url", engine_url,
                               "--journal", str(tmp / "journal"), "--admin-token", ADMIN], "READY")
@@ -187,11 +187,11 @@ def part_throughput(args, renderer, tmp: Path) -> dict:
 
 
 def part_cpu(args, tokenizer, tmp: Path) -> dict:
-    from harnessrl.components.engine.http_client import HTTPEngine
-    from harnessrl.components.gateway import GatewayAdmin, GatewayConfig, GatewayServer
-    from harnessrl.components.gateway.fast_engine import FastEngineServer
-    from harnessrl.components.gateway.messages import from_openai
-    from harnessrl.components.gateway.render import ChatRenderer
+    from harnessrl.engine.http_client import HTTPEngine
+    from harnessrl.gateway import GatewayAdmin, GatewayConfig, GatewayServer
+    from harnessrl.gateway.messages import from_openai
+    from harnessrl.gateway.render import ChatRenderer
+    from tests.support.fast_engine import FastEngineServer
 
     fe = FastEngineServer(tokenizer, [{"text": "Done; the next step is to run the tests again."}], select="hash")
     fe.start()
@@ -300,8 +300,8 @@ def main() -> int:
     if args.quick:
         args.calls_c1, args.calls_c64, args.repeats, args.cpu_calls = 8, 128, 1, 3
         args.sizes = [1024, 8192]
-    from harnessrl.components.gateway.light_tokenizer import load_gateway_tokenizer
-    from harnessrl.components.gateway.render import ChatRenderer
+    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.gateway.render import ChatRenderer
 
     tokenizer = load_gateway_tokenizer()
     renderer = ChatRenderer(tokenizer)

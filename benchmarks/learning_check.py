@@ -85,11 +85,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from harnessrl.components.train.data import assemble
-    from harnessrl.components.train.stage import StageConfig, plan_round, step_items
-    from harnessrl.components.train.trainer import Trainer
     from harnessrl.schema import Sample
     from harnessrl.tinymodel import load_model, load_tokenizer
+    from harnessrl.train.data import assemble
+    from harnessrl.train.round import StageConfig, plan_round, step_items
+    from harnessrl.train.trainer import Trainer
 
     tok = load_tokenizer()
     model = load_model()

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harnessrl.dataprep.gitrepo import init_squashed
+from dataprep.gitrepo import init_squashed
 from harnessrl.taskset import write_taskset
 
 # share of rows that break one rule each (duplicates copy an earlier row verbatim)

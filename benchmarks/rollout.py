@@ -28,7 +28,7 @@ from pathlib import Path
 def _tasks(path: str | None, work: Path) -> Path:
     if path:
         return Path(path)
-    from harnessrl.dataprep.synthesize import synthesize_taskset
+    from dataprep.synthesize import synthesize_taskset
 
     repo = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "minirepo"
     out = work / "tasks"
@@ -37,10 +37,10 @@ def _tasks(path: str | None, work: Path) -> Path:
 
 
 def sandbox_per_command(tasks: Path, work: Path, n: int) -> dict:
-    from harnessrl.components.harness.runtime import LocalSubprocessRuntime, SandboxRuntime
-    from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
-    from harnessrl.components.sandbox.envs import ensure_env
-    from harnessrl.components.sandbox.workspace import materialize
+    from harnessrl.harness.runtime import LocalSubprocessRuntime, SandboxRuntime
+    from harnessrl.sandbox.bwrap import BubblewrapSandbox
+    from harnessrl.sandbox.envs import ensure_env
+    from harnessrl.sandbox.workspace import materialize
     from harnessrl.taskset import TaskSet
 
     ts = TaskSet.open(tasks)
@@ -62,8 +62,8 @@ def sandbox_per_command(tasks: Path, work: Path, n: int) -> dict:
 
 def generate(tasks: Path, out: Path, specs: list[dict], rollouts: int, policy, executor: str = "threads",
              concurrency: int | None = None) -> dict:
-    from harnessrl.components.rollout.generate import GenerateConfig, run_generate
-    from harnessrl.components.rollout.specs import parse_specs
+    from harnessrl.rollout.generate import GenerateConfig, run_generate
+    from harnessrl.rollout.specs import parse_specs
 
     n_tasks = 2
     return run_generate(tasks, out, parse_specs(specs), policy,
@@ -110,9 +110,9 @@ def main() -> int:
     ap.add_argument("--skip-real-model", action="store_true", help="leave out part 3 (the slow one)")
     args = ap.parse_args()
 
-    from harnessrl.components.gateway.fast_engine import FastEngineServer
-    from harnessrl.components.rollout.policy import PolicySource
+    from harnessrl.rollout.model_server import PolicySource
     from harnessrl.tinymodel import load_tokenizer
+    from tests.support.fast_engine import FastEngineServer
 
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         work = Path(tmp)

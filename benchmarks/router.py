@@ -6,7 +6,7 @@ Replicas: continuous batching; one engine step costs `step_s + prefill_tokens * 
 decoding_rows * decode_s_per_row`; a replica admits a request only while the KV of its running requests fits
 its capacity; its prefix cache keeps finished sessions' tokens (LRU, the same capacity) and is flushed at
 every weight sync. A request that lands on a replica without the session's prefix prefills the whole
-history again. The policies are the real ones from `harnessrl.components.engine.router`, fed the state the
+history again. The policies are the real ones from `harnessrl.engine.router`, fed the state the
 Router would see.
 
     .venv/bin/python benchmarks/router.py [--replicas 4] [--sessions 96] [--turns 12] [--seed 0]
@@ -24,7 +24,7 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from harnessrl.components.engine.router import ReplicaState, RouteRequest, make_policy, prefix_hash
+from harnessrl.engine.router import ReplicaState, RouteRequest, make_policy, prefix_hash
 
 STEP_S, PREFILL_S_PER_TOKEN, DECODE_S_PER_ROW = 0.01, 2e-5, 4e-4
 PREFILL_CHUNK = 8192  # prefill tokens per engine step

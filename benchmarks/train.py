@@ -29,10 +29,10 @@ def child(mode: str, threads: int) -> None:
 
     if threads:
         torch.set_num_threads(threads)
-    from harnessrl.components.train.batching import SeqItem
-    from harnessrl.components.train.losses import sequence_weights
-    from harnessrl.components.train.trainer import TrainConfig, Trainer
     from harnessrl.tinymodel import load_model
+    from harnessrl.train.batching import SeqItem
+    from harnessrl.train.losses import sequence_weights
+    from harnessrl.train.trainer import TrainConfig, Trainer
 
     rng = random.Random(0)
     lengths = list(LENGTHS)

@@ -33,14 +33,14 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=8, help="rollouts for the throughput measurement")
     args = ap.parse_args()
 
-    from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
-    from harnessrl.components.sandbox.envs import ensure_env
-    from harnessrl.components.sandbox.workspace import RepoCache, materialize
-    from harnessrl.components.verify.stage import run_verify
-    from harnessrl.components.verify.verify import PYTEST_ARGS, verify_workspace
-    from harnessrl.dataprep.synthesize import synthesize_taskset
+    from dataprep.synthesize import synthesize_taskset
     from harnessrl.io import write_jsonl
+    from harnessrl.sandbox.bwrap import BubblewrapSandbox
+    from harnessrl.sandbox.envs import ensure_env
+    from harnessrl.sandbox.workspace import RepoCache, materialize
     from harnessrl.taskset import TaskSet
+    from harnessrl.verify.rollouts import run_verify
+    from harnessrl.verify.verifier import PYTEST_ARGS, verify_workspace
 
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp_s:
         tmp = Path(tmp_s)

@@ -16,8 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import track
 
-from harnessrl.dataprep.gitrepo import GitError, bundle_heads
-from harnessrl.dataprep.load import load_rows
+from dataprep.gitrepo import GitError, bundle_heads
+from dataprep.load import load_rows
 from harnessrl.io import atomic_output, atomic_write_bytes, write_jsonl
 from harnessrl.taskset import TaskSet, write_taskset
 

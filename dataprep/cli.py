@@ -55,8 +55,8 @@ def register(commands, stages) -> None:
 
 def _git_errors_as_user_errors(func):
     def wrapper(args: argparse.Namespace) -> int:
+        from dataprep.gitrepo import GitError
         from harnessrl.cli import UserError
-        from harnessrl.dataprep.gitrepo import GitError
 
         try:
             return func(args)
@@ -68,7 +68,7 @@ def _git_errors_as_user_errors(func):
 
 @_git_errors_as_user_errors
 def _synthesize(args: argparse.Namespace) -> int:
-    from harnessrl.dataprep.synthesize import synthesize_taskset
+    from dataprep.synthesize import synthesize_taskset
 
     ts = synthesize_taskset(args.source, args.out, max_tasks=args.max_tasks, seed=args.seed,
                             timeout_s=args.timeout, max_candidates=args.max_candidates, workers=args.workers,
@@ -85,7 +85,7 @@ def _synthesize(args: argparse.Namespace) -> int:
 
 @_git_errors_as_user_errors
 def _import(args: argparse.Namespace) -> int:
-    from harnessrl.dataprep.load import import_taskset
+    from dataprep.load import import_taskset
 
     ts = import_taskset(args.data, args.repos, args.out, allow_extra=args.allow_extra_fields)
     info = ts.manifest["import"]
@@ -97,7 +97,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from harnessrl.dataprep.clean import CleanParams, run_clean_stage
+    from dataprep.clean import CleanParams, run_clean_stage
 
     params = CleanParams(max_tests=args.max_tests, require_f2p=not args.allow_empty_f2p,
                          require_problem_statement=not args.allow_empty_problem_statement,
@@ -110,7 +110,7 @@ def _clean(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from harnessrl.dataprep.validate import validate_taskset
+    from dataprep.validate import validate_taskset
 
     report = validate_taskset(args.tasks, args.out, raise_on_failure=False)
     print(report.summary(), file=sys.stdout if report.success else sys.stderr)

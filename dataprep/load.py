@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import track
 
-from harnessrl.dataprep.gitrepo import GitError, git
+from dataprep.gitrepo import GitError, git
 from harnessrl.taskset import TASK_FIELDS_OPTIONAL, TASK_FIELDS_REQUIRED, TaskSet, bundle_name, write_taskset
 
 # Columns of SWE-bench (and its Verified split) that carry no task semantics here but are kept verbatim.

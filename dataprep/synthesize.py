@@ -31,10 +31,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harnessrl.dataprep.gitrepo import GitError, create_bundle, git, init_squashed
-from harnessrl.dataprep.mutations import MODIFIERS, Candidate, enumerate_candidates, mutate_source
-from harnessrl.dataprep.problem import problem_statement
-from harnessrl.dataprep.pytest_runner import TestRun, TestRunner, run_pytest
+from dataprep.gitrepo import GitError, create_bundle, git, init_squashed
+from dataprep.mutations import MODIFIERS, Candidate, enumerate_candidates, mutate_source
+from dataprep.problem import problem_statement
+from dataprep.pytest_runner import TestRun, TestRunner, run_pytest
 from harnessrl.taskset import TaskSet, write_taskset
 
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".pytest_cache", ".tox", ".nox", ".venv", "venv", "build",

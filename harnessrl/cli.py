@@ -10,15 +10,16 @@ import sys
 # `stages` the subparsers of `harnessrl stage <name>`. A handler is set with parser.set_defaults(func=...)
 # and returns an int exit code.
 COMMAND_MODULES = (
-    "harnessrl.dataprep.cli",
-    "harnessrl.pipelines.cli",
-    "harnessrl.components.sandbox.cli",
-    "harnessrl.components.verify.cli",
-    "harnessrl.components.engine.cli",
-    "harnessrl.components.gateway.cli",
-    "harnessrl.components.rollout.cli",
-    "harnessrl.components.difficulty.cli",
-    "harnessrl.components.train.cli",
+    "dataprep.cli",
+    "pipelines.cli",
+    "harnessrl.sandbox.cli",
+    "harnessrl.engine.cli",
+    "harnessrl.gateway.cli",
+    "components.generate.cli",
+    "components.verify.cli",
+    "components.estimate_difficulty.cli",
+    "components.select_tasks.cli",
+    "components.train.cli",
 )
 
 

@@ -54,8 +54,8 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    from harnessrl.pipelines.full import PipelineUnavailable
-    from harnessrl.pipelines.registry import PIPELINES
+    from pipelines.full import PipelineUnavailable
+    from pipelines.registry import PIPELINES
 
     for entry in PIPELINES.values():
         try:
@@ -68,8 +68,8 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from harnessrl.pipelines.compile import compile_all
-    from harnessrl.pipelines.registry import get_entry
+    from pipelines.compile import compile_all
+    from pipelines.registry import get_entry
 
     for name in args.names or []:
         get_entry(name)  # unknown names: one clear error
@@ -80,8 +80,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"skipped  {name:16} ({why})")
     problems: list[str] = []
     if args.check:
-        from harnessrl.pipelines.full import STAGE_SLOTS
-        from harnessrl.pipelines.spec_checks import CompiledPipeline, placement_problems
+        from pipelines.full import STAGE_SLOTS
+        from pipelines.spec_checks import CompiledPipeline, placement_problems
 
         s3 = {slot.stage.replace("_", "-") for slot in STAGE_SLOTS if slot.streams_large_objects}
         for name, path in result.written.items():
@@ -91,8 +91,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from harnessrl.pipelines.full import PipelineUnavailable
-    from harnessrl.pipelines.submit import SubmitError, submit
+    from pipelines.full import PipelineUnavailable
+    from pipelines.submit import SubmitError, submit
 
     try:
         submitted = submit(args.pipeline, host=args.host, arguments=args.arg, namespace=args.namespace,
@@ -125,8 +125,8 @@ def print_run_summary(result) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harnessrl.pipelines.full import PipelineUnavailable
-    from harnessrl.pipelines.local_run import LocalRunError, run_local
+    from pipelines.full import PipelineUnavailable
+    from pipelines.local_run import LocalRunError, run_local
 
     try:
         result = run_local(args.pipeline, args.arg, args.run_dir, cache=not args.no_cache, verbose=args.verbose)
@@ -140,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from harnessrl.pipelines.demo import run_demo
+    from pipelines.demo import run_demo
 
     try:
         result = run_demo(run_dir=args.run_dir, max_tasks=args.max_tasks,

@@ -8,8 +8,8 @@ from pathlib import Path
 from kfp import compiler
 
 from harnessrl.io import atomic_write_text
-from harnessrl.pipelines.full import PipelineUnavailable
-from harnessrl.pipelines.registry import PIPELINES, load_pipeline
+from pipelines.full import PipelineUnavailable
+from pipelines.registry import PIPELINES, load_pipeline
 
 
 @dataclass

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from kfp import dsl
 from kfp.dsl.pipeline_channel import PipelineChannel
 
-from harnessrl.components.clean.component import clean
-from harnessrl.components.synthesize.component import synthesize
-from harnessrl.components.validate.component import validate
+from components.clean.component import clean
+from components.synthesize.component import synthesize
+from components.validate.component import validate
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harnessrl.pipelines.local_run import RunResult, default_run_dir, run_local
+from pipelines.local_run import RunResult, default_run_dir, run_local
 
 DEMO_PACKAGE = "parse==1.22.4"
 SOURCES_CACHE = Path.home() / ".cache" / "harnessrl" / "sources"

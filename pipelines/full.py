@@ -18,8 +18,8 @@ from typing import Any
 
 from kfp import dsl
 
-from harnessrl.pipelines.data_prep import add_data_prep
-from harnessrl.pipelines.k8s import gpu_step, use_s3_credentials
+from pipelines.data_prep import add_data_prep
+from pipelines.k8s import gpu_step, use_s3_credentials
 
 FULL_PIPELINE_NAME = "harnessrl-full"
 
@@ -53,16 +53,16 @@ class StageSlot:
 
 
 STAGE_SLOTS: tuple[StageSlot, ...] = (
-    StageSlot("estimate_difficulty", "harnessrl.components.difficulty.component:estimate_difficulty",
+    StageSlot("estimate_difficulty", "components.estimate_difficulty.component:estimate_difficulty",
               gpus=1, aliases={"model": "checkpoint", "policy": "checkpoint", "n": "difficulty_n"}),
-    StageSlot("select", "harnessrl.components.difficulty.component:select",
+    StageSlot("select", "components.estimate_difficulty.component:select",
               aliases={"difficulty": "estimates"}),
-    StageSlot("generate_rollouts", "harnessrl.components.rollout.component:generate_rollouts", per_round=True,
+    StageSlot("generate_rollouts", "components.generate.component:generate_rollouts", per_round=True,
               gpus=1, streams_large_objects=True,
               aliases={"tasks": "selected", "model": "checkpoint", "policy": "checkpoint"}),
-    StageSlot("verify", "harnessrl.components.verify.component:verify", per_round=True,
+    StageSlot("verify", "components.verify.component:verify", per_round=True,
               aliases={"tasks": "selected"}),
-    StageSlot("train_grpo", "harnessrl.components.train.component:train_grpo", per_round=True, gpus=1,
+    StageSlot("train_grpo", "components.train.component:train_grpo", per_round=True, gpus=1,
               streams_large_objects=True, aliases={"model": "checkpoint", "policy": "checkpoint"}),
 )
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.io import atomic_write_json, atomic_write_text
-from harnessrl.pipelines.reports import DATA_URI_RE, extract_pngs
+from harnessrl.reports import DATA_URI_RE, extract_pngs
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 TASK_START_RE = re.compile(r"Executing task '([^']+)'")
@@ -71,7 +71,7 @@ def default_run_dir(pipeline_name: str, root: str | Path = "runs") -> Path:
 
 def load_runnable(pipeline: str) -> tuple[str, Any]:
     """(name, pipeline object) from a registered name or a compiled pipeline YAML file."""
-    from harnessrl.pipelines.registry import PIPELINES, load_pipeline
+    from pipelines.registry import PIPELINES, load_pipeline
 
     if pipeline in PIPELINES:
         return pipeline, load_pipeline(pipeline, local=True)

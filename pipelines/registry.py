@@ -22,15 +22,15 @@ class PipelineEntry:
 
 
 PIPELINES: dict[str, PipelineEntry] = {e.name: e for e in (
-    PipelineEntry("data-prep", "harnessrl.pipelines.data_prep:data_prep",
+    PipelineEntry("data-prep", "pipelines.data_prep:data_prep",
                   "synthesize a task set from a repo/sdist → clean → validate"),
-    PipelineEntry("clean-only", "harnessrl.pipelines.data_prep:clean_only",
+    PipelineEntry("clean-only", "pipelines.data_prep:clean_only",
                   "rerun cleaning alone on a task set imported by URI (tasks_uri)"),
-    PipelineEntry("validate-only", "harnessrl.pipelines.data_prep:validate_only",
+    PipelineEntry("validate-only", "pipelines.data_prep:validate_only",
                   "rerun validation alone on a task set imported by URI (tasks_uri)"),
-    PipelineEntry("harnessrl-full", "harnessrl.pipelines.full:full_pipeline",
+    PipelineEntry("harnessrl-full", "pipelines.full:full_pipeline",
                   "data-prep → difficulty → select → rounds of generate → verify → train",
-                  local_target="harnessrl.pipelines.full:full_pipeline_local"),
+                  local_target="pipelines.full:full_pipeline_local"),
 )}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from harnessrl.pipelines.k8s import GPU_NODE_SELECTOR, GPU_TOLERATIONS, S3_SECRET_KEYS
+from pipelines.k8s import GPU_NODE_SELECTOR, GPU_TOLERATIONS, S3_SECRET_KEYS
 
 
 @dataclass

@@ -62,8 +62,8 @@ def resolve_package(pipeline: str, workdir: Path) -> tuple[str, Path]:
             return first["pipelineInfo"]["name"], path
         except (yaml.YAMLError, StopIteration, KeyError, TypeError):
             raise SubmitError(f"{path}: not a compiled KFP pipeline (no pipelineInfo.name)") from None
-    from harnessrl.pipelines.compile import compile_pipeline
-    from harnessrl.pipelines.registry import get_entry
+    from pipelines.compile import compile_pipeline
+    from pipelines.registry import get_entry
 
     get_entry(pipeline)
     return pipeline, compile_pipeline(pipeline, workdir / f"{pipeline}.yaml")
@@ -100,7 +100,7 @@ def submit(
     from kfp import components
     from kfp_server_api import ApiException
 
-    from harnessrl.pipelines.local_run import LocalRunError, parse_arguments
+    from pipelines.local_run import LocalRunError, parse_arguments
 
     with tempfile.TemporaryDirectory(prefix="harnessrl-submit-") as tmp:
         name, package = resolve_package(pipeline, Path(tmp))

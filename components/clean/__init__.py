@@ -1,1 +1,1 @@
-"""KFP component of the clean stage (stage logic lives in harnessrl.dataprep.clean)."""
+"""KFP component of the clean stage (stage logic lives in dataprep.clean)."""

@@ -2,7 +2,7 @@
 
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
 
-from harnessrl.components.kfp_common import component
+from components.common import component
 
 
 @component
@@ -20,8 +20,8 @@ def clean(
 ):
     from pathlib import Path
 
-    from harnessrl.components.clean.stage import run_clean
-    from harnessrl.pipelines.reports import publish
+    from components.clean.stage import run_clean
+    from harnessrl.reports import publish
 
     result = run_clean(Path(tasks.path), Path(kept.path), Path(rejected.path), max_tests=max_tests,
                        require_f2p=require_f2p, require_problem_statement=require_problem_statement,

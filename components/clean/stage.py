@@ -6,12 +6,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from harnessrl.pipelines.reports import StageReport, bar_chart_png, embed_png
+from harnessrl.reports import StageReport, bar_chart_png, embed_png
 
 
 def clean_params(**overrides: Any):
     """CleanParams with the given fields set; an unknown field is an error naming the known ones."""
-    from harnessrl.dataprep.clean import CleanParams
+    from dataprep.clean import CleanParams
 
     known = {f.name for f in dataclasses.fields(CleanParams)}
     unknown = sorted(set(overrides) - known)
@@ -21,7 +21,7 @@ def clean_params(**overrides: Any):
 
 
 def run_clean(tasks: Path, kept_out: Path, rejected_out: Path, **params: Any) -> StageReport:
-    from harnessrl.dataprep.clean import clean_taskset
+    from dataprep.clean import clean_taskset
 
     report = clean_taskset(Path(tasks), Path(kept_out), Path(rejected_out), clean_params(**params))
     markdown = report.markdown()

@@ -1,1 +1,1 @@
-"""KFP component of the synthesize stage (stage logic lives in harnessrl.dataprep.synthesize)."""
+"""KFP component of the synthesize stage (stage logic lives in dataprep.synthesize)."""

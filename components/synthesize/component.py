@@ -2,7 +2,7 @@
 
 from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Output
 
-from harnessrl.components.kfp_common import component
+from components.common import component
 
 
 @component
@@ -17,8 +17,8 @@ def synthesize(
 ):
     from pathlib import Path
 
-    from harnessrl.components.synthesize.stage import run_synthesize
-    from harnessrl.pipelines.reports import publish
+    from components.synthesize.stage import run_synthesize
+    from harnessrl.reports import publish
 
     result = run_synthesize(Path(source.path), Path(tasks.path), max_tasks=max_tasks, seed=seed,
                             timeout_s=timeout_s)

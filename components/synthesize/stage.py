@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from harnessrl.pipelines.reports import StageReport, bar_chart_png, embed_png
+from harnessrl.reports import StageReport, bar_chart_png, embed_png
 from harnessrl.taskset import TaskSet
 
 
@@ -32,7 +32,7 @@ def summarize_taskset(ts: TaskSet, title: str) -> StageReport:
 
 
 def run_synthesize(source: Path, out: Path, *, max_tasks: int, seed: int, timeout_s: float) -> StageReport:
-    from harnessrl.dataprep.synthesize import synthesize_taskset
+    from dataprep.synthesize import synthesize_taskset
 
     ts = synthesize_taskset(Path(source), Path(out), max_tasks=max_tasks, seed=seed, timeout_s=timeout_s)
     return summarize_taskset(ts, "Synthesized task set")

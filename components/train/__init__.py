@@ -1,1 +1,1 @@
-"""Train stage: samples + rewards → rollout-level advantages → GRPO/PPO updates → checkpoint (see docs/train.md)."""
+"""KFP component of the train stage (the trainer and RL math live in harnessrl.train)."""

@@ -39,7 +39,7 @@ def register(commands, stages) -> None:
 
 
 def build_config(args):
-    from harnessrl.components.train.stage import StageConfig
+    from harnessrl.train.round import StageConfig
 
     base: dict = {}
     if args.config:
@@ -77,8 +77,8 @@ def _is_worker_rank() -> bool:
 
 
 def _run(args) -> int:
-    from harnessrl.components.train.stage import run
     from harnessrl.tinymodel import tiny_model_dir
+    from harnessrl.train.round import run
 
     cfg = build_config(args)
     summary = run(args.samples, args.rewards, args.policy or tiny_model_dir(), args.out, cfg, resume=args.resume,

@@ -1,10 +1,10 @@
 """KFP component `train_grpo` (thin: the work is in stage.run). A GPU step on the cluster: the full pipeline's
-StageSlot requests it through `harnessrl.pipelines.k8s.gpu_step`. With more than one GPU visible in the pod the
+StageSlot requests it through `pipelines.k8s.gpu_step`. With more than one GPU visible in the pod the
 component launches one rank per GPU with torchrun (FSDP2 data parallelism, see docs/train.md)."""
 
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
-from harnessrl.components.kfp_common import component
+from components.common import component
 
 
 @component
@@ -27,8 +27,8 @@ def train_grpo(
 
     import torch
 
-    from harnessrl.components.train.launch import run_multiprocess
-    from harnessrl.components.train.stage import StageConfig, run
+    from harnessrl.train.launch import run_multiprocess
+    from harnessrl.train.round import StageConfig, run
 
     cfg_d = json.loads(config_json or "{}")
     cfg_d.setdefault("train", {})["seed"] = seed

@@ -1,1 +1,1 @@
-"""KFP component of the validate stage (stage logic lives in harnessrl.dataprep.validate)."""
+"""KFP component of the validate stage (stage logic lives in dataprep.validate)."""

@@ -2,7 +2,7 @@
 
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
 
-from harnessrl.components.kfp_common import component
+from components.common import component
 
 
 @component
@@ -15,8 +15,8 @@ def validate(
 ):
     from pathlib import Path
 
-    from harnessrl.components.validate.stage import run_validate
-    from harnessrl.pipelines.reports import publish
+    from components.validate.stage import run_validate
+    from harnessrl.reports import publish
 
     outcome = run_validate(Path(tasks.path), Path(results.path))
     publish(outcome.report.markdown, outcome.report.metrics, report, metrics)

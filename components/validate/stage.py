@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harnessrl.pipelines.reports import StageReport, bar_chart_png, embed_png
+from harnessrl.reports import StageReport, bar_chart_png, embed_png
 
 
 @dataclass
@@ -17,7 +17,7 @@ class ValidateOutcome:
 
 def run_validate(tasks: Path, out_dir: Path) -> ValidateOutcome:
     """Never raises on a failed suite: the caller writes the report first, then fails the step."""
-    from harnessrl.dataprep.validate import validate_taskset
+    from dataprep.validate import validate_taskset
 
     result = validate_taskset(Path(tasks), Path(out_dir), raise_on_failure=False)
     success = bool(result.success)

@@ -37,15 +37,15 @@ def register(commands, stages) -> None:
 
 
 def _limits(args: argparse.Namespace):
-    from harnessrl.components.sandbox.base import Limits
+    from harnessrl.sandbox.base import Limits
 
     return Limits(memory_mb=args.memory_mb, processes=args.processes)
 
 
 def _verify_one(args: argparse.Namespace) -> int:
     from harnessrl.cli import UserError
-    from harnessrl.components.verify.verify import verify_patch, verify_workspace
     from harnessrl.taskset import TaskSet
+    from harnessrl.verify.verifier import verify_patch, verify_workspace
 
     taskset = TaskSet.open(args.tasks)
     row = taskset.row(args.instance)
@@ -67,7 +67,7 @@ def _verify_one(args: argparse.Namespace) -> int:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    from harnessrl.components.verify.stage import run_verify
+    from harnessrl.verify.rollouts import run_verify
 
     summary = run_verify(args.tasks, args.rollouts, args.out, args.workers, timeout_s=args.timeout,
                          limits=_limits(args), show_progress=not args.no_progress)

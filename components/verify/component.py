@@ -2,7 +2,7 @@
 
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
 
-from harnessrl.components.kfp_common import component
+from components.common import component
 
 
 @component
@@ -19,9 +19,9 @@ def verify(
     """Grades each rollout's final workspace (or diff) in a fresh sandbox with SWE-bench rules."""
     from pathlib import Path
 
-    from harnessrl.components.sandbox.base import Limits
-    from harnessrl.components.verify.stage import run_verify
-    from harnessrl.pipelines.reports import publish
+    from harnessrl.reports import publish
+    from harnessrl.sandbox.base import Limits
+    from harnessrl.verify.rollouts import run_verify
 
     summary = run_verify(Path(tasks.path), Path(rollouts.path), Path(verified.path), workers, timeout_s=timeout_s,
                          limits=Limits(memory_mb=memory_mb), show_progress=False)

@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from harnessrl.dataprep.clean import CleanParams, clean_taskset, patch_problem, run_clean_stage
+from dataprep.clean import CleanParams, clean_taskset, patch_problem, run_clean_stage
 from harnessrl.io import read_jsonl
 from harnessrl.taskset import TaskSet, write_taskset
 

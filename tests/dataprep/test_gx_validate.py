@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from harnessrl.dataprep.validate import ValidationFailed, validate_taskset
+from dataprep.validate import ValidationFailed, validate_taskset
 from harnessrl.taskset import TaskSet, write_taskset
 
 

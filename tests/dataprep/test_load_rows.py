@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.dataprep.load import DataError, import_taskset, load_rows
+from dataprep.load import DataError, import_taskset, load_rows
 from harnessrl.taskset import TaskSet, bundle_name
 
 

@@ -3,16 +3,16 @@ import random
 import libcst as cst
 import pytest
 
-from harnessrl.dataprep.mutations import (
+from dataprep.mutations import (
     MODIFIERS,
     Candidate,
     count_sites,
     enumerate_candidates,
     mutate_source,
 )
-from harnessrl.dataprep.problem import humanize_test
-from harnessrl.dataprep.pytest_runner import parse_pytest_report, run_pytest
-from harnessrl.dataprep.synthesize import is_test_path, order_candidates
+from dataprep.problem import humanize_test
+from dataprep.pytest_runner import parse_pytest_report, run_pytest
+from dataprep.synthesize import is_test_path, order_candidates
 
 SOURCE = '''\
 LIMIT = 10

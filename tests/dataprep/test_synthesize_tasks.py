@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from dataprep.pytest_runner import run_pytest
+from dataprep.synthesize import SynthesisError, synthesize_taskset
 from harnessrl.cli import main
-from harnessrl.dataprep.pytest_runner import run_pytest
-from harnessrl.dataprep.synthesize import SynthesisError, synthesize_taskset
 from harnessrl.taskset import TaskSet
 
 MINIREPO = Path(__file__).resolve().parents[1] / "fixtures" / "minirepo"

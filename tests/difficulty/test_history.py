@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from harnessrl.components.difficulty.history import PassRateHistory
+from harnessrl.difficulty.history import PassRateHistory
 
 
 def test_history_rounds_recent_rate_and_skip(tmp_path):

@@ -5,16 +5,19 @@ import json
 
 import aiohttp
 import pytest
-from engine_support import GREEDY, run
-from test_server import url  # noqa: F401 - the module's loopback server fixture
 
-from harnessrl.components.engine.base import (
+from harnessrl.engine.base import (
     EngineRequestError,
     GenerationDelta,
     SamplingParams,
     generate_stream,
 )
-from harnessrl.components.engine.http_client import HTTPEngine
+from harnessrl.engine.http_client import HTTPEngine
+from tests.engine.support import (
+    GREEDY,
+    run,
+    url,  # noqa: F401 - the loopback server fixture
+)
 
 
 async def _collect(stream, client: HTTPEngine | None = None) -> list[GenerationDelta]:

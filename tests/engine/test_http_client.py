@@ -1,70 +1,16 @@
 """HTTPEngine against a recorded-format vLLM server: a real loopback aiohttp server replaying vLLM replies."""
 
 import asyncio
-import json
 import socket
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
-from harnessrl.components.engine.base import EngineError, EngineRequestError, SamplingParams
-from harnessrl.components.engine.http_client import HTTPEngine
+from harnessrl.engine.base import EngineError, EngineRequestError, SamplingParams
+from harnessrl.engine.http_client import HTTPEngine
+from tests.engine.support import RecordedServer, call, recorded
 
 DATA = Path(__file__).parent / "data"
-
-
-def recorded(name: str) -> dict:
-    return json.loads((DATA / name).read_text())
-
-
-class RecordedServer:
-    """Replies to /v1/completions with a fixed body and status; keeps the request bodies it received."""
-
-    def __init__(self, body, status: int = 200, raw: str | None = None, model: str = "Qwen/Qwen2.5-1.5B-Instruct"):
-        self.body, self.status, self.raw, self.model = body, status, raw, model
-        self.requests: list[dict] = []
-        self.headers: list[dict] = []
-
-    async def completions(self, request: web.Request) -> web.Response:
-        self.requests.append(await request.json())
-        self.headers.append(request.headers.copy())
-        if self.raw is not None:
-            return web.Response(text=self.raw, status=self.status, content_type="application/json")
-        return web.json_response(self.body, status=self.status)
-
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
-
-    async def ok(self, request: web.Request) -> web.Response:
-        self.requests.append(await request.json())
-        return web.json_response({"status": "ok"})
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/load_weights", self.ok)
-        app.router.add_post("/abort", self.ok)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
-
-    async def stop(self) -> None:
-        await self.runner.cleanup()
-
-
-async def call(server: RecordedServer, **kwargs):
-    url = await server.start()
-    client = HTTPEngine(url + "/v1", model=kwargs.pop("model", "Qwen/Qwen2.5-1.5B-Instruct"))
-    try:
-        return await client.generate([151644, 872, 198], SamplingParams(temperature=0.7, top_p=0.9, seed=11), 32,
-                                     stop_token_ids=[151643], **kwargs)
-    finally:
-        await client.close()
-        await server.stop()
 
 
 def test_request_and_reply_in_vllm_format():

@@ -6,10 +6,10 @@ import time
 
 import pytest
 import torch
-from engine_support import GREEDY, run
 
-from harnessrl.components.engine.base import EngineError, EngineRequestError, SamplingParams
-from harnessrl.components.engine.sampling import _restrict_to_nucleus
+from harnessrl.engine.base import EngineError, EngineRequestError, SamplingParams
+from harnessrl.engine.sampling import _restrict_to_nucleus
+from tests.engine.support import GREEDY, run
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about rain.", "hi", "Name three colors.",
              "Explain recursion briefly.", "What is 2+2?", "Tell me a joke.", "Say something about Rust."]

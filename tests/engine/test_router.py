@@ -3,11 +3,10 @@
 import asyncio
 
 import pytest
-from test_http_client import RecordedServer, recorded
 
-from harnessrl.components.engine.base import SamplingParams
-from harnessrl.components.engine.http_client import HTTPEngine
-from harnessrl.components.engine.router import (
+from harnessrl.engine.base import SamplingParams
+from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.engine.router import (
     CacheAwareTokenLoad,
     LeastInflight,
     ReplicaState,
@@ -17,6 +16,7 @@ from harnessrl.components.engine.router import (
     make_policy,
     prefix_hash,
 )
+from tests.engine.support import RecordedServer, recorded
 
 
 def replicas(n=3, capacity=10_000):

@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from harnessrl.components.engine import sampling
-from harnessrl.components.engine.sampling import RowSampling, _restrict_to_nucleus, sample
+from harnessrl.engine import sampling
+from harnessrl.engine.sampling import RowSampling, _restrict_to_nucleus, sample
 
 
 def generator(seed: int) -> torch.Generator:

@@ -2,47 +2,18 @@
 real subprocess with `vllm` blocked from importing."""
 
 import asyncio
-import contextlib
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
-from engine_support import GREEDY, run
 
-from harnessrl.components.engine.base import EngineError, EngineRequestError
-from harnessrl.components.engine.http_client import HTTPEngine
-from harnessrl.components.engine.server import serve
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    """Serves the session's engine on a free loopback port from a background event loop."""
-    loop = asyncio.new_event_loop()
-    ready = loop.create_future()
-    task = loop.create_task(serve(engine, "127.0.0.1", 0, ready=ready))
-    def run_server() -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            loop.run_until_complete(task)
-        loop.close()
-
-    thread = threading.Thread(target=run_server, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not ready.done() and time.time() < deadline:
-        time.sleep(0.05)
-    yield ready.result()
-    loop.call_soon_threadsafe(task.cancel)
-    thread.join(timeout=10)
-
-
-async def post(address: str, body, headers=None):
-    async with aiohttp.ClientSession() as session, session.post(address, json=body, headers=headers) as r:
-        return r.status, await r.json()
+from harnessrl.engine.base import EngineError, EngineRequestError
+from harnessrl.engine.http_client import HTTPEngine
+from tests.engine.support import GREEDY, post, run
 
 
 def test_completions_reply_has_vllm_token_fields(url, engine, chat):
@@ -122,7 +93,7 @@ class BlockVllm:
         return None
 
 sys.meta_path.insert(0, BlockVllm())
-import harnessrl.components.engine as pkg
+import harnessrl.engine as pkg
 names = [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
 for name in names:
     importlib.import_module(name)

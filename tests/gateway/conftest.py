@@ -1,4 +1,3 @@
-"""Fixtures for tests/gateway live in gateway_support.py, importable by a unique module name (several test folders
-have a conftest.py, and `from conftest import ...` would pick whichever was imported first)."""
+"""Registers the fixtures of tests/gateway (defined in tests.gateway.support)."""
 
-from gateway_support import *  # noqa: F403 - pytest discovers the fixtures imported here
+from tests.gateway.support import *  # noqa: F403 - pytest discovers the fixtures imported here

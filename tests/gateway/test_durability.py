@@ -11,10 +11,10 @@ import threading
 import time
 
 import openai
-from gateway_support import ADMIN, read_records
 
-from harnessrl.components.gateway import GatewayAdmin
-from harnessrl.components.gateway.journal import Journal, read_journal
+from harnessrl.gateway import GatewayAdmin
+from harnessrl.gateway.journal import Journal, read_journal
+from tests.gateway.support import ADMIN, read_records
 
 
 def _spawn_gateway(engine_url: str, journal) -> tuple[subprocess.Popen, str]:

@@ -10,11 +10,11 @@ import urllib.request
 import anthropic
 import openai
 import pytest
-from gateway_support import BASH_TOOL, FINAL_REPLY, TOOL_REPLY, read_records
 
-from harnessrl.components.engine.http_client import HTTPEngine
-from harnessrl.components.gateway.client import GatewayClientError
-from harnessrl.components.gateway.samples import build_samples
+from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway.client import GatewayClientError
+from harnessrl.gateway.samples import build_samples
+from tests.gateway.support import BASH_TOOL, FINAL_REPLY, TOOL_REPLY, read_records
 
 
 def _client(s, **kw):

@@ -9,10 +9,10 @@ import time
 import anthropic
 import openai
 import pytest
-from gateway_support import read_records
 
-from harnessrl.components.engine.http_client import HTTPEngine
-from harnessrl.components.gateway.streaming import safe_prefix
+from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway.streaming import safe_prefix
+from tests.gateway.support import read_records
 
 LONG_REPLY = ("Let me think about this step by step. " * 5
               + "Résumé: naïve café, 日本語のテキスト, emoji 😀🚀 and ✓ done.")
@@ -109,7 +109,7 @@ def test_streamed_tool_call_text_first_then_calls_at_the_end(gateway, fast_engin
 
 
 def test_real_model_streamed_equals_non_streamed_for_the_same_seed(gateway):
-    from harnessrl.components.engine.local import LocalEngine
+    from harnessrl.engine.local import LocalEngine
 
     engine = LocalEngine(max_batch=4, threads=1)
     try:

@@ -7,7 +7,7 @@ import asyncio
 import json
 import math
 
-from harnessrl.components.gateway.journal import Journal, encode_record, loads, read_journal
+from harnessrl.gateway.journal import Journal, encode_record, loads, read_journal
 
 
 def _record(lps: list[float]) -> dict:

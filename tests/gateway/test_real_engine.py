@@ -12,10 +12,10 @@ import time
 
 import openai
 import pytest
-from gateway_support import read_records
 
-from harnessrl.components.engine.http_client import HTTPEngine
-from harnessrl.components.gateway.samples import build_samples
+from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway.samples import build_samples
+from tests.gateway.support import read_records
 
 
 @pytest.fixture

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from harnessrl.components.gateway.messages import (
+from harnessrl.gateway.messages import (
     MessageHasher,
     Msg,
     RequestError,
     from_anthropic,
     from_openai,
 )
-from harnessrl.components.gateway.render import ChatRenderer
-from harnessrl.components.gateway.toolcalls import ToolCall, get_parser
+from harnessrl.gateway.render import ChatRenderer
+from harnessrl.gateway.toolcalls import ToolCall, get_parser
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
@@ -90,7 +90,7 @@ def test_bad_messages_name_the_field():
 
 
 def test_light_tokenizer_matches_transformers(tokenizer):
-    from harnessrl.components.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
 
     light = load_gateway_tokenizer()
     convs = [
@@ -114,7 +114,7 @@ def test_segment_memo_tokenizes_exactly_like_the_tokenizer(tokenizer):
     repeated (memoized) encodes, for texts full of special tokens, near-misses, whitespace and non-ASCII."""
     import random
 
-    from harnessrl.components.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
 
     rng = random.Random(7)
     alphabet = list("ab def\n\t  XYZé漢😀{}\"'.,:-_ 09") + ["<|im_start|>", "<|im_end|>", "<|endoftext|>",
@@ -131,7 +131,7 @@ def test_segment_memo_tokenizes_exactly_like_the_tokenizer(tokenizer):
 def test_segment_memo_is_off_when_a_special_token_strips_whitespace():
     from tokenizers import AddedToken
 
-    from harnessrl.components.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
 
     tok = load_gateway_tokenizer()
     tok.backend_tokenizer.add_special_tokens([AddedToken("<strip>", rstrip=True)])

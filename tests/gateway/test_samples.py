@@ -6,13 +6,13 @@ import threading
 
 import openai
 import pandas as pd
-from gateway_support import ADMIN, read_records
 
 from harnessrl.cli import main as cli_main
-from harnessrl.components.engine.http_client import HTTPEngine
-from harnessrl.components.gateway.render import ChatRenderer
-from harnessrl.components.gateway.samples import build_samples, call_rows
+from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway.render import ChatRenderer
+from harnessrl.gateway.samples import build_samples, call_rows
 from harnessrl.schema import Sample
+from tests.gateway.support import ADMIN, read_records
 
 
 def _client(s):
@@ -39,7 +39,7 @@ def test_having_sampled_split_survives_into_the_sample(gateway, fast_engine, tok
     assert calls[1]["drift"] == "realigned"  # same text, other token boundaries than a re-render
     rows = call_rows(recs)
     renderer = ChatRenderer(tokenizer)
-    from harnessrl.components.gateway.messages import from_openai
+    from harnessrl.gateway.messages import from_openai
 
     rerendered = renderer.full_prompt(from_openai(msgs), [])
     assert enc(" having")[0] in rerendered  # what a re-tokenizing gateway would have trained on

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from harnessrl.components.harness.base import Endpoint, TaskPrompt
-from harnessrl.components.harness.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
-from harnessrl.components.harness.runtime import LocalSubprocessRuntime
-from harnessrl.components.harness.scripted_policy import ScriptedPolicyServer
+from harnessrl.harness.base import Endpoint, TaskPrompt
+from harnessrl.harness.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
+from harnessrl.harness.runtime import LocalSubprocessRuntime
+from tests.support.scripted_policy import ScriptedPolicyServer
 
 TASK = TaskPrompt("demo__task-1", "Fix the bug in calc.py")
 

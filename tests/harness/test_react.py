@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from harnessrl.components.harness.base import Endpoint, TaskPrompt
-from harnessrl.components.harness.policies import SUMMARY_REQUEST, TRIMMED
-from harnessrl.components.harness.react import ReActConfig, ReActHarness
-from harnessrl.components.harness.runtime import LocalSubprocessRuntime, SandboxFailure, ShellResult
-from harnessrl.components.harness.scripted_policy import ScriptedPolicyServer
+from harnessrl.harness.base import Endpoint, TaskPrompt
+from harnessrl.harness.policies import SUMMARY_REQUEST, TRIMMED
+from harnessrl.harness.react import ReActConfig, ReActHarness
+from harnessrl.harness.runtime import LocalSubprocessRuntime, SandboxFailure, ShellResult
+from tests.support.scripted_policy import ScriptedPolicyServer
 
 TASK = TaskPrompt("demo__task-1", "Fix the bug in calc.py")
 

@@ -104,7 +104,7 @@ def test_secret_template_is_a_valid_secret_without_values():
 
 
 def test_secret_and_store_names_match_the_pipeline_code():
-    from harnessrl.pipelines.k8s import S3_SECRET_KEYS, S3_SECRET_NAME, STORE_CONFIG_KEYS, STORE_CONFIG_MAP
+    from pipelines.k8s import S3_SECRET_KEYS, S3_SECRET_NAME, STORE_CONFIG_KEYS, STORE_CONFIG_MAP
 
     docs = by_kind(render(MANIFESTS / "base"))
     store = docs[("ConfigMap", STORE_CONFIG_MAP)]

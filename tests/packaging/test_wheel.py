@@ -46,7 +46,7 @@ def test_wheel_imports_in_a_clean_venv(wheel, tmp_path):
                              timeout=300)
     assert install.returncode == 0, install.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    code = ("import harnessrl, harnessrl.pipelines, harnessrl.components, harnessrl.dataprep, sys; "
+    code = ("import harnessrl, pipelines, components, dataprep, sys; "
             "assert 'kfp' not in sys.modules; print(harnessrl.__file__)")
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=120)

@@ -6,13 +6,13 @@ import pytest
 import yaml
 from kfp import components, dsl
 
+from components.validate.component import validate
 from harnessrl.cli import main
-from harnessrl.components.validate.component import validate
-from harnessrl.pipelines.compile import compile_all
-from harnessrl.pipelines.full import STAGE_SLOTS, PipelineUnavailable
-from harnessrl.pipelines.k8s import gpu_step, use_s3_credentials
-from harnessrl.pipelines.registry import PIPELINES
-from harnessrl.pipelines.spec_checks import (
+from pipelines.compile import compile_all
+from pipelines.full import STAGE_SLOTS, PipelineUnavailable
+from pipelines.k8s import gpu_step, use_s3_credentials
+from pipelines.registry import PIPELINES
+from pipelines.spec_checks import (
     CompiledPipeline,
     gpu_problems,
     literal_env_names,

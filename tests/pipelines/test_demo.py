@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-from harnessrl.pipelines import demo
+from pipelines import demo
 
 
 def test_cached_sdist_is_reused_without_pip(tmp_path, monkeypatch):

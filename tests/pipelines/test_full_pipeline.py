@@ -8,9 +8,9 @@ import pytest
 from kfp import compiler
 from kfp.dsl import Dataset, Input, Model, Output
 
-from harnessrl.components.kfp_common import component
-from harnessrl.pipelines.full import STAGE_SLOTS, PipelineUnavailable, StageSlot, build_full_pipeline
-from harnessrl.pipelines.spec_checks import CompiledPipeline, gpu_problems, secret_env_problems
+from components.common import component
+from pipelines.full import STAGE_SLOTS, PipelineUnavailable, StageSlot, build_full_pipeline
+from pipelines.spec_checks import CompiledPipeline, gpu_problems, secret_env_problems
 
 
 @component
@@ -56,8 +56,8 @@ def slots():
 
 
 def test_missing_stage_is_named():
-    broken = [StageSlot("select", "harnessrl.components.nonexistent.component:select")]
-    with pytest.raises(PipelineUnavailable, match="select: module harnessrl.components.nonexistent"):
+    broken = [StageSlot("select", "components.nonexistent.component:select")]
+    with pytest.raises(PipelineUnavailable, match="select: module components.nonexistent"):
         build_full_pipeline(broken)
 
     @component

@@ -9,8 +9,8 @@ import yaml
 from kfp import compiler
 
 from harnessrl.cli import main
-from harnessrl.pipelines.local_run import run_local
 from harnessrl.taskset import TaskSet
+from pipelines.local_run import run_local
 
 REPO = Path(__file__).resolve().parents[2]
 MINIREPO = REPO / "tests" / "fixtures" / "minirepo"
@@ -120,7 +120,7 @@ def test_full_pipeline_with_stand_in_stages_runs_locally(data_prep_run, runs_roo
     """Stand-in stage components (tests/pipelines/test_full_pipeline.py) slot into the real data-prep steps."""
     from test_full_pipeline import slots
 
-    from harnessrl.pipelines.full import build_full_pipeline
+    from pipelines.full import build_full_pipeline
 
     base_model = runs_root / "base-model.txt"
     base_model.write_text("base weights\n")

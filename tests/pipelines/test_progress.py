@@ -6,7 +6,7 @@ import time
 
 from rich.console import Console
 
-from harnessrl.pipelines.local_run import RunResult, _ProgressTee
+from pipelines.local_run import RunResult, _ProgressTee
 
 
 def make_tee():

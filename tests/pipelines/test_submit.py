@@ -7,7 +7,7 @@ from email.policy import HTTP
 import yaml
 
 from harnessrl.cli import main
-from harnessrl.pipelines.compile import compile_pipeline
+from pipelines.compile import compile_pipeline
 
 
 def closed_port() -> int:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.components.rollout.generate import GenerateConfig, run_generate
-from harnessrl.components.rollout.policy import PolicySource
-from harnessrl.components.rollout.specs import parse_specs
 from harnessrl.io import read_jsonl
+from harnessrl.rollout.generate import GenerateConfig, run_generate
+from harnessrl.rollout.model_server import PolicySource
+from harnessrl.rollout.specs import parse_specs
 from harnessrl.taskset import TaskSet
-from tests.conftest import requires_bwrap
+from tests.support.fixtures import requires_bwrap
 
 
 def single_line_fix(row: dict) -> tuple[str, str, str]:
@@ -44,7 +44,7 @@ def pick_task(taskset_dir: Path) -> dict:
 
 @requires_bwrap
 def test_generate_two_sandbox_settings_records_and_verify(synth_taskset, fast_engine, tokenizer, tmp_path):
-    from harnessrl.components.verify.stage import run_verify
+    from harnessrl.verify.rollouts import run_verify
 
     row = pick_task(synth_taskset)
     path, buggy, fixed = single_line_fix(row)

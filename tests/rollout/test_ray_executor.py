@@ -11,13 +11,13 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.components.rollout.executors import make_executor
-from harnessrl.components.rollout.generate import GenerateConfig, run_generate
-from harnessrl.components.rollout.policy import PolicySource
-from harnessrl.components.rollout.specs import parse_specs
 from harnessrl.io import read_jsonl
-from tests.conftest import requires_bwrap
+from harnessrl.rollout.executors import make_executor
+from harnessrl.rollout.generate import GenerateConfig, run_generate
+from harnessrl.rollout.model_server import PolicySource
+from harnessrl.rollout.specs import parse_specs
 from tests.rollout.test_generate import pick_task, single_line_fix, tool_call
+from tests.support.fixtures import requires_bwrap
 
 CALL_ID = re.compile(r"call_[0-9a-f]+")  # tool-call ids the gateway draws at random
 # fields that differ between any two runs (timings, random session ids)

@@ -8,13 +8,13 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.components.difficulty.estimate import run_estimate
-from harnessrl.components.difficulty.history import PassRateHistory
-from harnessrl.components.difficulty.select import run_select
-from harnessrl.components.rollout.specs import parse_specs
+from components.estimate_difficulty.stage import run_estimate
+from components.select_tasks.stage import run_select
+from harnessrl.difficulty.history import PassRateHistory
 from harnessrl.io import read_jsonl
+from harnessrl.rollout.specs import parse_specs
 from harnessrl.taskset import TaskSet
-from tests.conftest import requires_bwrap
+from tests.support.fixtures import requires_bwrap
 
 SPECS = [
     {"name": "react-bwrap", "harness": "react", "sandbox": "bubblewrap",

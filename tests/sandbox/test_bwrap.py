@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.components.sandbox.base import Limits, Outcome, SandboxError
-from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
-from tests.conftest import requires_bwrap
+from harnessrl.sandbox.base import Limits, Outcome, SandboxError
+from harnessrl.sandbox.bwrap import BubblewrapSandbox
+from tests.support.fixtures import requires_bwrap
 
 pytestmark = requires_bwrap
 
@@ -154,7 +154,7 @@ def test_timeout_kills_the_whole_process_tree(ws):
 ], ids=["memory", "processes", "file-size", "cpu"])
 @pytest.mark.parametrize("enforcement", ["cgroup", "rlimit"])
 def test_resource_limits(ws, cmd, limits, enforcement, monkeypatch):
-    from harnessrl.components.sandbox import cgroups
+    from harnessrl.sandbox import cgroups
 
     if enforcement == "cgroup" and not cgroups.factory().available():
         pytest.skip("no writable cgroup hierarchy on this host")

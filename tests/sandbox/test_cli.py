@@ -3,9 +3,9 @@
 import json
 
 from harnessrl.cli import main
-from harnessrl.components.sandbox.cli import render_manifest_files
-from harnessrl.components.sandbox.kubernetes import KubernetesConfig
-from tests.conftest import requires_bwrap
+from harnessrl.sandbox.cli import render_manifest_files
+from harnessrl.sandbox.kubernetes import KubernetesConfig
+from tests.support.fixtures import requires_bwrap
 
 
 @requires_bwrap

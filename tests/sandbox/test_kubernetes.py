@@ -19,9 +19,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from harnessrl.components.sandbox.base import Limits, Outcome
-from harnessrl.components.sandbox.cli import render_manifest_files
-from harnessrl.components.sandbox.kubernetes import (
+from harnessrl.sandbox.base import Limits, Outcome
+from harnessrl.sandbox.cli import render_manifest_files
+from harnessrl.sandbox.kubernetes import (
     KubernetesConfig,
     KubernetesSandbox,
     render_job,

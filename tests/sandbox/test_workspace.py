@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from harnessrl.components.sandbox.base import Outcome
-from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
-from harnessrl.components.sandbox.envs import ensure_env
-from harnessrl.components.sandbox.workspace import RepoCache, WorkspaceError, materialize
+from harnessrl.sandbox.base import Outcome
+from harnessrl.sandbox.bwrap import BubblewrapSandbox
+from harnessrl.sandbox.envs import ensure_env
+from harnessrl.sandbox.workspace import RepoCache, WorkspaceError, materialize
 from harnessrl.taskset import TaskSet
-from tests.conftest import requires_bwrap
+from tests.support.fixtures import requires_bwrap
 
 
 @pytest.fixture(scope="module")

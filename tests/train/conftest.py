@@ -1,4 +1,3 @@
-"""Fixtures for tests/train live in train_support.py, importable by a unique module name (several test folders
-have a conftest.py, and `from conftest import ...` would pick whichever was imported first)."""
+"""Registers the fixtures of tests/train (defined in tests.train.support)."""
 
-from train_support import *  # noqa: F403 - pytest discovers the fixtures imported here
+from tests.train.support import *  # noqa: F403 - pytest discovers the fixtures imported here

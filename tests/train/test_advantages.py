@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from harnessrl.components.train.advantages import (
+from harnessrl.train.advantages import (
     group_advantages,
     rollout_level,
     sample_level,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from train_support import write_round
 
-from harnessrl.components.difficulty.history import PassRateHistory
-from harnessrl.components.train.data import assemble, load_rewards, load_samples
-from harnessrl.components.train.stage import StageConfig, plan_round, step_items
+from harnessrl.difficulty.history import PassRateHistory
 from harnessrl.io import write_jsonl
 from harnessrl.schema import Sample
+from harnessrl.train.data import assemble, load_rewards, load_samples
+from harnessrl.train.round import StageConfig, plan_round, step_items
+from tests.train.support import write_round
 
 
 def test_round_trip_and_rollout_split(tmp_path, tokenizer):

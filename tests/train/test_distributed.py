@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_support import write_round
 
-from harnessrl.components.train.batching import SeqItem
-from harnessrl.components.train.distributed import shard_items
-from harnessrl.components.train.launch import run_multiprocess, torchrun_command
-from harnessrl.components.train.stage import StageConfig, run
+from harnessrl.train.batching import SeqItem
+from harnessrl.train.distributed import shard_items
+from harnessrl.train.launch import run_multiprocess, torchrun_command
+from harnessrl.train.round import StageConfig, run
+from tests.train.support import write_round
 
 CONFIG = {"groups_per_step": 1, "epochs": 1, "save_every": 1, "device": "cpu",
           "train": {"loss_mode": "rollout-token-mean", "max_tokens_per_micro_batch": 48, "seed": 0,
@@ -101,8 +101,8 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
     exp_avg = state["optimizer"]["state"]["model.embed_tokens.weight"]["exp_avg"]
     assert tuple(exp_avg.shape) == tuple(c1["model.embed_tokens.weight"].shape)
     # ...and it resumes in a single process: the FQN-keyed full state maps back onto the same AdamW moments
-    from harnessrl.components.train.trainer import Trainer
     from harnessrl.tinymodel import load_model
+    from harnessrl.train.trainer import Trainer
 
     ref = torch.load(tmp_path / "single" / "checkpoints" / "step-000001" / "trainer_state.pt", weights_only=False)
     trainer = Trainer(load_model(tmp_path / "dp" / "checkpoints" / "step-000001"), StageConfig.from_dict(CONFIG).train)

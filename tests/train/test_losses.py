@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from harnessrl.components.train.losses import (
+from harnessrl.train.losses import (
     LOSS_MODES,
     PolicyLossConfig,
     agg_loss,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_support import chat_ids
 
-from harnessrl.components.train.batching import SeqItem, pack
-from harnessrl.components.train.losses import sequence_weights
-from harnessrl.components.train.trainer import TrainConfig, Trainer, token_logprobs
+from harnessrl.train.batching import SeqItem, pack
+from harnessrl.train.losses import sequence_weights
+from harnessrl.train.trainer import TrainConfig, Trainer, token_logprobs
+from tests.train.support import chat_ids
 
 
 @pytest.mark.slow

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from train_support import write_round
 
-from harnessrl.components.train.stage import StageConfig, run
+from harnessrl.train.round import StageConfig, run
+from tests.train.support import write_round
 
 CONFIG = {"groups_per_step": 1, "epochs": 2, "save_every": 1, "keep_checkpoints": 2,
           "train": {"seed": 3, "optim": {"lr": 1e-3}}}
@@ -76,7 +76,7 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
 def test_component_compiles_with_typed_artifacts(tmp_path):
     from kfp import compiler
 
-    from harnessrl.components.train.component import train_grpo
+    from components.train.component import train_grpo
 
     out = tmp_path / "train.yaml"
     compiler.Compiler().compile(train_grpo, str(out))
@@ -94,8 +94,8 @@ def test_checkpoint_round_trips_through_s3(tmp_path, tiny_policy_dir, s3_env):
     """Upload a model directory to real S3 (moto server on loopback) and fetch it back as a policy."""
     from transformers import AutoModelForCausalLM
 
-    from harnessrl.components.train.checkpoint import fetch_policy, upload_dir
     from harnessrl.store import ObjectStore
+    from harnessrl.train.checkpoint import fetch_policy, upload_dir
 
     ObjectStore.from_env().ensure_bucket("ckpts")
     upload_dir(tiny_policy_dir, "s3://ckpts/run-1/model")
@@ -111,7 +111,7 @@ def test_component_runs_under_kfp_local(tmp_path, tokenizer, tiny_policy_dir):
     """The real KFP component in kfp.local (SubprocessRunner, this env): typed artifacts in and out."""
     from kfp import dsl, local
 
-    from harnessrl.components.train.component import train_grpo
+    from components.train.component import train_grpo
 
     data = tmp_path / "data"
     (data / "samples").mkdir(parents=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_support import tiny_llama
 
-from harnessrl.components.train.batching import SeqItem, pack, pad, padding_fraction, plan_packs
-from harnessrl.components.train.losses import sequence_weights
-from harnessrl.components.train.trainer import TrainConfig, Trainer, token_logprobs
+from harnessrl.train.batching import SeqItem, pack, pad, padding_fraction, plan_packs
+from harnessrl.train.losses import sequence_weights
+from harnessrl.train.trainer import TrainConfig, Trainer, token_logprobs
+from tests.train.support import tiny_llama
 
 VOCAB = 512  # small vocabulary: the invariances are about batching, not the tokenizer
 
@@ -49,7 +49,7 @@ def grads_after(items, cfg: TrainConfig, world: int = 1, rank_items=None) -> tup
             for mb in mbs:
                 lp = token_logprobs(model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits,
                                     mb.targets)
-                from harnessrl.components.train.losses import ppo_token_losses
+                from harnessrl.train.losses import ppo_token_losses
                 tl = ppo_token_losses(lp, lp.detach(), mb.advantages, cfg.policy, mb.behavior_logprobs)
                 loss = (tl.pg * mb.target_mask * mb.weights).sum() * world
                 loss.backward()
@@ -141,7 +141,7 @@ def test_ppo_epochs_recompute_old_policy_and_clip_after_first_update():
 
 
 def test_kl_to_reference_needs_and_uses_a_reference_model():
-    from harnessrl.components.train.losses import PolicyLossConfig
+    from harnessrl.train.losses import PolicyLossConfig
 
     cfg = TrainConfig(policy=PolicyLossConfig(kl_coef=0.1))
     with pytest.raises(ValueError, match="reference model"):

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.components.sandbox import cgroups
-from harnessrl.components.sandbox.base import Limits, Outcome
-from harnessrl.components.sandbox.bwrap import BubblewrapSandbox
-from harnessrl.components.sandbox.envs import ensure_env
-from harnessrl.components.sandbox.workspace import RepoCache
-from harnessrl.components.verify.stage import run_verify
-from harnessrl.components.verify.verify import PYTEST_ARGS, verify_patch
 from harnessrl.io import read_jsonl, write_jsonl
-from tests.conftest import requires_bwrap
+from harnessrl.sandbox import cgroups
+from harnessrl.sandbox.base import Limits, Outcome
+from harnessrl.sandbox.bwrap import BubblewrapSandbox
+from harnessrl.sandbox.envs import ensure_env
+from harnessrl.sandbox.workspace import RepoCache
+from harnessrl.verify.rollouts import run_verify
+from harnessrl.verify.verifier import PYTEST_ARGS, verify_patch
+from tests.support.fixtures import requires_bwrap
 
 pytestmark = requires_bwrap
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from harnessrl.components.verify.filtering import filter_diff, split_diff
+from harnessrl.verify.filtering import filter_diff, split_diff
 
 
 def _diff(tmp_path: Path, before: dict[str, str], after: dict[str, str | None]) -> str:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from harnessrl.components.verify.grading import grade, parse_pytest_log
-from harnessrl.components.verify.verify import PYTEST_ARGS
+from harnessrl.verify.grading import grade, parse_pytest_log
+from harnessrl.verify.verifier import PYTEST_ARGS
 
 SUITE = '''
 import pytest

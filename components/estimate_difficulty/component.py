@@ -1,0 +1,38 @@
+"""KFP components `estimate_difficulty` (Best-of-N generate + verify) and `select` (train/test task sets)."""
+
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from components.common import component
+
+
+@component
+def estimate_difficulty(
+    tasks: Input[Dataset],
+    policy: Input[Model],
+    estimates: Output[Dataset],
+    report: Output[Markdown],
+    metrics: Output[Metrics],
+    n: int = 4,
+    specs_json: str = "",
+    concurrency: int = 4,
+    verify_workers: int = 2,
+    engine_url: str = "",
+    executor: str = "threads",
+):
+    """Best-of-N rollouts of the policy per task, verified: pass counts, history (round 0), histogram."""
+    import json
+    from pathlib import Path
+
+    from components.estimate_difficulty.stage import run_estimate
+    from harnessrl.reports import publish
+    from harnessrl.rollout.model_server import PolicySource
+    from harnessrl.rollout.specs import parse_specs
+
+    specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
+    result = run_estimate(Path(tasks.path), Path(estimates.path), n=n, specs=specs,
+                          policy=PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
+                          concurrency=concurrency, verify_workers=verify_workers, progress=False,
+                          executor=executor)
+    publish((Path(estimates.path) / "report.md").read_text(),
+            {k: v for k, v in result.items() if not isinstance(v, dict)}, report, metrics)
+    estimates.metadata.update({"tasks": result["tasks"], "n": n})

@@ -1,0 +1,1 @@
+"""KFP component of the generate stage (the rollout runner lives in harnessrl.rollout)."""

@@ -1,0 +1,48 @@
+"""KFP component `generate_rollouts` (thin: the work is in generate.run_generate). A GPU step on the cluster."""
+
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from components.common import component
+
+
+@component
+def generate_rollouts(
+    tasks: Input[Dataset],
+    policy: Input[Model],
+    rollouts: Output[Dataset],
+    samples: Output[Dataset],
+    report: Output[Markdown],
+    metrics: Output[Metrics],
+    group_size: int = 4,
+    specs_json: str = "",
+    concurrency: int = 4,
+    engine_url: str = "",
+    seed: int = 0,
+    executor: str = "threads",
+    ray_cpus: float = 0.5,
+):
+    """N rollouts per task through harness ↔ gateway ↔ engine: rollouts (rows, records, transcripts) and samples.
+
+    executor: "threads" (in this pod) or "ray" (Ray tasks; the cluster in the pod's RAY_ADDRESS env, else local).
+    """
+    import json
+    import shutil
+    from pathlib import Path
+
+    from harnessrl.reports import publish
+    from harnessrl.rollout.generate import GenerateConfig, run_generate
+    from harnessrl.rollout.model_server import PolicySource
+    from harnessrl.rollout.specs import parse_specs
+
+    specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
+    out = Path(rollouts.path)
+    result = run_generate(Path(tasks.path), out, specs,
+                          PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
+                          GenerateConfig(group_size=group_size, concurrency=concurrency, seed=seed,
+                                                         executor=executor, ray_cpus=ray_cpus), progress=False)
+    Path(samples.path).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "samples.parquet", Path(samples.path) / "samples.parquet")
+    flat = {k: v for k, v in result.items() if not isinstance(v, dict)}
+    flat.update({f"status_{k}": v for k, v in result["status"].items()})
+    publish((out / "report.md").read_text(), flat, report, metrics)
+    rollouts.metadata.update({"rollouts": result["rollouts"], "tasks": result["tasks"]})

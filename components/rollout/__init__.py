@@ -1,1 +1,0 @@
-"""The generate stage: task -> workspace -> sandbox -> harness <-> gateway <-> engine -> rollout records."""

@@ -1,0 +1,1 @@
+"""KFP component of the select stage: training task set and held-out split from pass counts."""

@@ -1,0 +1,50 @@
+"""`harnessrl engine ...` commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+
+
+def register(commands, stages) -> None:  # noqa: ARG001 - the engine is a service, not a pipeline stage
+    engine = commands.add_parser("engine", help="inference engine: serve the local engine over HTTP")
+    sub = engine.add_subparsers(dest="engine_command", metavar="SUBCOMMAND")
+    serve = sub.add_parser("serve", help="serve a model with a vLLM-compatible token API (/v1/completions)")
+    serve.add_argument("--model", default=None,
+                       help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
+    serve.add_argument("--served-model-name", default=None, help="name in /v1/models (default: dir name)")
+    serve.add_argument("--max-batch", type=int, default=32, help="most requests decoded together")
+    serve.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: half the cores; 0 = torch's default)")
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    serve.add_argument("--policy-version", type=int, default=0, help="weight version of the initial model")
+    serve.set_defaults(func=_serve)
+    engine.set_defaults(func=lambda args: engine.print_help() or 2)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harnessrl.cli import UserError
+
+    if args.model and not (Path(args.model) / "config.json").is_file():
+        raise UserError(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
+    from harnessrl.engine.base import EngineError
+    from harnessrl.engine.local import LocalEngine
+    from harnessrl.engine.server import serve
+    try:
+        engine = LocalEngine(args.model, max_batch=args.max_batch, dtype=args.dtype, device=args.device,
+                             threads=args.threads, policy_version=args.policy_version)
+    except EngineError as e:
+        raise UserError(str(e)) from e
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(engine, args.host, args.port, args.served_model_name))
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,486 @@
+"""Local inference engine on transformers with continuous (step-level) batching.
+
+One background thread owns the model. Each iteration it applies pending weight syncs and aborts, admits
+waiting requests (prefill each alone, sample its first token, append its KV rows to the batch), then runs
+ONE decode step for every active request together and samples each row with its own settings. Requests
+therefore join and leave between steps, and a request's tokens never depend on its batch neighbours beyond
+float noise: rows are left-padded and masked, and position ids are per row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import secrets
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from harnessrl.engine import kv
+from harnessrl.engine.base import (
+    EngineError,
+    EngineRequestError,
+    Generation,
+    GenerationDelta,
+    SamplingParams,
+)
+from harnessrl.engine.sampling import RowSampling, sample
+
+_TRIM_MIN_COLUMNS = 64  # drop shared left padding once it is at least this wide and a quarter of the batch
+
+
+def default_threads() -> int:
+    """Half the cores, at least 1, at most 8. torch's default (all cores) collapses under contention: OpenMP
+    workers spin-wait, and on a 2-core machine shared with a gateway, sandboxes and a trainer one 8-row decode
+    step measured 9x slower with 2 threads than with 1."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+@dataclass
+class _Request:
+    id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    stop: frozenset[int]
+    row: RowSampling
+    result: Future
+    submitted: float = field(default_factory=time.perf_counter)
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    cached: int = 0  # tokens of this request in the KV cache
+    pending_token: int = -1  # sampled but not yet fed to the model
+    aborted: bool = False
+    prefill_s: float = 0.0
+    first_token_at: float = 0.0
+    # Called on the scheduler thread after each sampled token (token id, logprob, version) and once with
+    # None when the request finishes; must be cheap and thread-safe (it hands off to an event loop).
+    listener: Callable[[tuple[int, float, int] | None], None] | None = None
+
+
+@dataclass
+class _WeightSync:
+    state: dict[str, torch.Tensor]
+    version: int
+    done: Future
+
+
+class LocalEngine:
+    """`Engine` on a local transformers causal LM. Thread-safe; `generate` may be awaited from any event loop.
+
+    - `max_batch`: most requests decoded together; more wait in a queue.
+    - `threads`: torch CPU threads, set process-wide (None: `default_threads()`; 0: leave torch's setting).
+    - Default stop tokens: the tokenizer's eos and `<|im_end|>`; `stop_token_ids` adds to them (as in vLLM).
+      The stop token is included in `token_ids` (it was sampled, so it is trainable).
+    - `finish_reason`: "stop" (stop token), "length" (max_tokens or the model's context is full), "abort".
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        max_batch: int = 32,
+        dtype: str = "float32",
+        device: str | None = None,
+        threads: int | None = None,
+        policy_version: int = 0,
+    ) -> None:
+        from harnessrl.tinymodel import load_model, load_tokenizer, tiny_model_dir
+
+        self.model_dir = Path(model_dir) if model_dir else tiny_model_dir()
+        if not (self.model_dir / "config.json").is_file():
+            raise EngineError(f"{self.model_dir}: not a Hugging Face model directory (no config.json)")
+        self.threads = default_threads() if threads is None else threads
+        if self.threads > 0:  # 0: leave torch's setting alone
+            torch.set_num_threads(self.threads)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.model = load_model(self.model_dir, dtype=dtype).to(self.device).eval()
+        config = self.model.config
+        self.num_layers = config.num_hidden_layers
+        self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
+        self.vocab_size = int(config.vocab_size)
+        self.default_stop = self._default_stop_ids()
+        self.max_batch = max_batch
+        self.policy_version = policy_version
+        self.steps = 0  # decode steps run (for tests and metrics)
+
+        self._lock = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._syncs: deque[_WeightSync] = deque()
+        self._abort_ids: set[str] = set()
+        self._abort_all = False
+        self._active: list[_Request] = []
+        self._cache = kv.new_cache(self.num_layers)
+        self._closed = False
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="harnessrl-engine", daemon=True)
+        self._thread.start()
+
+    def _default_stop_ids(self) -> frozenset[int]:
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
+            ids.add(im_end)
+        return frozenset(ids)
+
+    # ---- public API -------------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None = None,
+        *,
+        request_id: str | None = None,
+        top_logprobs: int = 0,
+    ) -> Generation:
+        request = self.submit(prompt_ids, sampling, max_tokens, stop_token_ids,
+                              request_id=request_id, top_logprobs=top_logprobs)
+        try:
+            return await asyncio.wrap_future(request.result)
+        except asyncio.CancelledError:
+            self.abort([request.id])  # the caller went away: free the batch slot
+            raise
+
+    async def generate_stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[GenerationDelta]:
+        """One delta per decode step (tokens reach the caller as they are sampled); the last delta carries
+        `finish_reason` and no tokens. Same tokens as `generate` for the same seed."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, float, int] | None] = asyncio.Queue()
+
+        def listener(item: tuple[int, float, int] | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the consumer's event loop is closed
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        request = self.submit(prompt_ids, sampling, max_tokens, stop_token_ids, request_id=request_id,
+                              listener=listener)
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                items = [item]
+                while not queue.empty() and queue._queue[0] is not None:  # noqa: SLF001 - batch what is ready
+                    items.append(queue.get_nowait())
+                yield GenerationDelta([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
+            generation: Generation = await asyncio.wrap_future(request.result)
+            yield GenerationDelta([], [], [], generation.finish_reason)
+        finally:
+            if not request.result.done():  # the consumer stopped early: free the batch slot
+                self.abort([request.id])
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None = None,
+        *,
+        request_id: str | None = None,
+        top_logprobs: int = 0,
+        listener: Callable[[tuple[int, float, int] | None], None] | None = None,
+    ) -> _Request:
+        """Queues a request; its `.result` (a concurrent Future) resolves to a Generation."""
+        self._validate(prompt_ids, sampling, max_tokens, stop_token_ids)
+        generator = torch.Generator()
+        generator.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(62))
+        request = _Request(
+            id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
+            prompt=[int(t) for t in prompt_ids],
+            sampling=sampling,
+            max_tokens=int(max_tokens),
+            stop=self.default_stop | frozenset(int(t) for t in stop_token_ids or ()),
+            row=RowSampling(sampling.temperature, sampling.top_p, generator, top_logprobs),
+            result=Future(),
+            listener=listener,
+        )
+        with self._lock:
+            if self._closed:
+                raise EngineError("engine is closed")
+            self._waiting.append(request)
+            self._lock.notify()
+        return request
+
+    def _validate(self, prompt_ids, sampling, max_tokens, stop_token_ids) -> None:
+        if not prompt_ids:
+            raise EngineRequestError("prompt_ids is empty: send at least one token id")
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineRequestError(f"prompt_ids holds {len(bad)} id(s) outside the vocabulary [0, {self.vocab_size}), "
+                              f"e.g. {bad[0]!r}")
+        if len(prompt_ids) >= self.max_context:
+            raise EngineRequestError(f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}: "
+                              "shorten the history (compaction) before calling the engine")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise EngineRequestError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+            raise EngineRequestError(f"need temperature >= 0 and 0 < top_p <= 1, got {sampling}")
+        if any(not isinstance(t, int) for t in stop_token_ids or ()):
+            raise EngineRequestError(f"stop_token_ids must be integers, got {stop_token_ids!r}")
+
+    def abort(self, request_ids: list[str] | None = None) -> None:
+        """Aborts the given requests (all in flight and queued if None); they finish with "abort" and the
+        tokens sampled so far."""
+        with self._lock:
+            if request_ids is None:
+                self._abort_all = True
+            else:
+                self._abort_ids.update(request_ids)
+            self._lock.notify()
+
+    def load_weights_sync(self, checkpoint_dir: str | Path, version: int) -> None:
+        """Swaps in the weights of a Hugging Face checkpoint dir (safetensors) between two decode steps.
+        Blocks until applied. Requests in flight continue on the new weights (their tokens record the
+        version that sampled them)."""
+        state = self._read_checkpoint(Path(checkpoint_dir))
+        sync = _WeightSync(state, int(version), Future())
+        with self._lock:
+            if self._closed:
+                raise EngineError("engine is closed")
+            self._syncs.append(sync)
+            self._lock.notify()
+        sync.done.result()
+
+    async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.load_weights_sync, checkpoint_dir, version)
+
+    def inflight(self) -> int:
+        with self._lock:
+            return len(self._active) + len(self._waiting)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._abort_all = True
+            self._lock.notify()
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- weights ----------------------------------------------------------------------------------------
+
+    def _read_checkpoint(self, directory: Path) -> dict[str, torch.Tensor]:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+        if not files:
+            raise EngineError(f"{directory}: no *.safetensors files; expected a Hugging Face checkpoint "
+                              "directory written by save_pretrained")
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            try:
+                state.update(load_file(file))
+            except (SafetensorError, OSError) as e:
+                raise EngineError(f"{file}: cannot read safetensors ({e})") from e
+        params = dict(self.model.named_parameters())
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        missing = sorted(set(params) - set(state) - tied)
+        unexpected = sorted(set(state) - set(params) - tied)
+        if missing or unexpected:
+            raise EngineError(f"{directory}: checkpoint does not match the served model "
+                              f"({len(missing)} missing, e.g. {missing[:3]}; "
+                              f"{len(unexpected)} unexpected, e.g. {unexpected[:3]})")
+        for name, tensor in state.items():
+            if name in params and tensor.shape != params[name].shape:
+                raise EngineError(f"{directory}: {name} has shape {tuple(tensor.shape)}, "
+                                  f"the served model has {tuple(params[name].shape)}")
+        return state
+
+    def _apply_weights(self, sync: _WeightSync) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in sync.state.items():
+                if name in params:
+                    params[name].copy_(tensor)  # in place: keeps tied embeddings tied
+        self.policy_version = sync.version
+
+    # ---- scheduler thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._lock:
+                    while not (self._closed or self._waiting or self._syncs or self._active
+                               or self._abort_ids or self._abort_all):
+                        self._lock.wait()
+                    syncs = list(self._syncs)
+                    self._syncs.clear()
+                    abort_all, abort_ids = self._abort_all, set(self._abort_ids)
+                    self._abort_all = False
+                    self._abort_ids.clear()
+                    if abort_all or abort_ids:
+                        kept = deque()
+                        for request in self._waiting:
+                            if abort_all or request.id in abort_ids:
+                                self._finish(request, "abort")
+                            else:
+                                kept.append(request)
+                        self._waiting = kept
+                    admitted = []
+                    while self._waiting and len(self._active) + len(admitted) < self.max_batch:
+                        admitted.append(self._waiting.popleft())
+                    closed = self._closed
+                for sync in syncs:
+                    try:
+                        self._apply_weights(sync)
+                        sync.done.set_result(None)
+                    except Exception as e:  # noqa: BLE001 - reported to the caller that asked for the sync
+                        sync.done.set_exception(EngineError(f"weight sync failed: {e}"))
+                for request in self._active:
+                    if abort_all or request.id in abort_ids:
+                        request.aborted = True
+                try:
+                    for request in admitted:
+                        self._prefill(request)
+                    self._retire_finished()
+                    if self._active:
+                        self._decode_step()
+                        self._retire_finished()
+                except Exception as e:  # noqa: BLE001 - a crash fails the requests in flight, not the engine
+                    self._fail_all(admitted, e)
+                if closed and not self._active:
+                    with self._lock:
+                        for request in self._waiting:
+                            self._finish(request, "abort")
+                        self._waiting.clear()
+                    return
+
+    def _prefill(self, request: _Request) -> None:
+        if request.aborted or request.result.done():
+            self._finish(request, "abort")
+            return
+        start = time.perf_counter()
+        cache = kv.new_cache(self.num_layers)
+        ids = torch.tensor([request.prompt], device=self.device)
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        request.cached = len(request.prompt)
+        request.prefill_s = time.perf_counter() - start
+        self._accept(request, sample(out.logits[:, -1], [request.row])[0])
+        if request.result.done() or self._finished_reason(request):
+            self._finish(request, self._finished_reason(request) or "abort")
+            return
+        grown = kv.append_rows(self._cache, cache)
+        del grown  # existing rows' padding is derived from the cache length; nothing else to update
+        self._active.append(request)
+
+    def _decode_step(self) -> None:
+        length = kv.cache_length(self._cache)
+        rows = self._active
+        pads = torch.tensor([length - r.cached for r in rows])
+        columns = torch.arange(length + 1)
+        mask = (columns[None, :] >= pads[:, None]).to(torch.long)
+        ids = torch.tensor([[r.pending_token] for r in rows], device=self.device)
+        positions = torch.tensor([[r.cached] for r in rows], device=self.device)
+        out = self.model(input_ids=ids, attention_mask=mask.to(self.device), position_ids=positions,
+                         cache=self._cache, use_cache=True)
+        self.steps += 1
+        for request in rows:
+            request.cached += 1
+        for request, token in zip(rows, sample(out.logits[:, -1], [r.row for r in rows]), strict=True):
+            self._accept(request, token)
+
+    def _accept(self, request: _Request, token) -> None:
+        if not request.out_ids:
+            request.first_token_at = time.perf_counter()
+        request.out_ids.append(token.token_id)
+        request.out_logprobs.append(token.logprob)
+        request.versions.append(self.policy_version)
+        if token.top is not None:
+            request.tops.append(token.top)
+        request.pending_token = token.token_id
+        if request.listener is not None:
+            request.listener((token.token_id, token.logprob, self.policy_version))
+
+    def _finished_reason(self, request: _Request) -> str | None:
+        if request.aborted:
+            return "abort"
+        if request.out_ids and request.out_ids[-1] in request.stop:
+            return "stop"
+        if len(request.out_ids) >= request.max_tokens or request.cached + 1 >= self.max_context:
+            return "length"
+        return None
+
+    def _retire_finished(self) -> None:
+        keep: list[int] = []
+        for i, request in enumerate(self._active):
+            reason = "abort" if request.result.done() else self._finished_reason(request)
+            if reason:
+                self._finish(request, reason)
+            else:
+                keep.append(i)
+        if len(keep) == len(self._active):
+            return
+        self._active = [self._active[i] for i in keep]
+        if not self._active:
+            self._cache = kv.new_cache(self.num_layers)
+            return
+        length = kv.cache_length(self._cache)
+        shared_pad = length - max(r.cached for r in self._active)
+        drop = shared_pad if shared_pad >= _TRIM_MIN_COLUMNS and shared_pad * 4 >= length else 0
+        kv.select_rows(self._cache, keep, drop_left=drop)
+
+    def _finish(self, request: _Request, reason: str) -> None:
+        if request.result.done():
+            return
+        now = time.perf_counter()
+        first = request.first_token_at or now
+        generation = Generation(
+            token_ids=list(request.out_ids),
+            logprobs=list(request.out_logprobs),
+            finish_reason=reason,
+            policy_version=request.versions[-1] if request.versions else self.policy_version,
+            timings={
+                "queue_s": max(0.0, first - request.submitted - request.prefill_s),
+                "prefill_s": request.prefill_s,
+                "decode_s": now - first,
+                "total_s": now - request.submitted,
+            },
+            token_policy_versions=list(request.versions),
+            top_logprobs=list(request.tops) if request.row.top_logprobs > 0 else None,
+        )
+        with contextlib.suppress(Exception):  # the caller may have cancelled the future
+            request.result.set_result(generation)
+        self._notify_end(request)
+
+    @staticmethod
+    def _notify_end(request: _Request) -> None:
+        if request.listener is not None:
+            with contextlib.suppress(RuntimeError):  # the consumer's event loop is closed
+                request.listener(None)
+
+    def _fail_all(self, admitted: list[_Request], error: Exception) -> None:
+        message = EngineError(f"local engine step failed: {type(error).__name__}: {error}")
+        for request in [*self._active, *admitted]:
+            if not request.result.done():
+                request.result.set_exception(message)
+                self._notify_end(request)
+        self._active = []
+        self._cache = kv.new_cache(self.num_layers)

@@ -1,0 +1,222 @@
+"""Routing requests across engine replicas (DESIGN.md §6).
+
+Policies
+- `round_robin`: replicas in turn.
+- `least_inflight`: the verl-like baseline: a session sticks to the replica it first went to; a new session
+  goes to the replica with the fewest requests in flight. Stickiness never breaks.
+- `cache_aware_token_load`: load is counted in tokens, not requests: for every request in flight, the prompt
+  tokens the replica must still prefill (not in its prefix cache) plus the tokens it may decode
+  (`max_tokens`). A session's request goes to the replica holding its prefix while that replica's load plus
+  this request's cost stays under `threshold` × capacity; otherwise stickiness breaks and the request goes
+  to the replica where (load + uncached prefill + decode) / capacity is lowest. Residency is tracked per
+  session as the token prefix the replica last saw (prompt, and prompt + sampled tokens), evicted LRU beyond
+  the replica's KV capacity, and forgotten at every weight sync (prefix caches are flushed then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from harnessrl.engine.base import Engine, EngineError, Generation, SamplingParams
+
+POLICIES = ("round_robin", "least_inflight", "cache_aware_token_load")
+
+
+def prefix_hash(tokens: list[int], length: int) -> bytes:
+    return hashlib.blake2b(array("q", tokens[:length]).tobytes(), digest_size=16).digest()
+
+
+@dataclass
+class Residency:
+    """What a replica (probably) still holds of one session: prefixes by (length, hash)."""
+    prefixes: list[tuple[int, bytes]]
+
+    @property
+    def tokens(self) -> int:
+        return max(length for length, _ in self.prefixes)
+
+
+@dataclass
+class ReplicaState:
+    capacity_tokens: int
+    inflight: int = 0
+    token_load: int = 0  # uncached prefill + max decode tokens of the requests in flight
+    residency: OrderedDict[str, Residency] = field(default_factory=OrderedDict)
+    resident_tokens: int = 0
+
+    def cached_prefix(self, session_id: str | None, prompt_ids: list[int]) -> int:
+        """How many leading tokens of `prompt_ids` this replica holds for the session (0 if none)."""
+        entry = self.residency.get(session_id) if session_id is not None else None
+        if entry is None:
+            return 0
+        for length, digest in sorted(entry.prefixes, reverse=True):
+            if length <= len(prompt_ids) and prefix_hash(prompt_ids, length) == digest:
+                return length
+        return 0
+
+    def remember(self, session_id: str, prefixes: list[tuple[int, bytes]]) -> None:
+        old = self.residency.pop(session_id, None)
+        if old is not None:
+            self.resident_tokens -= old.tokens
+        entry = Residency(prefixes)
+        self.residency[session_id] = entry
+        self.resident_tokens += entry.tokens
+        while self.resident_tokens > self.capacity_tokens and len(self.residency) > 1:
+            _, evicted = self.residency.popitem(last=False)  # least recently used
+            self.resident_tokens -= evicted.tokens
+
+    def forget_all(self) -> None:
+        self.residency.clear()
+        self.resident_tokens = 0
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    session_id: str | None = None
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def choose(self, replicas: list[ReplicaState], request: RouteRequest) -> int: ...
+
+
+class RoundRobin:
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._next = itertools.count()
+
+    def choose(self, replicas: list[ReplicaState], request: RouteRequest) -> int:
+        return next(self._next) % len(replicas)
+
+
+class LeastInflight:
+    name = "least_inflight"
+
+    def __init__(self) -> None:
+        self.sticky: dict[str, int] = {}
+
+    def choose(self, replicas: list[ReplicaState], request: RouteRequest) -> int:
+        if request.session_id is not None and request.session_id in self.sticky:
+            return self.sticky[request.session_id]
+        choice = min(range(len(replicas)), key=lambda i: (replicas[i].inflight, i))
+        if request.session_id is not None:
+            self.sticky[request.session_id] = choice
+        return choice
+
+
+class CacheAwareTokenLoad:
+    name = "cache_aware_token_load"
+
+    def __init__(self, threshold: float = 0.8) -> None:
+        if not 0 < threshold:
+            raise ValueError(f"threshold must be > 0, got {threshold}")
+        self.threshold = threshold
+        self.sticky_hits = 0
+        self.sticky_breaks = 0
+
+    def cost(self, replica: ReplicaState, request: RouteRequest) -> int:
+        """Tokens this request adds to the replica: uncached prefill + decode budget."""
+        cached = replica.cached_prefix(request.session_id, request.prompt_ids)
+        return len(request.prompt_ids) - cached + request.max_tokens
+
+    def choose(self, replicas: list[ReplicaState], request: RouteRequest) -> int:
+        cached = [r.cached_prefix(request.session_id, request.prompt_ids) for r in replicas]
+        costs = [len(request.prompt_ids) - c + request.max_tokens for c in cached]
+        utilization = [(r.token_load + cost) / r.capacity_tokens for r, cost in zip(replicas, costs, strict=True)]
+        if max(cached) > 0:
+            home = max(range(len(replicas)), key=lambda i: (cached[i], -i))
+            if utilization[home] <= self.threshold:
+                self.sticky_hits += 1
+                return home
+            self.sticky_breaks += 1
+        # ties: fewer requests in flight, then fewer resident tokens (spread sessions over the caches)
+        return min(range(len(replicas)),
+                   key=lambda i: (utilization[i], replicas[i].inflight, replicas[i].resident_tokens, i))
+
+
+def make_policy(name: str, **options: Any) -> RoutingPolicy:
+    if name == "round_robin":
+        return RoundRobin()
+    if name == "least_inflight":
+        return LeastInflight()
+    if name == "cache_aware_token_load":
+        return CacheAwareTokenLoad(**options)
+    raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(POLICIES)}")
+
+
+class Router:
+    """An `Engine` that spreads requests over replica engines with a routing policy.
+
+    `capacity_tokens`: per replica, the KV tokens it can hold (one int, or one per replica).
+    """
+
+    def __init__(self, engines: list[Engine], policy: str | RoutingPolicy = "cache_aware_token_load", *,
+                 capacity_tokens: int | list[int] = 65536, **policy_options: Any) -> None:
+        if not engines:
+            raise ValueError("Router needs at least one engine")
+        capacities = capacity_tokens if isinstance(capacity_tokens, list) else [capacity_tokens] * len(engines)
+        if len(capacities) != len(engines):
+            raise ValueError(f"{len(capacities)} capacities for {len(engines)} engines")
+        self.engines = list(engines)
+        self.replicas = [ReplicaState(capacity_tokens=c) for c in capacities]
+        self.policy = make_policy(policy, **policy_options) if isinstance(policy, str) else policy
+        self.dispatched = [0] * len(engines)
+
+    def route(self, request: RouteRequest) -> int:
+        return self.policy.choose(self.replicas, request)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None = None,
+        *,
+        session_id: str | None = None,
+        **options: Any,
+    ) -> Generation:
+        request = RouteRequest(list(prompt_ids), int(max_tokens), session_id)
+        index = self.route(request)
+        replica = self.replicas[index]
+        cost = len(prompt_ids) - replica.cached_prefix(session_id, request.prompt_ids) + max_tokens
+        replica.inflight += 1
+        replica.token_load += cost
+        self.dispatched[index] += 1
+        try:
+            generation = await self.engines[index].generate(prompt_ids, sampling, max_tokens, stop_token_ids,
+                                                            **options)
+        finally:
+            replica.inflight -= 1
+            replica.token_load -= cost
+        if session_id is not None:
+            full = request.prompt_ids + generation.token_ids
+            replica.remember(session_id, [(len(request.prompt_ids), prefix_hash(full, len(request.prompt_ids))),
+                                          (len(full), prefix_hash(full, len(full)))])
+        return generation
+
+    def reset_residency(self) -> None:
+        """Forget what every replica caches (call at every weight sync: prefix caches are flushed)."""
+        for replica in self.replicas:
+            replica.forget_all()
+
+    async def load_weights(self, checkpoint_dir: str, version: int) -> None:
+        missing = [e for e in self.engines if not hasattr(e, "load_weights")]
+        if missing:
+            raise EngineError(f"{len(missing)} replica(s) cannot load weights (e.g. {missing[0]!r})")
+        try:
+            await asyncio.gather(*(e.load_weights(checkpoint_dir, version) for e in self.engines))
+        finally:
+            self.reset_residency()
+
+    async def abort(self, request_ids: list[str] | None = None) -> None:
+        await asyncio.gather(*(e.abort(request_ids) for e in self.engines if hasattr(e, "abort")))

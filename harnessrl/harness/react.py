@@ -1,0 +1,291 @@
+"""Our white-box ReAct harness: tool set, budgets, context policy and error policies are all exposed.
+
+It talks to the model only through an OpenAI-compatible endpoint (the gateway session URL + key), exactly
+as a production harness would; the gateway records the exact tokens. One `ReActHarness.run` = one episode.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import openai
+
+from harnessrl.harness.base import (
+    STATUS_FAILED,
+    STATUS_INFRA,
+    STATUS_OK,
+    STATUS_TIMEOUT,
+    Endpoint,
+    HarnessResult,
+    TaskPrompt,
+)
+from harnessrl.harness.policies import (
+    CONTEXT_POLICIES,
+    CONTEXT_POLICY_FACTORIES,
+    MALFORMED_ARGS_POLICIES,
+    NO_TOOL_CALL_POLICIES,
+    SANDBOX_FAILURE_POLICIES,
+    SUMMARY_REQUEST,
+    TOOL_TIMEOUT_POLICIES,
+    ContextPolicy,
+    check_choice,
+    compacted_history,
+)
+from harnessrl.harness.runtime import SandboxFailure, ToolRuntime
+from harnessrl.harness.tools import MalformedArguments, Observation, Tool, parse_arguments, toolset
+
+SYSTEM_PROMPT = (
+    "You are a software engineer fixing a bug in the repository in your current directory. "
+    "Use the tools to inspect and edit the code and run tests. Call exactly one tool per turn. "
+    "When the fix is done, call submit."
+)
+NUDGE = "You did not call a tool. Call one of the tools ({tools}); call submit when you are done."
+
+
+class _EndEpisode(Exception):
+    def __init__(self, finish_reason: str, status: str = STATUS_OK, error: str = "",
+                 history: list[dict] | None = None):
+        super().__init__(finish_reason)
+        self.finish_reason, self.status, self.error = finish_reason, status, error
+        self.history = history  # the final history, when the ending turn added messages
+
+
+@dataclass
+class ReActConfig:
+    tools: tuple[str, ...] = ("bash", "edit", "submit")
+    max_turns: int = 20
+    max_context_tokens: int = 8192  # prompt + completion of any one call
+    max_tokens_per_turn: int = 512
+    min_tokens_per_turn: int = 32  # below this the episode ends (token_budget) instead of asking for 1 token
+    wall_s: float = 600.0
+    tool_timeout_s: float = 60.0
+    temperature: float = 1.0
+    on_no_tool_call: str = "nudge"
+    on_malformed_args: str = "report"
+    on_tool_timeout: str = "report"
+    on_sandbox_failure: str = "retry"
+    max_failed_turns: int = 3
+    sandbox_retries: int = 1
+    context: str = "keep_all"
+    keep_last_observations: int = 3
+    summarize_at_tokens: int = 4096
+    system_prompt: str = SYSTEM_PROMPT
+    seed: int | None = None  # call i of the episode samples with seed + i (reproducible rollouts)
+    http_retries: int = 5  # 429/5xx from the gateway (e.g. paused for a weight sync) are retried with backoff
+
+    def __post_init__(self) -> None:
+        check_choice("on_no_tool_call", self.on_no_tool_call, NO_TOOL_CALL_POLICIES)
+        check_choice("on_malformed_args", self.on_malformed_args, MALFORMED_ARGS_POLICIES)
+        check_choice("on_tool_timeout", self.on_tool_timeout, TOOL_TIMEOUT_POLICIES)
+        check_choice("on_sandbox_failure", self.on_sandbox_failure, SANDBOX_FAILURE_POLICIES)
+        check_choice("context", self.context, CONTEXT_POLICIES)
+        self.tools = tuple(self.tools)
+        toolset(list(self.tools))
+        for name in ("max_turns", "max_context_tokens", "max_tokens_per_turn", "min_tokens_per_turn"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"harness option {name} must be >= 1, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_spec(cls, tools: list[str], limits: dict[str, Any], options: dict[str, Any]) -> ReActConfig:
+        """Builds the config from a HarnessSpec's tools, limits ({turns, tokens, wall_s}) and options."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(f"unknown react harness option(s) {unknown}; allowed: {sorted(names - {'tools'})}")
+        kw: dict[str, Any] = dict(options)
+        if "turns" in limits:
+            kw["max_turns"] = int(limits["turns"])
+        if "tokens" in limits:
+            kw["max_context_tokens"] = int(limits["tokens"])
+        if "wall_s" in limits:
+            kw["wall_s"] = float(limits["wall_s"])
+        return cls(tools=tuple(tools), **kw)
+
+    def context_policy(self) -> ContextPolicy:
+        return CONTEXT_POLICY_FACTORIES[self.context](
+            keep_last_observations=self.keep_last_observations, summarize_at_tokens=self.summarize_at_tokens)
+
+
+def _assistant_message(msg: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": msg.content or ""}
+    if msg.tool_calls:
+        out["tool_calls"] = [{"id": tc.id, "type": "function",
+                              "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+                             for tc in msg.tool_calls]
+    return out
+
+
+class ReActHarness:
+    def __init__(self, config: ReActConfig | None = None):
+        self.config = config or ReActConfig()
+        self.tools: dict[str, Tool] = toolset(list(self.config.tools))
+
+    # ------------------------------------------------------------------ episode
+    def run(self, task: TaskPrompt, endpoint: Endpoint, runtime: ToolRuntime) -> HarnessResult:
+        cfg = self.config
+        res = HarnessResult()
+        start = time.monotonic()
+        self._deadline = start + cfg.wall_s
+        self._calls = 0
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=cfg.http_retries)
+        policy = cfg.context_policy()
+        head = [{"role": "system", "content": cfg.system_prompt},
+                {"role": "user", "content": task.problem_statement}]
+        history: list[dict] = list(head)
+        last_sent: list[dict] | None = None
+        try:
+            while True:
+                if res.turns >= cfg.max_turns:
+                    raise _EndEpisode("turn_budget")
+                if policy.should_compact(res.prompt_tokens_last):
+                    history = self._summarize(client, endpoint, policy.view(history), head, res)
+                    last_sent = None
+                messages = policy.view(history)
+                if last_sent is not None and _rewrote_prefix(last_sent, messages):
+                    res.compactions += 1
+                completion = self._call(client, endpoint, messages, res, with_tools=True)
+                last_sent = messages
+                res.turns += 1
+                choice = completion.choices[0]
+                assistant = _assistant_message(choice.message)
+                if not choice.message.tool_calls:
+                    history = self._on_no_tool_call(history, assistant, res)
+                    continue
+                history = self._act(history, assistant, runtime, res)
+        except _EndEpisode as end:
+            res.finish_reason, res.status, res.error = end.finish_reason, end.status, end.error
+            history = end.history or history
+        except Exception as e:  # a harness bug: recorded as failed, never as reward 0
+            res.finish_reason, res.status, res.error = "harness_error", STATUS_FAILED, f"{type(e).__name__}: {e}"
+        res.wall_s = time.monotonic() - start
+        res.transcript = history
+        return res
+
+    # ------------------------------------------------------------------ model calls
+    def _remaining(self) -> float:
+        return self._deadline - time.monotonic()
+
+    def _call(self, client: openai.OpenAI, endpoint: Endpoint, messages: list[dict], res: HarnessResult,
+              with_tools: bool) -> Any:
+        cfg = self.config
+        max_tokens = min(cfg.max_tokens_per_turn, cfg.max_context_tokens - res.prompt_tokens_last)
+        if max_tokens < min(cfg.min_tokens_per_turn, cfg.max_tokens_per_turn):
+            raise _EndEpisode("token_budget")
+        remaining = self._remaining()
+        if remaining <= 0:
+            raise _EndEpisode("wall_time", STATUS_TIMEOUT, f"wall-clock limit {cfg.wall_s:.0f}s reached")
+        kwargs: dict[str, Any] = {"tools": [t.schema() for t in self.tools.values()]} if with_tools else {}
+        if cfg.seed is not None:
+            kwargs["seed"] = cfg.seed + self._calls
+        self._calls += 1
+        t0 = time.monotonic()
+        try:
+            completion = client.chat.completions.create(
+                model=endpoint.model, messages=messages, max_tokens=max_tokens, temperature=cfg.temperature,
+                timeout=remaining, **kwargs)
+        except openai.APITimeoutError:
+            raise _EndEpisode("wall_time", STATUS_TIMEOUT, "model call outlived the wall-clock limit") from None
+        except openai.APIStatusError as e:
+            status = STATUS_INFRA if e.status_code >= 500 or e.status_code == 429 else STATUS_FAILED
+            raise _EndEpisode("model_error", status, f"model endpoint answered {e.status_code}: {e.message}") from None
+        except openai.APIConnectionError as e:
+            raise _EndEpisode("model_error", STATUS_INFRA, f"model endpoint unreachable: {e}") from None
+        finally:
+            res.model_s += time.monotonic() - t0
+        usage = completion.usage
+        if usage is not None:
+            res.prompt_tokens_last = usage.prompt_tokens + usage.completion_tokens
+            res.completion_tokens += usage.completion_tokens
+        else:  # rough estimate so the budget still binds
+            chars = sum(len(str(m.get("content") or "")) for m in messages)
+            res.prompt_tokens_last = chars // 4 + len(completion.choices[0].message.content or "") // 4
+        return completion
+
+    def _summarize(self, client: openai.OpenAI, endpoint: Endpoint, view: list[dict], head: list[dict],
+                   res: HarnessResult) -> list[dict]:
+        # the summary request extends the current chain; the compacted history then starts a new one (split)
+        completion = self._call(client, endpoint, [*view, {"role": "user", "content": SUMMARY_REQUEST}], res,
+                                with_tools=False)
+        res.compactions += 1
+        summary = completion.choices[0].message.content or ""
+        res.prompt_tokens_last = 0  # unknown until the next call reports usage; the history is now short
+        return compacted_history(head, summary)
+
+    # ------------------------------------------------------------------ error policies
+    def _fail_turn(self, history: list[dict], res: HarnessResult) -> list[dict]:
+        """Discards the response: the next call resamples from the same context (a gateway rollback)."""
+        res.failed_turns += 1
+        if res.failed_turns > self.config.max_failed_turns:
+            raise _EndEpisode("too_many_failed_turns")
+        return history
+
+    def _on_no_tool_call(self, history: list[dict], assistant: dict, res: HarnessResult) -> list[dict]:
+        res.count("no_tool_call")
+        policy = self.config.on_no_tool_call
+        if policy == "end":
+            raise _EndEpisode("no_tool_call")
+        if policy == "fail_turn":
+            return self._fail_turn(history, res)
+        nudge = NUDGE.format(tools=", ".join(self.tools))
+        return [*history, assistant, {"role": "user", "content": nudge}]
+
+    def _act(self, history: list[dict], assistant: dict, runtime: ToolRuntime, res: HarnessResult) -> list[dict]:
+        cfg = self.config
+        observations: list[dict] = []
+        submitted = False
+        for call in assistant["tool_calls"]:
+            fn = call["function"]
+            tool = self.tools.get(fn["name"])
+            try:
+                if tool is None:
+                    raise MalformedArguments(f"unknown tool {fn['name']!r}; available: {sorted(self.tools)}")
+                args = parse_arguments(tool, fn.get("arguments"))
+                obs = self._execute(tool, args, runtime, res)
+            except MalformedArguments as e:
+                res.count("malformed_args")
+                if cfg.on_malformed_args == "end":
+                    raise _EndEpisode("malformed_args") from None
+                if cfg.on_malformed_args == "fail_turn":
+                    return self._fail_turn(history, res)
+                obs = Observation(f"Error: {e}")
+            if obs.timed_out:
+                res.count("tool_timeout")
+                if cfg.on_tool_timeout == "end":
+                    raise _EndEpisode("tool_timeout")
+            observations.append({"role": "tool", "tool_call_id": call["id"], "content": obs.content})
+            submitted = submitted or obs.submitted
+        history = [*history, assistant, *observations]
+        if submitted:
+            raise _EndEpisode("submitted", history=history)
+        return history
+
+    def _execute(self, tool: Tool, args: dict[str, Any], runtime: ToolRuntime, res: HarnessResult) -> Observation:
+        cfg = self.config
+        attempts = 1 + (cfg.sandbox_retries if cfg.on_sandbox_failure == "retry" else 0)
+        for attempt in range(attempts):
+            timeout = min(cfg.tool_timeout_s, self._remaining())
+            if timeout <= 0:
+                raise _EndEpisode("wall_time", STATUS_TIMEOUT, f"wall-clock limit {cfg.wall_s:.0f}s reached")
+            t0 = time.monotonic()
+            try:
+                res.tool_calls += 1
+                return tool.execute(args, runtime, timeout)
+            except SandboxFailure as e:
+                res.count("sandbox_failure")
+                if cfg.on_sandbox_failure == "report":
+                    return Observation(f"Error: the tool could not run ({e}). Try again.")
+                if attempt + 1 >= attempts:
+                    raise _EndEpisode("sandbox_error", STATUS_INFRA, str(e)) from None
+            finally:
+                res.tool_s += time.monotonic() - t0
+        raise AssertionError("unreachable")
+
+
+def _rewrote_prefix(previous: list[dict], current: list[dict]) -> bool:
+    """True when `current` does not extend `previous` message-for-message (trim/summary → gateway split)."""
+    if len(current) < len(previous):
+        return True
+    return any(json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True) for a, b in zip(previous, current, strict=False))

@@ -1,0 +1,147 @@
+"""The ReAct harness's tool set: each tool has an OpenAI function schema and runs against a `ToolRuntime`.
+
+Tools: `bash` (shell command in the sandbox), `str_replace_editor` (view / create / str_replace a file),
+`submit` (end the episode). A tool set is chosen per sample by name (`HarnessSpec.tools`):
+"bash", "edit" (= str_replace_editor), "submit".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harnessrl.harness.runtime import (
+    OK,
+    TIMEOUT,
+    PathOutsideWorkspace,
+    ShellResult,
+    ToolRuntime,
+    truncate,
+)
+
+
+class MalformedArguments(ValueError):
+    """The model's tool arguments are not valid JSON or do not match the tool's schema."""
+
+
+@dataclass
+class Observation:
+    content: str
+    timed_out: bool = False
+    submitted: bool = False
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    execute: Callable[[dict[str, Any], ToolRuntime, float], Observation]
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+def parse_arguments(tool: Tool, raw: str | dict | None) -> dict[str, Any]:
+    """Parses and checks arguments against the tool's JSON schema (required keys, string/enum types)."""
+    if isinstance(raw, dict):
+        args = raw
+    else:
+        try:
+            args = json.loads(raw or "{}")
+        except json.JSONDecodeError as e:
+            raise MalformedArguments(f"arguments for {tool.name} are not valid JSON: {e.msg}") from None
+    if not isinstance(args, dict):
+        raise MalformedArguments(f"arguments for {tool.name} must be a JSON object")
+    props = tool.parameters.get("properties", {})
+    for key in tool.parameters.get("required", []):
+        if key not in args:
+            raise MalformedArguments(f"{tool.name}: missing required argument {key!r}")
+    for key, value in args.items():
+        spec = props.get(key)
+        if spec is None:
+            raise MalformedArguments(f"{tool.name}: unknown argument {key!r} (allowed: {sorted(props)})")
+        if spec.get("type") == "string" and not isinstance(value, str):
+            raise MalformedArguments(f"{tool.name}: argument {key!r} must be a string")
+        if spec.get("type") == "integer" and not (isinstance(value, int) and not isinstance(value, bool)):
+            raise MalformedArguments(f"{tool.name}: argument {key!r} must be an integer")
+        if "enum" in spec and value not in spec["enum"]:
+            raise MalformedArguments(f"{tool.name}: argument {key!r} must be one of {spec['enum']}")
+    return args
+
+
+def format_shell(res: ShellResult) -> str:
+    if res.outcome == TIMEOUT:
+        return f"<timeout>command did not finish in time and was killed</timeout>\n<output>\n{res.output}</output>"
+    head = f"<returncode>{res.exit_code}</returncode>"
+    if res.outcome not in (OK, "nonzero"):
+        head = f"<outcome>{res.outcome}</outcome>\n{head}"
+    return f"{head}\n<output>\n{res.output}</output>"
+
+
+def _bash(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observation:
+    res = runtime.run_shell(args["command"], timeout=timeout)
+    return Observation(format_shell(res), timed_out=res.outcome == TIMEOUT)
+
+
+def _editor(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observation:
+    cmd, path = args["command"], args["path"]
+    try:
+        if cmd == "view":
+            text = runtime.read_file(path)
+            lines = text.splitlines()
+            numbered = "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(lines, 1))
+            return Observation(truncate(numbered))
+        if cmd == "create":
+            if "file_text" not in args:
+                raise MalformedArguments("str_replace_editor create: missing required argument 'file_text'")
+            runtime.write_file(path, args["file_text"])
+            return Observation(f"File created: {path}")
+        if cmd == "str_replace":
+            if "old_str" not in args:
+                raise MalformedArguments("str_replace_editor str_replace: missing required argument 'old_str'")
+            text = runtime.read_file(path)
+            count = text.count(args["old_str"])
+            if count != 1:
+                return Observation(f"Error: old_str occurs {count} times in {path}; it must occur exactly once.")
+            runtime.write_file(path, text.replace(args["old_str"], args.get("new_str", ""), 1))
+            return Observation(f"Edited {path}: replaced 1 occurrence.")
+    except (FileNotFoundError, PathOutsideWorkspace, IsADirectoryError) as e:
+        return Observation(f"Error: {e}")
+    raise MalformedArguments(f"str_replace_editor: unknown command {cmd!r}")
+
+
+def _submit(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observation:
+    return Observation("Submitted.", submitted=True)
+
+
+BASH = Tool(
+    "bash", "Run a bash command in the repository root. Each call runs in a fresh shell.",
+    {"type": "object", "properties": {"command": {"type": "string", "description": "the command"}},
+     "required": ["command"]},
+    _bash,
+)
+EDITOR = Tool(
+    "str_replace_editor",
+    "View a file (with line numbers), create a file, or replace exactly one occurrence of old_str with new_str.",
+    {"type": "object", "properties": {
+        "command": {"type": "string", "enum": ["view", "create", "str_replace"]},
+        "path": {"type": "string", "description": "path relative to the repository root"},
+        "file_text": {"type": "string"}, "old_str": {"type": "string"}, "new_str": {"type": "string"}},
+     "required": ["command", "path"]},
+    _editor,
+)
+SUBMIT = Tool("submit", "Submit your changes and end the task.", {"type": "object", "properties": {}}, _submit)
+
+TOOLS_BY_SPEC_NAME: dict[str, Tool] = {"bash": BASH, "edit": EDITOR, "str_replace_editor": EDITOR, "submit": SUBMIT}
+
+
+def toolset(names: list[str]) -> dict[str, Tool]:
+    unknown = [n for n in names if n not in TOOLS_BY_SPEC_NAME]
+    if unknown:
+        raise ValueError(f"unknown tool(s) {unknown} in harness spec; choose from {sorted(TOOLS_BY_SPEC_NAME)}")
+    tools = [TOOLS_BY_SPEC_NAME[n] for n in names]
+    return {t.name: t for t in tools}

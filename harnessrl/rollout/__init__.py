@@ -1,0 +1,1 @@
+"""Rollouts: task -> workspace -> sandbox -> harness <-> gateway <-> engine -> rollout records and samples."""

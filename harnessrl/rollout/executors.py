@@ -1,0 +1,141 @@
+"""Where rollouts run: a bounded thread pool in this process (`threads`, the default) or Ray tasks (`ray`).
+
+Both take the same jobs and yield `RolloutOutcome`s; the caller writes them into the same output files.
+A job that dies without returning (a crashed Ray worker, an exception escaping the rollout function) becomes
+an `infra_error` row with `finish_reason` `worker_crashed` and the reason — never a silent reward 0.
+
+Ray: `ray.init(address=RAY_ADDRESS)` — a local Ray instance when `RAY_ADDRESS` is unset, the KubeRay
+cluster (`ray://harnessrl-ray-head-svc.harnessrl:10001`, manifests/base/raycluster.yaml) when set. At most
+`concurrency` rollouts are in flight (submission window), each asking Ray for `ray_cpus` CPUs; tasks are
+never retried (a retried rollout would reuse its gateway session id). Workers reach the engine only through
+the gateway's URL, which the driver keeps serving.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+EXECUTORS = ("threads", "ray")
+CRASHED = "worker_crashed"
+
+
+@dataclass
+class RolloutOutcome:
+    row: Any  # generate.RolloutRow
+    files: dict[str, str] = field(default_factory=dict)  # transcripts/<name> -> text, written by the driver
+
+
+@dataclass
+class RolloutJob:
+    row: Any  # generate.RolloutRow (the plan's row, returned with the reason if the worker dies)
+    spec: Any  # specs.NamedSpec
+    task: dict
+    seed: int
+
+
+def crashed_outcome(job: RolloutJob, reason: str) -> RolloutOutcome:
+    from harnessrl.harness.base import STATUS_INFRA
+
+    row = job.row
+    row.rollout_status, row.finish_reason, row.error = STATUS_INFRA, CRASHED, reason[:2000]
+    return RolloutOutcome(row, {f"{row.rollout_id}.traceback.txt": reason})
+
+
+class ThreadExecutor:
+    """`concurrency` rollouts at once in threads of this process (the local engine batches their calls)."""
+
+    name = "threads"
+
+    def __init__(self, concurrency: int):
+        self.concurrency = concurrency
+
+    def gateway_host(self) -> str:
+        return "127.0.0.1"
+
+    def run(self, jobs: list[RolloutJob], fn: Callable[..., RolloutOutcome], ctx: Any) -> Iterator[RolloutOutcome]:
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="rollout") as pool:
+            futures = {pool.submit(fn, ctx, j.row, j.spec, j.task, j.seed): j for j in jobs}
+            for fut in as_completed(futures):
+                try:
+                    yield fut.result()
+                except Exception as e:  # run_rollout catches its own errors; this is a bug, kept per rollout
+                    yield crashed_outcome(futures[fut], f"{type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        pass
+
+
+class RayExecutor:
+    """Rollouts as Ray tasks, at most `concurrency` in flight, `ray_cpus` CPUs each."""
+
+    name = "ray"
+
+    def __init__(self, concurrency: int, ray_cpus: float = 0.5):
+        import ray
+
+        self.ray = ray
+        self.concurrency = concurrency
+        self.ray_cpus = ray_cpus
+        self.address = os.environ.get("RAY_ADDRESS") or None
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+
+    def gateway_host(self) -> str:
+        """Local Ray: loopback. A cluster: an address the worker pods reach (HARNESSRL_GATEWAY_HOST, or the
+        IP this driver pod has towards the Ray cluster)."""
+        if not self.address:
+            return "127.0.0.1"
+        return os.environ.get("HARNESSRL_GATEWAY_HOST") or _routable_ip()
+
+    def run(self, jobs: list[RolloutJob], fn: Callable[..., RolloutOutcome], ctx: Any) -> Iterator[RolloutOutcome]:
+        ray = self.ray
+        remote = ray.remote(fn).options(num_cpus=self.ray_cpus, max_retries=0, name="rollout")
+        pending = list(reversed(jobs))
+        in_flight: dict[Any, RolloutJob] = {}
+        while pending or in_flight:
+            while pending and len(in_flight) < self.concurrency:
+                job = pending.pop()
+                in_flight[remote.remote(ctx, job.row, job.spec, job.task, job.seed)] = job
+            done, _ = ray.wait(list(in_flight), num_returns=1)
+            for ref in done:
+                job = in_flight.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except ray.exceptions.RayError as e:  # worker died (OOM kill, segfault, node lost, ...)
+                    yield crashed_outcome(job, f"{type(e).__name__}: {_first_lines(str(e))}")
+
+    def close(self) -> None:
+        if self._owns_ray:
+            self.ray.shutdown()
+
+
+def make_executor(name: str, concurrency: int, ray_cpus: float = 0.5) -> ThreadExecutor | RayExecutor:
+    if name not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {name!r}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if name == "ray":
+        if ray_cpus < 0:
+            raise ValueError(f"ray_cpus must be >= 0, got {ray_cpus}")
+        return RayExecutor(concurrency, ray_cpus)
+    return ThreadExecutor(concurrency)
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    return "\n".join(text.strip().splitlines()[:n])
+
+
+def _routable_ip() -> str:
+    import ray
+
+    try:
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return socket.gethostbyname(socket.gethostname())

@@ -1,0 +1,1 @@
+"""Training: samples + rewards -> rollout-level advantages -> GRPO/PPO updates -> checkpoint (docs/train.md)."""

@@ -1,0 +1,316 @@
+"""`train` stage: samples + rewards + policy checkpoint → new checkpoint, metrics, report.
+
+Flow: load & join (data.py) → dynamic sampling (difficulty/history.py) → rollout-level advantages (advantages.py)
+→ plan optimizer steps at group granularity (all samples of a rollout, indeed of a group, share one
+step) → Trainer steps with global loss denominators → checkpoints every `save_every` steps → final model.
+`resume=True` continues from the latest checkpoint in `<out>/checkpoints` and reproduces an
+uninterrupted run exactly on CPU (same seed, same inputs → same losses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harnessrl.difficulty.history import PassRateHistory
+from harnessrl.io import atomic_write_json, write_jsonl
+from harnessrl.train import advantages as adv_mod
+from harnessrl.train import distributed as dist_mod
+from harnessrl.train.batching import SeqItem
+from harnessrl.train.checkpoint import (
+    fetch_policy,
+    latest_checkpoint,
+    load_checkpoint_state,
+    save_checkpoint,
+    save_model,
+    upload_dir,
+)
+from harnessrl.train.data import Prepared, Rollout, assemble, load_rewards, load_samples
+from harnessrl.train.losses import sequence_weights
+from harnessrl.train.trainer import TrainConfig, Trainer, seed_everything
+
+
+@dataclass
+class StageConfig:
+    train: TrainConfig = field(default_factory=TrainConfig)
+    estimator: str = "grpo"  # grpo | drgrpo | rloo
+    advantage_level: str = "rollout"  # rollout | sample (ablation)
+    adv_eps: float = 1e-6
+    singleton: str = "zero"  # zero | raw
+    nonok: str = "drop"  # drop | mask (see data.py)
+    mask_reward: float = 0.0
+    ok_statuses: tuple[str, ...] = ("ok",)
+    groups_per_step: int = 0  # 0 = every group in one optimizer step
+    epochs: int = 1
+    drop_zero_variance: bool = True
+    history: str | None = None  # pass-rate history JSONL
+    history_last_k: int = 3
+    record_round: int | None = None  # append this round's pass counts to `history`
+    pass_threshold: float = 1.0  # reward ≥ this counts as a pass in the history
+    save_every: int = 0  # checkpoint every N steps (0: only the final model)
+    keep_checkpoints: int = 2
+    max_steps: int | None = None
+    device: str = "auto"
+    reference_kl: bool = False  # load a frozen copy of the input policy as reference (needs policy.kl_coef > 0)
+
+    def __post_init__(self) -> None:
+        if self.estimator not in adv_mod.ESTIMATORS:
+            raise ValueError(f"estimator must be one of {adv_mod.ESTIMATORS}, got {self.estimator!r}")
+        if self.advantage_level not in ("rollout", "sample"):
+            raise ValueError("advantage_level must be rollout or sample")
+        if self.epochs < 1 or self.groups_per_step < 0:
+            raise ValueError("epochs must be ≥ 1 and groups_per_step ≥ 0")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StageConfig:
+        d = dict(d)
+        train = TrainConfig.from_dict(d.pop("train", {}))
+        if "ok_statuses" in d:
+            d["ok_statuses"] = tuple(d["ok_statuses"])
+        return cls(train=train, **d)
+
+
+@dataclass
+class Plan:
+    rollouts: list[Rollout]
+    advantages: dict[str, float]  # rollout_id (or sample_id at sample level) → advantage
+    steps: list[list[str]]  # group ids per optimizer step
+    counts: dict[str, float]
+
+
+def plan_round(prepared: Prepared, cfg: StageConfig) -> Plan:
+    counts: dict[str, float] = {f"excluded_{k}": v for k, v in prepared.excluded.items()}
+    counts.update({f"masked_{k}": v for k, v in prepared.masked.items()})
+    rollouts = prepared.rollouts
+    groups = sorted({r.group_id for r in rollouts})
+    counts["groups_in"] = len(groups)
+    counts["rollouts_in"] = len(rollouts)
+    skip: set[str] = set()
+    if cfg.history:
+        # this round's own row (from an earlier run of it) is not "history"
+        skip = PassRateHistory(cfg.history).skip_for_dynamic_sampling(cfg.history_last_k, cfg.record_round)
+        skip &= set(groups)
+    counts["groups_skipped_history"] = len(skip)
+    rollouts = [r for r in rollouts if r.group_id not in skip]
+    if cfg.advantage_level == "rollout":
+        advs, st = adv_mod.rollout_level({r.rollout_id: (r.group_id, r.reward) for r in rollouts}, cfg.estimator,
+                                         cfg.adv_eps, cfg.singleton)
+    else:
+        advs, st = adv_mod.sample_level(((s.sample_id, r.group_id, r.reward) for r in rollouts for s in r.samples),
+                                        cfg.estimator, cfg.adv_eps, cfg.singleton)
+    counts["groups_zero_variance"] = st.zero_variance_groups
+    counts["groups_singleton"] = st.singleton_groups
+    zero_var: set[str] = set()
+    if cfg.drop_zero_variance:
+        by_group: dict[str, set[float]] = defaultdict(set)
+        for r in rollouts:
+            by_group[r.group_id].add(r.reward)
+        zero_var = {g for g, rs in by_group.items() if len(rs) == 1}
+    rollouts = [r for r in rollouts if r.group_id not in zero_var]
+    counts["groups_skipped_zero_variance"] = len(zero_var)
+    trained_groups = sorted({r.group_id for r in rollouts if r.trainable})
+    counts["groups_trained"] = len(trained_groups)
+    counts["rollouts_trained"] = sum(r.trainable for r in rollouts)
+    counts["samples_trained"] = sum(len(r.samples) for r in rollouts if r.trainable)
+    steps: list[list[str]] = []
+    per = cfg.groups_per_step or max(len(trained_groups), 1)
+    for epoch in range(cfg.epochs):
+        order = list(trained_groups)
+        random.Random(cfg.train.seed * 1000003 + epoch).shuffle(order)
+        steps += [order[i:i + per] for i in range(0, len(order), per)]
+    if cfg.max_steps is not None:
+        steps = steps[:cfg.max_steps]
+    return Plan(rollouts=rollouts, advantages=advs, steps=steps, counts=counts)
+
+
+def step_items(plan: Plan, group_ids: list[str], cfg: StageConfig) -> tuple[list[SeqItem], list[Rollout]]:
+    gset = set(group_ids)
+    members = [r for r in plan.rollouts if r.group_id in gset and r.trainable]
+    seqs = [(r, s) for r in members for s in r.samples]
+    counts = [sum(s.loss_mask[1:]) for _, s in seqs]
+    weights = sequence_weights(counts, [r.rollout_id for r, _ in seqs], cfg.train.loss_mode,
+                               cfg.train.loss_scale_factor)
+    items = []
+    for (r, s), w in zip(seqs, weights, strict=True):
+        a = plan.advantages[r.rollout_id if cfg.advantage_level == "rollout" else s.sample_id]
+        items.append(SeqItem(list(s.input_ids), list(s.loss_mask), list(s.behavior_logprobs), a, w, r.rollout_id))
+    return items, members
+
+
+def fingerprint(prepared: Prepared, cfg: StageConfig) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in ("max_steps", "save_every",
+                                                                               "keep_checkpoints", "device")},
+                        sort_keys=True, default=str).encode())
+    for r in sorted(prepared.rollouts, key=lambda r: r.rollout_id):
+        h.update(f"{r.rollout_id}:{r.reward}:{r.status}:{len(r.samples)}:{r.loss_tokens}".encode())
+    return h.hexdigest()[:16]
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
+    return {"mean": statistics.fmean(xs), "std": statistics.pstdev(xs) if len(xs) > 1 else 0.0,
+            "min": min(xs), "max": max(xs)}
+
+
+def run(samples: str | Path, rewards: str | Path | None, policy: str | Path, out: str | Path,
+        cfg: StageConfig | None = None, *, resume: bool = False, model_out: str | Path | None = None,
+        upload_to: str | None = None, progress: bool = True) -> dict:
+    """Runs the stage; writes <out>/{model/,checkpoints/,metrics.json,steps.jsonl,report.md,curves.png}.
+
+    Returns the summary metrics (also in metrics.json).
+    """
+    import torch
+
+    from harnessrl.tinymodel import load_model, load_tokenizer
+    from harnessrl.train.report import write_report
+
+    cfg = cfg or StageConfig()
+    out = Path(out)
+    model_out = Path(model_out) if model_out else out / "model"
+    ckpt_root = out / "checkpoints"
+    ctx = dist_mod.init_from_env(_device(cfg.device))
+    device = ctx.device
+    main = ctx.is_main
+    try:
+        if str(policy).startswith("s3://"):
+            if main:
+                fetch_policy(str(policy), out / "policy_in")
+            dist_mod.barrier()
+            policy = out / "policy_in"
+        policy = Path(policy)
+        if not (policy / "config.json").is_file():
+            raise FileNotFoundError(f"{policy}: not a Hugging Face model directory (no config.json)")
+        prepared = assemble(load_samples(samples), load_rewards(rewards) if rewards else None, nonok=cfg.nonok,
+                            mask_reward=cfg.mask_reward, ok_statuses=frozenset(cfg.ok_statuses))
+        plan = plan_round(prepared, cfg)
+        fp = fingerprint(prepared, cfg)
+        if main and cfg.history and cfg.record_round is not None:
+            _record_history(prepared, cfg)
+
+        seed_everything(cfg.train.seed)
+        start_step = 0
+        history: list[dict] = []
+        ckpt = latest_checkpoint(ckpt_root) if resume else None
+        source = ckpt if ckpt is not None else policy
+        tokenizer = load_tokenizer(policy)
+        model = load_model(source).to(device)
+        if ctx.enabled:
+            dist_mod.wrap_fsdp(model)
+        ref_model = None
+        if cfg.reference_kl and cfg.train.policy.kl_coef > 0:  # frozen, so every rank holds a full copy
+            ref_model = load_model(policy).to(device).eval().requires_grad_(False)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        trainer = Trainer(model, cfg.train, ref_model=ref_model, device=device, pad_id=pad_id)
+        if ckpt is not None:
+            state, meta = load_checkpoint_state(ckpt)
+            if meta.get("fingerprint") != fp:
+                raise ValueError(f"{ckpt}: this checkpoint was written for different inputs or settings "
+                                 f"(fingerprint {meta.get('fingerprint')} ≠ {fp}); rerun without --resume or use a "
+                                 f"new --out")
+            trainer.load_state_dict(state)
+            start_step = int(meta["step"])
+            history = list(meta.get("history", []))
+
+        reward_by_rollout = {r.rollout_id: r.reward for r in plan.rollouts}
+        steps = plan.steps
+        from rich.progress import Progress
+
+        with Progress(disable=not (progress and main), transient=True) as bar:
+            task = bar.add_task("GRPO steps", total=len(steps), completed=start_step)
+            for step_index in range(start_step, len(steps)):
+                items, members = step_items(plan, steps[step_index], cfg)
+                m = trainer.step(dist_mod.shard_items(items, ctx.rank, ctx.world_size))
+                rewards_step = [reward_by_rollout[r.rollout_id] for r in members]
+                advs_step = [it.advantage for it in items]
+                m.update({"reward_mean": _stats(rewards_step)["mean"], "reward_std": _stats(rewards_step)["std"],
+                          "adv_mean": _stats(advs_step)["mean"], "adv_std": _stats(advs_step)["std"],
+                          "adv_abs_max": max((abs(a) for a in advs_step), default=0.0),
+                          "rollouts": len(members), "groups": len(steps[step_index]),
+                          "world_size": ctx.world_size})
+                history.append(m)
+                done = step_index + 1
+                if cfg.save_every and done % cfg.save_every == 0 and done < len(steps):
+                    weights = dist_mod.full_state_dict(model) if ctx.enabled else None  # collective
+                    tstate = trainer.state_dict()  # collective under FSDP
+                    if main:
+                        save_checkpoint(ckpt_root, done, model, tokenizer, tstate,
+                                        {"fingerprint": fp, "history": history, "config": cfg.to_dict()},
+                                        keep=cfg.keep_checkpoints, state_dict=weights)
+                    dist_mod.barrier()
+                if main:
+                    write_jsonl(out / "steps.jsonl", history)
+                bar.update(task, completed=done)
+
+        summary = summarize(plan, history)
+        summary["fingerprint"] = fp
+        summary["world_size"] = ctx.world_size
+        weights = dist_mod.full_state_dict(model) if ctx.enabled else None
+        if main:
+            save_model(model, tokenizer, model_out, state_dict=weights, extra_json={"harnessrl_train.json": {
+                "steps": len(history), "fingerprint": fp, "policy_in": str(policy), "config": cfg.to_dict(),
+                "world_size": ctx.world_size}})
+            if upload_to:
+                upload_dir(model_out, upload_to)
+            write_jsonl(out / "steps.jsonl", history)
+            atomic_write_json(out / "metrics.json", summary)
+            write_report(out, summary, history, cfg)
+        dist_mod.barrier()
+        del model, trainer
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return summary
+    finally:
+        if ctx.enabled:
+            dist_mod.shutdown()
+
+
+def summarize(plan: Plan, history: list[dict]) -> dict:
+    rewards = [r.reward for r in plan.rollouts]
+    advs = list(plan.advantages.values())
+    s: dict = {"steps": len(history), **plan.counts}
+    s["reward_mean"] = _stats(rewards)["mean"]
+    s["reward_std"] = _stats(rewards)["std"]
+    for k, v in _stats(advs).items():
+        s[f"advantage_{k}"] = v
+    s["advantage_zero_fraction"] = sum(1 for a in advs if a == 0) / len(advs) if advs else math.nan
+    if history:
+        last = history[-1]
+        s["loss"] = last["loss"]
+        s["loss_first"] = history[0]["loss"]
+        for key in ("entropy", "clip_frac", "dual_clip_frac", "grad_norm", "tokens_per_s", "padding_fraction",
+                    "is_weight_mean", "approx_kl"):
+            s[key] = statistics.fmean(h[key] for h in history)
+        s["trained_tokens"] = sum(h["trained_tokens"] for h in history)
+    else:
+        s["note"] = "no trainable groups after filtering: the output model is the input policy unchanged"
+    return s
+
+
+def _record_history(prepared: Prepared, cfg: StageConfig) -> None:
+    n: Counter = Counter()
+    passes: Counter = Counter()
+    for r in prepared.rollouts:
+        if not r.trainable:  # same rule as the difficulty store: only finished rollouts are evidence
+            continue
+        n[r.group_id] += 1
+        passes[r.group_id] += int(r.reward >= cfg.pass_threshold)
+    PassRateHistory(cfg.history).record_round(int(cfg.record_round), {g: (n[g], passes[g]) for g in n})

@@ -1,0 +1,266 @@
+"""The torch training loop for one optimizer step over a set of whole rollouts.
+
+Same code on CPU and GPU: `device` picks where the model lives; under torch.distributed each rank passes
+its share of the step's sequences (weights stay global, see losses.py) and gradients are averaged across
+ranks (by DDP/FSDP if the model is wrapped, else by an explicit all-reduce here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from harnessrl.train import distributed as dist_mod
+from harnessrl.train.batching import MicroBatch, SeqItem, pack, pad
+from harnessrl.train.losses import PolicyLossConfig, check_mode, low_var_kl, ppo_token_losses
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    lr_schedule: str = "constant_with_warmup"  # any transformers.get_scheduler name
+    warmup_steps: int = 0
+    total_steps: int = 1000  # used by decaying schedules
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    loss_mode: str = "rollout-token-mean"
+    loss_scale_factor: float | None = None  # only for seq-mean-token-sum-norm
+    policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    packing: bool = True
+    max_tokens_per_micro_batch: int = 4096  # packed micro-batch budget
+    seqs_per_micro_batch: int = 4  # padded micro-batches (packing=False)
+    precision: str = "fp32"  # fp32 | bf16 (autocast; master weights stay fp32)
+    ppo_epochs: int = 1  # optimizer steps per batch; >1 recomputes π_old once before the first
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_mode(self.loss_mode)
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.ppo_epochs < 1:
+            raise ValueError("ppo_epochs must be ≥ 1")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        d = dict(d)
+        policy = PolicyLossConfig(**d.pop("policy", {}))
+        optim_d = dict(d.pop("optim", {}))
+        if "betas" in optim_d:
+            optim_d["betas"] = tuple(optim_d["betas"])
+        return cls(policy=policy, optim=OptimConfig(**optim_d), **d)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log π(target | prefix) at every position; cross_entropy avoids materializing a second (T, V) tensor."""
+    flat = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    return -flat.view(targets.shape)
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    flat = logits.detach().reshape(-1, logits.shape[-1])
+    out = []
+    for s in range(0, flat.shape[0], chunk):
+        logp = torch.log_softmax(flat[s:s + chunk].float(), dim=-1)
+        out.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(out).view(logits.shape[:-1])
+
+
+def micro_batches(items: Sequence[SeqItem], cfg: TrainConfig, pad_id: int = 0) -> list[MicroBatch]:
+    if cfg.packing:
+        return pack(items, cfg.max_tokens_per_micro_batch)
+    return pad(items, cfg.seqs_per_micro_batch, pad_id)
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, ref_model: torch.nn.Module | None = None,
+                 device: str | torch.device = "cpu", pad_id: int = 0):
+        from transformers import get_scheduler
+
+        self.model = model
+        self.cfg = cfg
+        self.ref_model = ref_model
+        self.device = torch.device(device)
+        self.pad_id = pad_id
+        if cfg.policy.kl_coef > 0 and ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas, eps=o.eps,
+            weight_decay=o.weight_decay)
+        self.scheduler = get_scheduler(o.lr_schedule, self.optimizer, num_warmup_steps=o.warmup_steps,
+                                       num_training_steps=o.total_steps)
+        self.global_step = 0
+
+    @property
+    def world_size(self) -> int:
+        dist = torch.distributed
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    def _autocast(self):
+        if self.cfg.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        with self._autocast():
+            out = model(input_ids=mb.input_ids.to(self.device), position_ids=mb.position_ids.to(self.device),
+                        attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(self.device),
+                        use_cache=False)
+        return out.logits
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        return token_logprobs(self._forward(model, mb), mb.targets.to(self.device))
+
+    def step(self, items: Sequence[SeqItem]) -> dict[str, float]:
+        """One batch of whole rollouts → `ppo_epochs` optimizer steps. Returns metrics of the last."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        mbs = micro_batches(items, cfg, self.pad_id)
+        real_mbs = len(mbs)
+        if self.world_size > 1:
+            # FSDP all-gathers in every forward and reduce-scatters in every backward: all ranks must run the
+            # same number of micro-batches, so short ranks add zero-weight ones (no effect on loss or gradient).
+            filler = SeqItem([self.pad_id, self.pad_id], [0, 0], [0.0, 0.0], 0.0, 0.0)
+            target = dist_mod.max_across_ranks(real_mbs, str(self.device))
+            while len(mbs) < target:
+                mbs.append(micro_batches([filler], cfg, self.pad_id)[0])
+        self.model.train()
+        old_lp = None
+        if cfg.ppo_epochs > 1:
+            old_lp = [self._logprobs_no_grad(self.model, mb) for mb in mbs]
+        ref_lp = [self._logprobs_no_grad(self.ref_model, mb) for mb in mbs] if cfg.policy.kl_coef > 0 else None
+        metrics: dict[str, float] = {}
+        for _epoch in range(cfg.ppo_epochs):
+            sums = {k: 0.0 for k in ("loss", "pg_loss", "kl", "entropy", "clip", "dual_clip", "is_weight",
+                                     "approx_kl", "tokens")}
+            for i, mb in enumerate(mbs):
+                logits = self._forward(self.model, mb)
+                tgt = mb.targets.to(self.device)
+                mask = mb.target_mask.to(self.device)
+                w = mb.weights.to(self.device)
+                adv = mb.advantages.to(self.device)
+                lp = token_logprobs(logits, tgt)
+                old = old_lp[i] if old_lp is not None else lp.detach()
+                tl = ppo_token_losses(lp, old, adv, cfg.policy, mb.behavior_logprobs.to(self.device))
+                per_token = tl.pg
+                sel = mask > 0
+                ent_sum = float(token_entropy(logits[sel]).sum()) if bool(sel.any()) else 0.0
+                if cfg.policy.entropy_coef > 0:
+                    lsm = torch.log_softmax(logits.float(), dim=-1)
+                    ent_grad = -(lsm.exp() * lsm).sum(-1)
+                    per_token = per_token - cfg.policy.entropy_coef * ent_grad
+                kl = torch.zeros_like(lp)
+                if ref_lp is not None:
+                    kl = low_var_kl(lp, ref_lp[i])
+                    per_token = per_token + cfg.policy.kl_coef * kl
+                loss = (per_token * mask * w).sum() * self.world_size
+                loss.backward()
+                n = float(mask.sum())
+                sums["loss"] += float(loss.detach()) / self.world_size
+                sums["pg_loss"] += float((tl.pg * mask * w).sum().detach())
+                sums["kl"] += float((kl.detach() * mask).sum())
+                sums["entropy"] += ent_sum
+                sums["clip"] += float((tl.clipped.float() * mask).sum())
+                sums["dual_clip"] += float((tl.dual_clipped.float() * mask).sum())
+                sums["is_weight"] += float((tl.is_weight * mask).sum())
+                sums["approx_kl"] += float((tl.approx_kl * mask).sum())
+                sums["tokens"] += n
+                del logits, lp, loss, per_token
+            self._all_reduce_grads()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+                grad_norm = grad_norm.full_tensor()
+            sums = dist_mod.all_reduce_sum(sums, str(self.device))
+            lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.global_step += 1
+            ntok = max(sums["tokens"], 1.0)
+            metrics = {
+                "loss": sums["loss"], "pg_loss": sums["pg_loss"], "grad_norm": float(grad_norm), "lr": lr,
+                "entropy": sums["entropy"] / ntok, "clip_frac": sums["clip"] / ntok,
+                "dual_clip_frac": sums["dual_clip"] / ntok, "is_weight_mean": sums["is_weight"] / ntok,
+                "approx_kl": sums["approx_kl"] / ntok, "kl_ref": sums["kl"] / ntok,
+                "trained_tokens": sums["tokens"],
+            }
+        elapsed = time.perf_counter() - start
+        mbs = mbs[:real_mbs]
+        counts = dist_mod.all_reduce_sum({"sequences": len(items), "micro_batches": len(mbs),
+                                          "tokens": sum(mb.real_tokens for mb in mbs),
+                                          "pad": sum(mb.pad_tokens for mb in mbs)}, str(self.device))
+        real = int(counts["tokens"])
+        metrics.update({
+            "step": self.global_step, "sequences": int(counts["sequences"]),
+            "micro_batches": int(counts["micro_batches"]), "tokens": real,
+            "padding_fraction": counts["pad"] / (real + counts["pad"]) if real + counts["pad"] else 0.0,
+            "step_seconds": elapsed,
+            "tokens_per_s": real * cfg.ppo_epochs / elapsed if elapsed > 0 else math.nan,
+        })
+        return metrics
+
+    def _all_reduce_grads(self) -> None:
+        if self.world_size == 1 or isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            return
+        if dist_mod.is_fsdp(self.model) or type(self.model).__name__.startswith("FullyShardedDataParallel"):
+            return
+        dist = torch.distributed
+        for p in self.model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                p.grad.div_(self.world_size)
+
+    def state_dict(self) -> dict:
+        """Under FSDP a collective: every rank calls it; the full (unsharded, FQN-keyed) optimizer state
+        is on rank 0."""
+        if dist_mod.is_fsdp(self.model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return {"optimizer": optim, "optimizer_format": "full_fqn", "scheduler": self.scheduler.state_dict(),
+                    "global_step": self.global_step, "torch_rng": torch.get_rng_state(),
+                    "python_rng": random.getstate()}
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "global_step": self.global_step, "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("optimizer_format") == "full_fqn" or dist_mod.is_fsdp(self.model):
+            if state.get("optimizer_format") != "full_fqn":
+                raise ValueError("this checkpoint was written by a single-process run; resume it with the same "
+                                 "world size (1), or start a new --out")
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.global_step = int(state["global_step"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])

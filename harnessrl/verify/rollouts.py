@@ -1,0 +1,162 @@
+"""The verify stage: grade every rollout of a generate run, in parallel.
+
+    run_verify(tasks: Path, rollouts: Path, out: Path, workers: int = 2, ...) -> dict (the summary)
+
+`rollouts` is a JSONL file (or a directory holding `rollouts.jsonl`) with one row per rollout:
+`{rollout_id, instance_id, workspace}` (a directory; relative paths are resolved against the file's folder),
+or `{..., model_patch}` (a diff the framework computed against the task tip, as the generate stage writes it),
+or `{..., patch}` (any patch, applied to a fresh tip first). A row whose `rollout_status` is `infra_error` is not
+graded (its reward stays null).
+
+Output directory (replaced atomically, so reruns are idempotent):
+    rewards.jsonl   one row per rollout: rollout_id, instance_id, reward (1/0/null), status (what the trainer
+                    keys on: "ok" when graded and the rollout was ok, the rollout's own status when it was
+                    failed/timeout, "infra_error" when not graded), rollout_status, verify_status (resolved | unresolved |
+                    timeout | resource_limit | apply_failed | infra_error), resolved, f2p_fraction, flagged,
+                    dropped, suspicious, tests, diff, detail, timings
+    logs/<rollout_id>.log   the full pytest log
+    summary.json, report.md (with status_counts.png)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from harnessrl.io import atomic_output, read_jsonl, write_jsonl
+from harnessrl.sandbox.base import Limits
+from harnessrl.taskset import TaskSet
+from harnessrl.verify.verifier import (
+    DEFAULT_TIMEOUT_S,
+    VerifyResult,
+    verify_diff,
+    verify_patch,
+    verify_workspace,
+)
+
+GRADED = {"resolved", "unresolved", "timeout", "resource_limit", "apply_failed"}
+
+
+def load_rollouts(rollouts: Path) -> tuple[list[dict], Path]:
+    rollouts = Path(rollouts)
+    path = rollouts / "rollouts.jsonl" if rollouts.is_dir() else rollouts
+    if not path.is_file():
+        raise FileNotFoundError(f"{rollouts}: no rollouts file (expected a JSONL file or a directory with "
+                                "rollouts.jsonl, as `harnessrl stage generate` writes it)")
+    rows = list(read_jsonl(path))
+    seen: set[str] = set()
+    for i, row in enumerate(rows, 1):
+        for key in ("rollout_id", "instance_id"):
+            if not row.get(key):
+                raise ValueError(f"{path}: row {i}: missing {key!r}")
+        if row["rollout_id"] in seen:
+            raise ValueError(f"{path}: row {i}: duplicate rollout_id {row['rollout_id']!r}")
+        seen.add(row["rollout_id"])
+        if row.get("rollout_status") != "infra_error" and not any(k in row for k in ("workspace", "model_patch", "patch")):
+            raise ValueError(f"{path}: row {i} ({row['rollout_id']}): needs one of 'workspace', 'model_patch', "
+                             "'patch'")
+    return rows, path.parent
+
+
+def verify_rollout(taskset: TaskSet, tasks: dict[str, dict], rollout: dict, base: Path, timeout_s: float,
+                   limits: Limits | None) -> VerifyResult:
+    iid = rollout["instance_id"]
+    if iid not in tasks:
+        return VerifyResult(iid, "infra_error", detail=f"instance {iid!r} is not in the task set {taskset.root}")
+    row = tasks[iid]
+    if rollout.get("rollout_status") == "infra_error":
+        return VerifyResult(iid, "infra_error", detail="the rollout itself failed (infra_error); not graded")
+    try:
+        if rollout.get("workspace"):
+            ws = Path(rollout["workspace"])
+            return verify_workspace(taskset, row, ws if ws.is_absolute() else base / ws, timeout_s=timeout_s,
+                                    limits=limits)
+        if "model_patch" in rollout:
+            return verify_diff(taskset, row, rollout["model_patch"] or "", timeout_s=timeout_s, limits=limits)
+        return verify_patch(taskset, row, rollout.get("patch") or "", timeout_s=timeout_s, limits=limits)
+    except Exception as e:  # noqa: BLE001 - any crash here is ours, never the agent's: keep the row with why
+        return VerifyResult(iid, "infra_error", detail=f"{type(e).__name__}: {e}",
+                            test_log=traceback.format_exc()[-5000:])
+
+
+def reward_row(rollout: dict, r: VerifyResult) -> dict[str, Any]:
+    d = r.to_dict()
+    log = d.pop("test_log")
+    graded = r.status in GRADED
+    rollout_status = rollout.get("rollout_status") or "ok"
+    # A rollout the generate stage marked failed/timeout keeps that status (the trainer decides what to do
+    # with it); only an ok rollout that was graded becomes "ok".
+    status = ("ok" if rollout_status == "ok" else rollout_status) if graded else "infra_error"
+    return {"rollout_id": rollout["rollout_id"], "instance_id": r.instance_id,
+            "reward": r.reward if graded else None, "status": status, "rollout_status": rollout_status,
+            "verify_status": r.status, **{k: v for k, v in d.items() if k not in ("instance_id", "status", "reward")},
+            "log_tail": log[-2000:]}
+
+
+def run_verify(tasks: Path, rollouts: Path, out: Path, workers: int = 2, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+               limits: Limits | None = None, show_progress: bool = True) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    taskset = TaskSet.open(tasks)
+    by_id = {r["instance_id"]: r for r in taskset.rows()}
+    rows, base = load_rollouts(rollouts)
+    workers = max(1, int(workers))
+    started = time.monotonic()
+    results: dict[str, tuple[dict, VerifyResult]] = {}
+    progress = Progress(TextColumn("[bold]verify[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), disable=not show_progress)
+    with progress, ThreadPoolExecutor(max_workers=workers) as pool:
+        bar = progress.add_task("rollouts", total=len(rows))
+        futures = {pool.submit(verify_rollout, taskset, by_id, r, base, timeout_s, limits): r for r in rows}
+        for fut in as_completed(futures):
+            rollout = futures[fut]
+            results[rollout["rollout_id"]] = (rollout, fut.result())
+            resolved = sum(1 for _, v in results.values() if v.resolved)
+            progress.update(bar, advance=1, description=f"{resolved} resolved")
+    wall = time.monotonic() - started
+    ordered = [results[r["rollout_id"]] for r in rows]
+    statuses = Counter(v.status for _, v in ordered)
+    graded = [v for _, v in ordered if v.status in GRADED]
+    summary = {
+        "rollouts": len(rows), "graded": len(graded), "resolved": sum(v.resolved for v in graded),
+        "infra_errors": statuses.get("infra_error", 0), "flagged": sum(v.flagged for _, v in ordered),
+        "reward_mean": (sum(v.reward or 0.0 for v in graded) / len(graded)) if graded else None,
+        "status_counts": dict(sorted(statuses.items())), "workers": workers, "wall_s": round(wall, 3),
+        "verifications_per_min": round(60 * len(rows) / wall, 2) if wall > 0 else None,
+    }
+    with atomic_output(Path(out)) as tmp:
+        tmp.mkdir(parents=True)
+        write_jsonl(tmp / "rewards.jsonl", (reward_row(r, v) for r, v in ordered))
+        (tmp / "logs").mkdir()
+        for r, v in ordered:
+            (tmp / "logs" / f"{_safe(r['rollout_id'])}.log").write_text(v.test_log)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        (tmp / "report.md").write_text(render_report(summary, ordered, tmp))
+    return summary
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:200]
+
+
+def render_report(summary: dict, ordered: list[tuple[dict, VerifyResult]], out: Path) -> str:
+    from harnessrl.reports import bar_chart_png, embed_png
+
+    png = bar_chart_png(summary["status_counts"], "verify: rollouts by status", "rollouts")
+    (out / "status_counts.png").write_bytes(png)
+    lines = ["# Verify", "",
+             f"{summary['rollouts']} rollouts, {summary['graded']} graded, {summary['resolved']} resolved, "
+             f"{summary['infra_errors']} infra errors, {summary['flagged']} flagged "
+             f"({summary['wall_s']} s, {summary['workers']} workers).", "",
+             embed_png(png, "rollouts by status"), "",
+             "| rollout | instance | status | reward | dropped | detail |", "|---|---|---|---|---|---|"]
+    for r, v in ordered[:200]:
+        dropped = ", ".join(sorted({d["path"] for d in v.dropped}))[:80]
+        lines.append(f"| {r['rollout_id']} | {v.instance_id} | {v.status} | {v.reward} | {dropped} | "
+                     f"{v.detail[:100].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,192 @@
+"""Verifying one rollout: the framework's diff, filtered, applied to a fresh bug-commit tree, tested in a new sandbox.
+
+    verify_workspace(taskset, row, workspace: Path, ...) -> VerifyResult
+    verify_patch(taskset, row, patch_text: str, ...) -> VerifyResult
+
+1. diff the workspace against the task tip with a throwaway index (the workspace's `.git` is never read);
+2. drop test/config/start-up-hook changes (filtering.py) and record them;
+3. export the bug commit ("Bug Patch", tip~1: tests present) into a **new** tree, apply the filtered diff
+   (`git apply`, then `git apply --3way`, then `patch --fuzz`), then restore the F2P+P2P test files again;
+4. run only those test files in a **new** bubblewrap sandbox with the repo's env (read-only), a cleared
+   environment and a timeout;
+5. grade with SWE-bench 5.x rules (grading.py).
+
+Statuses: resolved / unresolved (reward 1 / 0), timeout / resource_limit (the code under test hung or blew
+its limits: reward 0), apply_failed (the agent's diff does not apply: reward 0), infra_error (reward None:
+the sandbox broke, the task data is bad, or the test log is inconsistent — never trained as 0).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harnessrl.sandbox.base import Limits, Outcome
+from harnessrl.sandbox.bwrap import BubblewrapSandbox
+from harnessrl.sandbox.envs import ensure_env
+from harnessrl.sandbox.workspace import RepoCache, git, init_single_commit
+from harnessrl.taskset import TaskSet
+from harnessrl.verify.filtering import filter_diff, test_files_of
+from harnessrl.verify.grading import grade
+
+DEFAULT_TIMEOUT_S = 300.0
+MAX_LOG_CHARS = 200_000
+PYTEST_ARGS = ["-rA", "-v", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir=/workspace"]
+
+
+@dataclass
+class VerifyResult:
+    instance_id: str
+    status: str  # resolved | unresolved | timeout | resource_limit | apply_failed | infra_error
+    resolved: bool = False
+    reward: float | None = None
+    f2p_fraction: float | None = None
+    tests: dict[str, dict] = field(default_factory=dict)
+    dropped: list[dict] = field(default_factory=list)
+    suspicious: list[dict] = field(default_factory=list)
+    flagged: bool = False
+    diff: str = ""  # the filtered diff that was applied
+    apply_method: str = ""
+    test_log: str = ""
+    exit_code: int | None = None
+    detail: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def infra_error(self) -> bool:
+        return self.status == "infra_error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _tests(row: dict, key: str) -> list[str]:
+    value = row.get(key) or []
+    if isinstance(value, str):  # SWE-bench rows carry JSON strings
+        value = json.loads(value)
+    return [str(v) for v in value]
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def apply_patch(tree: Path, patch: str) -> tuple[str, str]:
+    """Applies `patch` in `tree` (a git repo); returns (method, error). method is '' when nothing applied."""
+    if not patch.strip():
+        return "empty", ""
+    with tempfile.NamedTemporaryFile("w", suffix=".diff", delete=False, encoding="utf-8",
+                                     errors="surrogateescape") as f:
+        f.write(patch)
+        pf = f.name
+    try:
+        errors = []
+        for method, args in (("git apply", ["apply", "--whitespace=nowarn", pf]),
+                             ("git apply --3way", ["apply", "--3way", "--whitespace=nowarn", pf])):
+            proc = git(["-C", str(tree), *args], check=False)
+            if proc.returncode == 0:
+                return method, ""
+            errors.append(f"{method}: {proc.stderr.decode(errors='replace').strip()[:500]}")
+            git(["-C", str(tree), "checkout", "-q", "-f", "HEAD", "--", "."], check=False)
+            git(["-C", str(tree), "clean", "-q", "-fd"], check=False)
+        if shutil.which("patch"):
+            proc = subprocess.run(["patch", "-p1", "--batch", "--forward", "--fuzz=3", "--no-backup-if-mismatch",
+                                   "-r", "-", "-i", pf], cwd=tree, capture_output=True, text=True)
+            if proc.returncode == 0:
+                return "patch --fuzz=3", ""
+            errors.append(f"patch --fuzz=3: {(proc.stdout + proc.stderr).strip()[:500]}")
+        return "", " | ".join(errors)
+    finally:
+        Path(pf).unlink(missing_ok=True)
+
+
+def verify_diff(taskset: TaskSet, row: dict, raw_diff: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                limits: Limits | None = None) -> VerifyResult:
+    """Steps 2-5 on a diff against the task tip computed by the framework."""
+    iid = row["instance_id"]
+    f2p, p2p = _tests(row, "FAIL_TO_PASS"), _tests(row, "PASS_TO_PASS")
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    try:
+        filtered = filter_diff(raw_diff, f2p, p2p)
+    except ValueError as e:
+        return VerifyResult(iid, "infra_error", detail=f"cannot parse the computed diff: {e}")
+    result = VerifyResult(iid, "infra_error", dropped=[{**d.to_dict(), "diff": _printable(d.diff)} for d in filtered.dropped],
+                          suspicious=filtered.suspicious, flagged=filtered.flagged, diff=_printable(filtered.patch))
+    test_files = sorted(test_files_of(f2p) | test_files_of(p2p))
+    if not test_files:
+        result.detail = "task row has no FAIL_TO_PASS/PASS_TO_PASS tests"
+        return result
+    cache = RepoCache.for_repo(taskset, row["repo"])
+    env_dir = ensure_env(taskset, row["repo"])
+    bug = cache.bug_commit(iid)
+    with tempfile.TemporaryDirectory(prefix="harnessrl-verify-") as tmp:
+        tree = Path(tmp) / "tree"
+        cache.export(bug, tree)
+        init_single_commit(tree)
+        method, error = apply_patch(tree, filtered.patch)
+        result.apply_method = method
+        timings["prepare_s"] = time.monotonic() - t0
+        if not method:
+            result.status, result.reward, result.detail = "apply_failed", 0.0, f"the diff does not apply: {error}"
+            result.timings = timings
+            return result
+        missing = cache.restore_paths(bug, tree, test_files)
+        if missing:
+            result.detail = f"task test file(s) missing at the bug commit: {missing}"
+            return result
+        shutil.rmtree(tree / ".git", ignore_errors=True)
+        t1 = time.monotonic()
+        with BubblewrapSandbox(tree, env_dir, git_stub=True) as sandbox:
+            run = sandbox.run(["python", "-P", "-m", "pytest", *PYTEST_ARGS, *test_files], timeout=timeout_s,
+                              limits=limits)
+        timings["tests_s"] = time.monotonic() - t1
+    log = run.stdout + ("\n--- stderr ---\n" + run.stderr if run.stderr.strip() else "")
+    result.test_log = log[-MAX_LOG_CHARS:]
+    result.exit_code = run.exit_code
+    result.timings = timings
+    if run.outcome is Outcome.SANDBOX_ERROR:
+        result.detail = f"sandbox error: {run.detail}"
+        return result
+    g = grade(f2p, p2p, run.stdout, run.exit_code if run.exit_code is not None else -1)
+    result.tests, result.f2p_fraction = g.tests, g.f2p_fraction
+    if run.outcome in (Outcome.TIMEOUT, Outcome.RESOURCE_LIMIT):
+        result.status, result.reward = run.outcome.value, 0.0
+        result.f2p_fraction = 0.0 if g.f2p_fraction is not None else None
+        result.detail = f"tests stopped: {run.detail}"
+        return result
+    result.status, result.resolved, result.reward, result.detail = g.status, g.resolved, g.reward, g.detail
+    return result
+
+
+def verify_workspace(taskset: TaskSet, row: dict, workspace: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     limits: Limits | None = None) -> VerifyResult:
+    workspace = Path(workspace)
+    if not workspace.is_dir():
+        return VerifyResult(row["instance_id"], "infra_error", detail=f"workspace {workspace} does not exist")
+    cache = RepoCache.for_repo(taskset, row["repo"])
+    raw = cache.diff_worktree(cache.task_tip(row["instance_id"]), workspace).decode("utf-8", errors="surrogateescape")
+    return verify_diff(taskset, row, raw, timeout_s=timeout_s, limits=limits)
+
+
+def verify_patch(taskset: TaskSet, row: dict, patch_text: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 limits: Limits | None = None) -> VerifyResult:
+    """Applies `patch_text` to a fresh copy of the task tip, then verifies that tree like a workspace."""
+    cache = RepoCache.for_repo(taskset, row["repo"])
+    with tempfile.TemporaryDirectory(prefix="harnessrl-patch-") as tmp:
+        ws = Path(tmp) / "ws"
+        cache.export(cache.task_tip(row["instance_id"]), ws)
+        init_single_commit(ws)
+        method, error = apply_patch(ws, patch_text)
+        if not method:
+            return VerifyResult(row["instance_id"], "apply_failed", reward=0.0,
+                                detail=f"the patch does not apply to the task: {error}")
+        shutil.rmtree(ws / ".git")
+        return verify_workspace(taskset, row, ws, timeout_s=timeout_s, limits=limits)
+

@@ -1,0 +1,1 @@
+"""Test support: shared fixtures and test doubles (never imported by the package)."""
