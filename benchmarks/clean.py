@@ -74,7 +74,9 @@ def gx_frame_baseline(rows: list[dict], n: int, seed: int) -> tuple[float, float
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=Path, required=True, help="task set from make_swesmith_rows.py")
-    ap.add_argument("--sample", type=int, default=200, help="rows timed for the per-row branch-check baseline")
+    ap.add_argument(
+        "--sample", type=int, default=200, help="rows timed for the per-row branch-check baseline"
+    )
     ap.add_argument("--gx-sample", type=int, default=5000, help="rows for the GX full-frame baseline")
     args = ap.parse_args(argv)
     ts = TaskSet.open(args.tasks)
@@ -98,34 +100,64 @@ def main(argv: list[str] | None = None) -> int:
     total = clean_s + validate_s
     expected = ts.manifest.get("expected_rejections", {})
     planted_ok = all(report.reasons.get(k, 0) == v for k, v in expected.items())
-    print(f"rows {report.n_in}: kept {report.n_kept} + rejected {report.n_rejected} "
-          f"({'reconciles' if report.n_in == report.n_kept + report.n_rejected else 'MISMATCH'})", file=sys.stderr)
+    print(
+        f"rows {report.n_in}: kept {report.n_kept} + rejected {report.n_rejected} "
+        f"({'reconciles' if report.n_in == report.n_kept + report.n_rejected else 'MISMATCH'})",
+        file=sys.stderr,
+    )
     print(f"rejections by reason: {dict(sorted(report.reasons.items()))}", file=sys.stderr)
-    print(f"planted by generator: {dict(sorted(expected.items()))} -> {'match' if planted_ok else 'DIFFER'}",
-          file=sys.stderr)
-    print(f"validation on kept rows: {'passed' if validation.success else 'FAILED'} "
-          f"({len(validation.outcomes)} expectations)", file=sys.stderr)
-    print(f"split: clean {clean_s:.1f} s (of which load ~{load_s:.1f} s) | validate {validate_s:.1f} s | "
-          f"total {total:.1f} s wall, {c2 - c0:.1f} s CPU | peak RSS {rss:.0f} MB", file=sys.stderr)
-    print(f"branch check: list-heads per repo {per_repo_s:.2f} s vs per row ~{per_row_s:.0f} s "
-          f"(x{per_row_s / max(per_repo_s, 1e-9):.0f})", file=sys.stderr)
-    print(f"GX on {min(args.gx_sample, len(rows))} rows: verbatim frame {gx_raw_s:.1f} s vs validation_frame "
-          f"{gx_view_s:.1f} s (x{gx_raw_s / max(gx_view_s, 1e-9):.1f})", file=sys.stderr)
-    print(json.dumps({
-        "rows": report.n_in, "seconds": round(total, 2), "cpu_seconds": round(c2 - c0, 2),
-        "peak_rss_mb": round(rss, 1),
-        "kept": report.n_kept, "rejected": report.n_rejected, "reasons": dict(sorted(report.reasons.items())),
-        "planted_rejections_match": planted_ok, "validation_success": validation.success,
-        "clean_seconds": round(clean_s, 2), "load_seconds": round(load_s, 2),
-        "validate_seconds": round(validate_s, 2), "validate_share": round(validate_s / total, 3),
-        "branch_check_per_repo_seconds": round(per_repo_s, 3),
-        "branch_check_per_row_seconds_est": round(per_row_s, 1),
-        "branch_check_speedup": round(per_row_s / max(per_repo_s, 1e-9), 1),
-        "gx_sample_rows": min(args.gx_sample, len(rows)), "gx_verbatim_frame_seconds": round(gx_raw_s, 2),
-        "gx_validation_frame_seconds": round(gx_view_s, 2),
-        "gx_frame_speedup": round(gx_raw_s / max(gx_view_s, 1e-9), 1),
-        "targets_met": total <= 60 and rss <= 2048, "cpu_target_met": c2 - c0 <= 60 and rss <= 2048,
-    }))
+    print(
+        f"planted by generator: {dict(sorted(expected.items()))} -> {'match' if planted_ok else 'DIFFER'}",
+        file=sys.stderr,
+    )
+    print(
+        f"validation on kept rows: {'passed' if validation.success else 'FAILED'} "
+        f"({len(validation.outcomes)} expectations)",
+        file=sys.stderr,
+    )
+    print(
+        f"split: clean {clean_s:.1f} s (of which load ~{load_s:.1f} s) | validate {validate_s:.1f} s | "
+        f"total {total:.1f} s wall, {c2 - c0:.1f} s CPU | peak RSS {rss:.0f} MB",
+        file=sys.stderr,
+    )
+    print(
+        f"branch check: list-heads per repo {per_repo_s:.2f} s vs per row ~{per_row_s:.0f} s "
+        f"(x{per_row_s / max(per_repo_s, 1e-9):.0f})",
+        file=sys.stderr,
+    )
+    print(
+        f"GX on {min(args.gx_sample, len(rows))} rows: verbatim frame {gx_raw_s:.1f} s vs validation_frame "
+        f"{gx_view_s:.1f} s (x{gx_raw_s / max(gx_view_s, 1e-9):.1f})",
+        file=sys.stderr,
+    )
+    print(
+        json.dumps(
+            {
+                "rows": report.n_in,
+                "seconds": round(total, 2),
+                "cpu_seconds": round(c2 - c0, 2),
+                "peak_rss_mb": round(rss, 1),
+                "kept": report.n_kept,
+                "rejected": report.n_rejected,
+                "reasons": dict(sorted(report.reasons.items())),
+                "planted_rejections_match": planted_ok,
+                "validation_success": validation.success,
+                "clean_seconds": round(clean_s, 2),
+                "load_seconds": round(load_s, 2),
+                "validate_seconds": round(validate_s, 2),
+                "validate_share": round(validate_s / total, 3),
+                "branch_check_per_repo_seconds": round(per_repo_s, 3),
+                "branch_check_per_row_seconds_est": round(per_row_s, 1),
+                "branch_check_speedup": round(per_row_s / max(per_repo_s, 1e-9), 1),
+                "gx_sample_rows": min(args.gx_sample, len(rows)),
+                "gx_verbatim_frame_seconds": round(gx_raw_s, 2),
+                "gx_validation_frame_seconds": round(gx_view_s, 2),
+                "gx_frame_speedup": round(gx_raw_s / max(gx_view_s, 1e-9), 1),
+                "targets_met": total <= 60 and rss <= 2048,
+                "cpu_target_met": c2 - c0 <= 60 and rss <= 2048,
+            }
+        )
+    )
     return 0
 
 

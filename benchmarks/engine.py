@@ -57,14 +57,18 @@ def main() -> int:
     tokenizer = engine.tokenizer
     baseline_model = load_model(model_dir).eval()
     prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                      tokenize=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         for q in (QUESTIONS * (1 + args.sessions // len(QUESTIONS)))[: args.sessions]
     ]
     stop = sorted(engine.default_stop)
     greedy = SamplingParams(temperature=0.0)
-    print(f"model {model_dir.name}, {args.sessions} sessions x {args.max_tokens} max tokens, "
-          f"torch threads {torch.get_num_threads()}", file=sys.stderr)
+    print(
+        f"model {model_dir.name}, {args.sessions} sessions x {args.max_tokens} max tokens, "
+        f"torch threads {torch.get_num_threads()}",
+        file=sys.stderr,
+    )
 
     def run_baseline() -> tuple[float, list[list[int]]]:
         outputs = []
@@ -72,10 +76,15 @@ def main() -> int:
         with torch.inference_mode():
             for prompt in tqdm(prompts, desc="model.generate one at a time", file=sys.stderr, leave=False):
                 ids = torch.tensor([prompt])
-                out = baseline_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                              max_new_tokens=args.max_tokens, eos_token_id=stop,
-                                              pad_token_id=tokenizer.pad_token_id)
-                outputs.append(out[0, len(prompt):].tolist())
+                out = baseline_model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=args.max_tokens,
+                    eos_token_id=stop,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+                outputs.append(out[0, len(prompt) :].tolist())
         return time.perf_counter() - start, outputs
 
     async def run_engine() -> tuple[float, list[list[int]]]:
@@ -93,21 +102,27 @@ def main() -> int:
         engine_rates.append(engine_tokens / engine_s)
         same = sum(a == b for a, b in zip(base_out, engine_out, strict=True))
         identical.append(same)
-        print(f"repeat {repeat + 1}: generate {base_tokens} tok in {base_s:.1f} s ({base_rates[-1]:.1f} tok/s); "
-              f"engine {engine_tokens} tok in {engine_s:.1f} s ({engine_rates[-1]:.1f} tok/s); "
-              f"ratio {engine_rates[-1] / base_rates[-1]:.2f}x; identical outputs {same}/{len(prompts)}",
-              file=sys.stderr)
+        print(
+            f"repeat {repeat + 1}: generate {base_tokens} tok in {base_s:.1f} s ({base_rates[-1]:.1f} tok/s); "
+            f"engine {engine_tokens} tok in {engine_s:.1f} s ({engine_rates[-1]:.1f} tok/s); "
+            f"ratio {engine_rates[-1] / base_rates[-1]:.2f}x; identical outputs {same}/{len(prompts)}",
+            file=sys.stderr,
+        )
     engine.close()
     base_rate, engine_rate = statistics.median(base_rates), statistics.median(engine_rates)
-    print(json.dumps({
-        "batched_speedup": round(engine_rate / base_rate, 3),
-        "engine_tokens_per_s": round(engine_rate, 2),
-        "generate_tokens_per_s": round(base_rate, 2),
-        "sessions": args.sessions,
-        "max_tokens": args.max_tokens,
-        "identical_greedy_outputs": min(identical),
-        "torch_threads": torch.get_num_threads(),
-    }))
+    print(
+        json.dumps(
+            {
+                "batched_speedup": round(engine_rate / base_rate, 3),
+                "engine_tokens_per_s": round(engine_rate, 2),
+                "generate_tokens_per_s": round(base_rate, 2),
+                "sessions": args.sessions,
+                "max_tokens": args.max_tokens,
+                "identical_greedy_outputs": min(identical),
+                "torch_threads": torch.get_num_threads(),
+            }
+        )
+    )
     return 0
 
 

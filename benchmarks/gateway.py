@@ -38,14 +38,20 @@ import aiohttp
 
 ADMIN = "bench-admin"
 REPLIES = [
-    {"text": "I will look at the failing test first.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": "
-             "{\"command\": \"pytest -x tests/test_utils.py\"}}\n</tool_call>"},
+    {
+        "text": 'I will look at the failing test first.\n<tool_call>\n{"name": "bash", "arguments": '
+        '{"command": "pytest -x tests/test_utils.py"}}\n</tool_call>'
+    },
     {"text": "The bug is in parse_date: it ignores the timezone. Let me fix it."},
-    {"text": "<tool_call>\n{\"name\": \"edit\", \"arguments\": {\"path\": \"utils.py\", \"old\": \"tz=None\", "
-             "\"new\": \"tz=timezone.utc\"}}\n</tool_call>"},
+    {
+        "text": '<tool_call>\n{"name": "edit", "arguments": {"path": "utils.py", "old": "tz=None", '
+        '"new": "tz=timezone.utc"}}\n</tool_call>'
+    },
     {"text": "All tests pass now. The fix makes parse_date keep the timezone of its input."},
 ]
-TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("bash", "edit")]
+TOOLS = [
+    {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("bash", "edit")
+]
 
 
 def _spawn(cmd: list[str], ready_word: str) -> tuple[subprocess.Popen, str]:
@@ -74,16 +80,36 @@ class Harness:
     """One worker: multi-turn conversations, either through the gateway (chat API) or straight to the engine
     (token API, the harness doing the token bookkeeping itself)."""
 
-    def __init__(self, http: aiohttp.ClientSession, renderer, mode: str, target: dict, turns: int, wid: int,
-                 unique_tool_output: bool = False):
-        self.http, self.r, self.mode, self.target, self.turns, self.wid = http, renderer, mode, target, turns, wid
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        renderer,
+        mode: str,
+        target: dict,
+        turns: int,
+        wid: int,
+        unique_tool_output: bool = False,
+    ):
+        self.http, self.r, self.mode, self.target, self.turns, self.wid = (
+            http,
+            renderer,
+            mode,
+            target,
+            turns,
+            wid,
+        )
         self.unique_tool_output = unique_tool_output
         self.latencies: list[float] = []
 
     def _first_messages(self, n: int) -> list[dict]:
-        return [{"role": "system", "content": "You are a coding agent. Fix the bug; use the tools."},
-                {"role": "user", "content": f"Worker {self.wid}, conversation {n}: tests in tests/test_utils.py "
-                                            "fail with a timezone error. Find and fix the bug."}]
+        return [
+            {"role": "system", "content": "You are a coding agent. Fix the bug; use the tools."},
+            {
+                "role": "user",
+                "content": f"Worker {self.wid}, conversation {n}: tests in tests/test_utils.py "
+                "fail with a timezone error. Find and fix the bug.",
+            },
+        ]
 
     async def run(self, calls: int, start_delay_s: float = 0.0) -> None:
         from harnessrl.gateway.messages import Msg, from_openai
@@ -98,35 +124,59 @@ class Harness:
                     break
                 t0 = time.perf_counter()
                 if self.mode == "gateway":
-                    async with self.http.post(self.target["url"] + "/chat/completions",
-                                              json={"model": "p", "messages": msgs, "tools": TOOLS, "max_tokens": 128},
-                                              headers={"Authorization": f"Bearer {self.target['key']}"}) as resp:
+                    async with self.http.post(
+                        self.target["url"] + "/chat/completions",
+                        json={"model": "p", "messages": msgs, "tools": TOOLS, "max_tokens": 128},
+                        headers={"Authorization": f"Bearer {self.target['key']}"},
+                    ) as resp:
                         body = await resp.json()
                         if resp.status != 200:
                             raise RuntimeError(f"gateway: HTTP {resp.status}: {body}")
                     msgs.append(body["choices"][0]["message"])
                 else:
-                    async with self.http.post(self.target["url"] + "/v1/completions",
-                                              json={"model": "fast", "prompt": tokens, "max_tokens": 128, "logprobs": 0,
-                                                    "return_token_ids": True,
-                                                    "stop_token_ids": self.r.stop_token_ids}) as resp:
+                    async with self.http.post(
+                        self.target["url"] + "/v1/completions",
+                        json={
+                            "model": "fast",
+                            "prompt": tokens,
+                            "max_tokens": 128,
+                            "logprobs": 0,
+                            "return_token_ids": True,
+                            "stop_token_ids": self.r.stop_token_ids,
+                        },
+                    ) as resp:
                         body = await resp.json()
                     ids = body["choices"][0]["token_ids"]
                     tokens = tokens + ids + self.r.close_assistant(ids)
                 self.latencies.append(time.perf_counter() - t0)
                 n += 1
                 tool_msg = {"role": "tool", "content": f"output of step {turn}: 3 passed, 1 failed"}
-                if self.unique_tool_output:  # as real tool output is: no memo in the gateway's tokenizer helps
+                if (
+                    self.unique_tool_output
+                ):  # as real tool output is: no memo in the gateway's tokenizer helps
                     tool_msg["content"] = f"worker {self.wid}, conversation {n}: " + tool_msg["content"]
                 if self.mode == "gateway":
                     msgs.append(tool_msg)
                 else:
-                    tokens = tokens + self.r.message_delta(Msg("tool", tool_msg["content"])) + \
-                        self.r.generation_prompt_ids
+                    tokens = (
+                        tokens
+                        + self.r.message_delta(Msg("tool", tool_msg["content"]))
+                        + self.r.generation_prompt_ids
+                    )
 
 
-async def load(renderer, mode: str, concurrency: int, calls: int, turns: int, engine_url: str, gateway_url: str,
-               admin, stagger_s: float = 0.0, unique_tool_output: bool = False) -> dict:
+async def load(
+    renderer,
+    mode: str,
+    concurrency: int,
+    calls: int,
+    turns: int,
+    engine_url: str,
+    gateway_url: str,
+    admin,
+    stagger_s: float = 0.0,
+    unique_tool_output: bool = False,
+) -> dict:
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
         workers = []
@@ -143,8 +193,13 @@ async def load(renderer, mode: str, concurrency: int, calls: int, turns: int, en
         await asyncio.gather(*(w.run(per, rng.uniform(0, stagger_s)) for w in workers))
         wall = time.perf_counter() - t0
     lat = [x for w in workers for x in w.latencies]
-    return {"calls": len(lat), "wall_s": wall, "throughput": len(lat) / wall,
-            "p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3}
+    return {
+        "calls": len(lat),
+        "wall_s": wall,
+        "throughput": len(lat) / wall,
+        "p50_ms": _pct(lat, 50) * 1e3,
+        "p99_ms": _pct(lat, 99) * 1e3,
+    }
 
 
 def part_throughput(args, renderer, tmp: Path) -> dict:
@@ -152,10 +207,36 @@ def part_throughput(args, renderer, tmp: Path) -> dict:
 
     script = tmp / "replies.json"
     script.write_text(json.dumps(REPLIES))
-    eng, engine_url = _spawn([sys.executable, "-m", "tests.support.fast_engine", "--script",
-                              str(script), "--select", "hash", "--per-token-ms", str(args.per_token_ms)], "READY")
-    gw, gateway_url = _spawn([sys.executable, "-m", "harnessrl.cli", "gateway", "serve", "--engine-url", engine_url,
-                              "--journal", str(tmp / "journal"), "--admin-token", ADMIN], "READY")
+    eng, engine_url = _spawn(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.fast_engine",
+            "--script",
+            str(script),
+            "--select",
+            "hash",
+            "--per-token-ms",
+            str(args.per_token_ms),
+        ],
+        "READY",
+    )
+    gw, gateway_url = _spawn(
+        [
+            sys.executable,
+            "-m",
+            "harnessrl.cli",
+            "gateway",
+            "serve",
+            "--engine-url",
+            engine_url,
+            "--journal",
+            str(tmp / "journal"),
+            "--admin-token",
+            ADMIN,
+        ],
+        "READY",
+    )
     admin = GatewayAdmin(gateway_url, ADMIN)
     results: dict[str, dict] = {}
     try:
@@ -166,22 +247,41 @@ def part_throughput(args, renderer, tmp: Path) -> dict:
             for rep in range(args.repeats):
                 for mode in ("direct", "gateway") if rep % 2 == 0 else ("gateway", "direct"):
                     cpu0 = _proc_cpu_s(gw.pid)
-                    r = asyncio.run(load(renderer, mode, conc, calls, args.turns, engine_url, gateway_url, admin,
-                                         stagger, args.unique_tool_output))
+                    r = asyncio.run(
+                        load(
+                            renderer,
+                            mode,
+                            conc,
+                            calls,
+                            args.turns,
+                            engine_url,
+                            gateway_url,
+                            admin,
+                            stagger,
+                            args.unique_tool_output,
+                        )
+                    )
                     r["gateway_proc_cpu_ms_per_call"] = (_proc_cpu_s(gw.pid) - cpu0) / r["calls"] * 1e3
                     key = f"{mode}_c{conc}{tag}"
                     results.setdefault(key, []).append(r)
-                    print(f"  {key:>21} rep {rep}: {r['throughput']:7.1f} calls/s  p50 {r['p50_ms']:7.1f} ms  "
-                          f"p99 {r['p99_ms']:7.1f} ms  gateway process CPU "
-                          f"{r['gateway_proc_cpu_ms_per_call']:.2f} ms/call", flush=True)
+                    print(
+                        f"  {key:>21} rep {rep}: {r['throughput']:7.1f} calls/s  p50 {r['p50_ms']:7.1f} ms  "
+                        f"p99 {r['p99_ms']:7.1f} ms  gateway process CPU "
+                        f"{r['gateway_proc_cpu_ms_per_call']:.2f} ms/call",
+                        flush=True,
+                    )
         metrics = admin.metrics()
     finally:
         for p in (gw, eng):
             p.terminate()
             p.wait(30)
-    merged = {k: {m: statistics.mean(r[m] for r in v)
-                  for m in ("throughput", "p50_ms", "p99_ms", "gateway_proc_cpu_ms_per_call")}
-              for k, v in results.items()}
+    merged = {
+        k: {
+            m: statistics.mean(r[m] for r in v)
+            for m in ("throughput", "p50_ms", "p99_ms", "gateway_proc_cpu_ms_per_call")
+        }
+        for k, v in results.items()
+    }
     merged["journal"] = {"fsyncs": metrics["journal_fsyncs"], "records": metrics["journal_records"]}
     return merged
 
@@ -193,7 +293,9 @@ def part_cpu(args, tokenizer, tmp: Path) -> dict:
     from harnessrl.gateway.render import ChatRenderer
     from tests.support.fast_engine import FastEngineServer
 
-    fe = FastEngineServer(tokenizer, [{"text": "Done; the next step is to run the tests again."}], select="hash")
+    fe = FastEngineServer(
+        tokenizer, [{"text": "Done; the next step is to run the tests again."}], select="hash"
+    )
     fe.start()
     cfg = GatewayConfig(max_model_len=1 << 20, drift_check_every=0)
     g = GatewayServer(HTTPEngine(fe.base_url), tokenizer, tmp / "journal-cpu", ADMIN, config=cfg)
@@ -201,17 +303,21 @@ def part_cpu(args, tokenizer, tmp: Path) -> dict:
     admin = GatewayAdmin(url, ADMIN)
     renderer = ChatRenderer(tokenizer, segment_memo=False)  # baseline: a plain re-render + re-tokenization
     rng = random.Random(0)
-    words = ("def return self value test assert import having the of for in if not None error fix file line "
-             "parse date timezone utc").split()
+    words = (
+        "def return self value test assert import having the of for in if not None error fix file line "
+        "parse date timezone utc"
+    ).split()
 
     def text(n: int) -> str:
         return " ".join(rng.choice(words) for _ in range(n))
 
     def post(s, msgs) -> dict:
-        req = urllib.request.Request(s.openai_base_url + "/chat/completions", method="POST",
-                                     data=json.dumps({"model": "p", "messages": msgs, "max_tokens": 32}).encode(),
-                                     headers={"Authorization": f"Bearer {s.api_key}",
-                                              "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            s.openai_base_url + "/chat/completions",
+            method="POST",
+            data=json.dumps({"model": "p", "messages": msgs, "max_tokens": 32}).encode(),
+            headers={"Authorization": f"Bearer {s.api_key}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=600) as resp:
             return json.loads(resp.read())
 
@@ -237,15 +343,25 @@ def part_cpu(args, tokenizer, tmp: Path) -> dict:
                 full = renderer.full_prompt(msg_objs, [])
                 rerender.append(time.thread_time() - t0)
             recs = [json.loads(line) for line in open(tmp / "journal-cpu" / "journal.jsonl")]
-            calls = [r for r in recs if r.get("type") == "call" and r["rollout_id"] == f"cpu-{size}"
-                     and r["op"] == "extend"]
-            out[size] = {"history_tokens": len(full), "messages": len(msgs), "extend_calls": len(calls),
-                         "core_ms": statistics.median(c["timings"]["gateway_cpu_s"] for c in calls) * 1e3,
-                         "parse_ms": statistics.median(c["timings"]["parse_cpu_s"] for c in calls) * 1e3,
-                         "rerender_ms": statistics.median(rerender) * 1e3}
-            print(f"  history {len(full):>7} tokens, {len(msgs):>4} messages: core {out[size]['core_ms']:.2f} ms, "
-                  f"json+convert {out[size]['parse_ms']:.2f} ms | full re-render baseline "
-                  f"{out[size]['rerender_ms']:.1f} ms", flush=True)
+            calls = [
+                r
+                for r in recs
+                if r.get("type") == "call" and r["rollout_id"] == f"cpu-{size}" and r["op"] == "extend"
+            ]
+            out[size] = {
+                "history_tokens": len(full),
+                "messages": len(msgs),
+                "extend_calls": len(calls),
+                "core_ms": statistics.median(c["timings"]["gateway_cpu_s"] for c in calls) * 1e3,
+                "parse_ms": statistics.median(c["timings"]["parse_cpu_s"] for c in calls) * 1e3,
+                "rerender_ms": statistics.median(rerender) * 1e3,
+            }
+            print(
+                f"  history {len(full):>7} tokens, {len(msgs):>4} messages: core {out[size]['core_ms']:.2f} ms, "
+                f"json+convert {out[size]['parse_ms']:.2f} ms | full re-render baseline "
+                f"{out[size]['rerender_ms']:.1f} ms",
+                flush=True,
+            )
     finally:
         g.stop()
         fe.stop()
@@ -285,16 +401,25 @@ def main() -> int:
     p.add_argument("--calls-c1", type=int, default=40)
     p.add_argument("--calls-c64", type=int, default=1280)
     p.add_argument("--turns", type=int, default=4, help="calls per conversation")
-    p.add_argument("--stagger-s", type=float, default=1.0,
-                   help="c64: each harness starts after a random delay in [0, s) (same in both arms); a lockstep "
-                        "run (all 64 at once) is measured and reported too")
-    p.add_argument("--repeats", type=int, default=2, help="A/B repetitions per concurrency (order alternates)")
+    p.add_argument(
+        "--stagger-s",
+        type=float,
+        default=1.0,
+        help="c64: each harness starts after a random delay in [0, s) (same in both arms); a lockstep "
+        "run (all 64 at once) is measured and reported too",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=2, help="A/B repetitions per concurrency (order alternates)"
+    )
     p.add_argument("--cpu-calls", type=int, default=6)
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 32768, 131072])
     p.add_argument("--plot", default="benchmarks/results/gateway.png")
-    p.add_argument("--unique-tool-output", action="store_true",
-                   help="tool results differ in every call (as in real rollouts; the fast engine then picks other "
-                        "replies, so compare only with runs that use the flag too)")
+    p.add_argument(
+        "--unique-tool-output",
+        action="store_true",
+        help="tool results differ in every call (as in real rollouts; the fast engine then picks other "
+        "replies, so compare only with runs that use the flag too)",
+    )
     p.add_argument("--quick", action="store_true", help="small run (smoke test of the script)")
     args = p.parse_args()
     if args.quick:
@@ -314,7 +439,9 @@ def main() -> int:
     plot(tp, cpu, Path(args.plot))
     lo, hi = min(cpu), max(cpu)
     # headline: 64 calls arriving at once (the single event loop's worst case); staggered starts alongside
-    lock = "_lockstep" if "gateway_c64_lockstep" in tp else ""  # --stagger-s 0: the c64 run is the lockstep one
+    lock = (
+        "_lockstep" if "gateway_c64_lockstep" in tp else ""
+    )  # --stagger-s 0: the c64 run is the lockstep one
 
     def ratio(tag: str) -> float:
         return round(tp[f"gateway_c64{tag}"]["throughput"] / tp[f"direct_c64{tag}"]["throughput"], 3)
@@ -335,13 +462,20 @@ def main() -> int:
         "p99_added_ms_c1": round(tp["gateway_c1"]["p99_ms"] - tp["direct_c1"]["p99_ms"], 2),
         "direct_c64_calls_per_s": round(tp[f"direct_c64{lock}"]["throughput"], 1),
         "gateway_c64_calls_per_s": round(tp[f"gateway_c64{lock}"]["throughput"], 1),
-        "gateway_process_cpu_ms_per_call_c64": round(tp[f"gateway_c64{lock}"]["gateway_proc_cpu_ms_per_call"], 2),
-        "gateway_process_cpu_ms_per_call_c64_staggered": round(tp["gateway_c64"]["gateway_proc_cpu_ms_per_call"], 2),
+        "gateway_process_cpu_ms_per_call_c64": round(
+            tp[f"gateway_c64{lock}"]["gateway_proc_cpu_ms_per_call"], 2
+        ),
+        "gateway_process_cpu_ms_per_call_c64_staggered": round(
+            tp["gateway_c64"]["gateway_proc_cpu_ms_per_call"], 2
+        ),
         "journal_records_per_fsync": round(tp["journal"]["records"] / max(tp["journal"]["fsyncs"], 1), 2),
         f"cpu_ratio_{hi // 1024}k_vs_{lo // 1024}k": round(cpu[hi]["core_ms"] / cpu[lo]["core_ms"], 3),
         f"cpu_ratio_incl_json_{hi // 1024}k_vs_{lo // 1024}k": round(
-            (cpu[hi]["core_ms"] + cpu[hi]["parse_ms"]) / (cpu[lo]["core_ms"] + cpu[lo]["parse_ms"]), 3),
-        f"rerender_cpu_ratio_{hi // 1024}k_vs_{lo // 1024}k": round(cpu[hi]["rerender_ms"] / cpu[lo]["rerender_ms"], 2),
+            (cpu[hi]["core_ms"] + cpu[hi]["parse_ms"]) / (cpu[lo]["core_ms"] + cpu[lo]["parse_ms"]), 3
+        ),
+        f"rerender_cpu_ratio_{hi // 1024}k_vs_{lo // 1024}k": round(
+            cpu[hi]["rerender_ms"] / cpu[lo]["rerender_ms"], 2
+        ),
         "core_cpu_ms": {str(s): round(cpu[s]["core_ms"], 3) for s in sorted(cpu)},
         "rerender_cpu_ms": {str(s): round(cpu[s]["rerender_ms"], 2) for s in sorted(cpu)},
         "per_token_ms": args.per_token_ms,

@@ -22,8 +22,28 @@ import time
 
 import torch
 
-TRAIN_WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket", "garden", "candle",
-               "forest", "silver", "window", "orange", "planet", "bridge", "castle", "dragon", "pepper", "winter"]
+TRAIN_WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "lemon",
+    "piano",
+    "rocket",
+    "garden",
+    "candle",
+    "forest",
+    "silver",
+    "window",
+    "orange",
+    "planet",
+    "bridge",
+    "castle",
+    "dragon",
+    "pepper",
+    "winter",
+]
 EVAL_WORDS = ["ocean", "pencil", "yellow", "button", "rabbit", "mirror", "summer", "basket"]
 
 
@@ -39,14 +59,27 @@ def reward(reply: str, word: str) -> float:
 def sample(model, tok, words: list[str], n: int, max_new: int, seed: int):
     """n replies per word: (word, prompt_ids, reply_ids, reply_logprobs, text) rows."""
     tok.padding_side = "left"
-    texts = [tok.apply_chat_template([{"role": "user", "content": prompt_text(w)}], add_generation_prompt=True,
-                                     tokenize=False) for w in words]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": prompt_text(w)}], add_generation_prompt=True, tokenize=False
+        )
+        for w in words
+    ]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
     model.eval()
-    out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new,
-                         num_return_sequences=n, output_scores=True, return_dict_in_generate=True,
-                         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    out = model.generate(
+        **enc,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=max_new,
+        num_return_sequences=n,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+    )
     width = enc["input_ids"].shape[1]
     gen = out.sequences[:, width:]
     logps = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], dim=1)  # (B, T, V)
@@ -55,7 +88,11 @@ def sample(model, tok, words: list[str], n: int, max_new: int, seed: int):
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     for b in range(gen.shape[0]):
         wi = b // n
-        prompt = [t for t, a in zip(enc["input_ids"][wi].tolist(), enc["attention_mask"][wi].tolist(), strict=True) if a]
+        prompt = [
+            t
+            for t, a in zip(enc["input_ids"][wi].tolist(), enc["attention_mask"][wi].tolist(), strict=True)
+            if a
+        ]
         ids, lps = [], []
         for t, lp in zip(gen[b].tolist(), chosen[b].tolist(), strict=True):
             ids.append(t)
@@ -93,7 +130,9 @@ def main() -> None:
 
     tok = load_tokenizer()
     model = load_model()
-    cfg = StageConfig.from_dict({"train": {"seed": args.seed, "optim": {"lr": args.lr, "max_grad_norm": 1.0}}})
+    cfg = StageConfig.from_dict(
+        {"train": {"seed": args.seed, "optim": {"lr": args.lr, "max_grad_norm": 1.0}}}
+    )
     trainer = Trainer(model, cfg.train)
     t0 = time.perf_counter()
     base = evaluate(model, tok, args.eval_n, args.max_new, seed=10_000)
@@ -105,9 +144,17 @@ def main() -> None:
         rows = sample(model, tok, words, args.n, args.max_new, seed=args.seed * 7919 + step)
         samples = []
         for i, (w, prompt, ids, lps, text) in enumerate(rows):
-            samples.append(Sample(sample_id=f"{step}-{i}", rollout_id=f"{step}-{i}", group_id=f"{step}-{w}",
-                                  input_ids=prompt + ids, loss_mask=[0] * len(prompt) + [1] * len(ids),
-                                  behavior_logprobs=[0.0] * len(prompt) + lps, reward=reward(text, w)))
+            samples.append(
+                Sample(
+                    sample_id=f"{step}-{i}",
+                    rollout_id=f"{step}-{i}",
+                    group_id=f"{step}-{w}",
+                    input_ids=prompt + ids,
+                    loss_mask=[0] * len(prompt) + [1] * len(ids),
+                    behavior_logprobs=[0.0] * len(prompt) + lps,
+                    reward=reward(text, w),
+                )
+            )
         plan = plan_round(assemble(samples, None), cfg)
         mean_r = sum(s.reward for s in samples) / len(samples)
         if plan.steps:
@@ -117,16 +164,31 @@ def main() -> None:
         else:
             m = {"loss": float("nan")}
         curve.append(mean_r)
-        print(f"step {step + 1}/{args.steps} train reward {mean_r:.3f} loss {m['loss']:.4f} "
-              f"groups {plan.counts['groups_trained']} ({time.perf_counter() - t0:.0f}s)", flush=True)
+        print(
+            f"step {step + 1}/{args.steps} train reward {mean_r:.3f} loss {m['loss']:.4f} "
+            f"groups {plan.counts['groups_trained']} ({time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
     trained = evaluate(model, tok, args.eval_n, args.max_new, seed=10_000)
     first = sum(curve[:5]) / max(len(curve[:5]), 1)
     last = sum(curve[-5:]) / max(len(curve[-5:]), 1)
-    print(json.dumps({"task": "reply-with-word", "steps": args.steps, "group_size": args.n,
-                      "heldout_reward_base": round(base, 4), "heldout_reward_trained": round(trained, 4),
-                      "heldout_gain": round(trained - base, 4), "train_reward_first5": round(first, 4),
-                      "train_reward_last5": round(last, 4), "eval_samples": args.eval_n * len(EVAL_WORDS),
-                      "seed": args.seed, "wall_s": round(time.perf_counter() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "task": "reply-with-word",
+                "steps": args.steps,
+                "group_size": args.n,
+                "heldout_reward_base": round(base, 4),
+                "heldout_reward_trained": round(trained, 4),
+                "heldout_gain": round(trained - base, 4),
+                "train_reward_first5": round(first, 4),
+                "train_reward_last5": round(last, 4),
+                "eval_samples": args.eval_n * len(EVAL_WORDS),
+                "seed": args.seed,
+                "wall_s": round(time.perf_counter() - t0, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,25 +23,70 @@ from dataprep.gitrepo import init_squashed
 from harnessrl.taskset import write_taskset
 
 # share of rows that break one rule each (duplicates copy an earlier row verbatim)
-BAD_SHARES = {"empty_problem_statement": 0.02, "missing_task_branch": 0.01, "too_many_tests": 0.01,
-              "empty_fail_to_pass": 0.01, "unparsable_patch": 0.005, "duplicate_instance_id": 0.01,
-              "missing_repo_bundle": 0.005}
-MODIFIERS = ("func_pm_op_change", "func_pm_op_flip", "func_pm_op_swap", "func_pm_remove_assign",
-             "func_pm_remove_cond", "func_pm_remove_loop", "func_pm_ctrl_invert_if", "func_pm_op_change_const")
-WORDS = ("value", "result", "items", "index", "self", "config", "node", "parser", "token", "buffer", "count",
-         "name", "path", "data", "options", "context", "response", "key", "default", "offset")
+BAD_SHARES = {
+    "empty_problem_statement": 0.02,
+    "missing_task_branch": 0.01,
+    "too_many_tests": 0.01,
+    "empty_fail_to_pass": 0.01,
+    "unparsable_patch": 0.005,
+    "duplicate_instance_id": 0.01,
+    "missing_repo_bundle": 0.005,
+}
+MODIFIERS = (
+    "func_pm_op_change",
+    "func_pm_op_flip",
+    "func_pm_op_swap",
+    "func_pm_remove_assign",
+    "func_pm_remove_cond",
+    "func_pm_remove_loop",
+    "func_pm_ctrl_invert_if",
+    "func_pm_op_change_const",
+)
+WORDS = (
+    "value",
+    "result",
+    "items",
+    "index",
+    "self",
+    "config",
+    "node",
+    "parser",
+    "token",
+    "buffer",
+    "count",
+    "name",
+    "path",
+    "data",
+    "options",
+    "context",
+    "response",
+    "key",
+    "default",
+    "offset",
+)
 
 
 def code_line(rng: random.Random) -> str:
     a, b, c = rng.choice(WORDS), rng.choice(WORDS), rng.choice(WORDS)
-    return rng.choice((f"        {a} = {b}.get({c!r}, None)", f"        if {a} is not None and {b} > {c}:",
-                       f"            return {a}[{b}:{c}]", f"        for {a} in {b}.{c}():",
-                       f"        {a} += len({b}) * {rng.randint(1, 9)}", f"        raise ValueError({a!r} + str({b}))"))
+    return rng.choice(
+        (
+            f"        {a} = {b}.get({c!r}, None)",
+            f"        if {a} is not None and {b} > {c}:",
+            f"            return {a}[{b}:{c}]",
+            f"        for {a} in {b}.{c}():",
+            f"        {a} += len({b}) * {rng.randint(1, 9)}",
+            f"        raise ValueError({a!r} + str({b}))",
+        )
+    )
 
 
 def make_patch(rng: random.Random, path: str) -> str:
-    out = [f"diff --git a/{path} b/{path}", f"index {rng.getrandbits(28):07x}..{rng.getrandbits(28):07x} 100644",
-           f"--- a/{path}", f"+++ b/{path}"]
+    out = [
+        f"diff --git a/{path} b/{path}",
+        f"index {rng.getrandbits(28):07x}..{rng.getrandbits(28):07x} 100644",
+        f"--- a/{path}",
+        f"+++ b/{path}",
+    ]
     line = rng.randint(10, 200)
     for _ in range(rng.randint(1, 3)):
         before = [code_line(rng) for _ in range(rng.randint(8, 20))]
@@ -49,7 +94,9 @@ def make_patch(rng: random.Random, path: str) -> str:
         removed = [code_line(rng) for _ in range(rng.randint(1, 4))]
         added = [code_line(rng) for _ in range(rng.randint(1, 4))]
         old_n, new_n = len(before) + len(removed) + len(after), len(before) + len(added) + len(after)
-        out.append(f"@@ -{line},{old_n} +{line},{new_n} @@ def {rng.choice(WORDS)}_{rng.choice(WORDS)}(self):")
+        out.append(
+            f"@@ -{line},{old_n} +{line},{new_n} @@ def {rng.choice(WORDS)}_{rng.choice(WORDS)}(self):"
+        )
         out += [" " + x for x in before] + ["-" + x for x in removed] + ["+" + x for x in added]
         out += [" " + x for x in after]
         line += old_n + rng.randint(20, 80)
@@ -88,8 +135,11 @@ def make_rows(n: int, n_repos: int, seed: int) -> tuple[list[dict], dict[str, li
         n_f2p = rng.randint(1, min(5, n_tests))
         tests = [f"tests/test_{rng.choice(WORDS)}.py::test_{rng.choice(WORDS)}_{j}" for j in range(n_tests)]
         row = {
-            "instance_id": iid, "repo": repo, "patch": make_patch(rng, module),
-            "FAIL_TO_PASS": tests[:n_f2p], "PASS_TO_PASS": tests[n_f2p:],
+            "instance_id": iid,
+            "repo": repo,
+            "patch": make_patch(rng, module),
+            "FAIL_TO_PASS": tests[:n_f2p],
+            "PASS_TO_PASS": tests[n_f2p:],
             "image_name": f"swesmith.x86_64.{name}",
             "problem_statement": " ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 120))) + ".",
             "created_at": f"2025-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}T12:00:00",
@@ -123,11 +173,13 @@ def make_bundles(branches: dict[str, list[str]], scratch: Path) -> dict[str, Pat
         # files dominates otherwise); the format is git's own (`git pack-refs`)
         refs = sorted({f"refs/heads/{b}" for b in names} | {"refs/heads/main"})
         (d / ".git" / "packed-refs").write_text(
-            "# pack-refs with: peeled fully-peeled sorted \n" + "".join(f"{sha} {r}\n" for r in refs))
+            "# pack-refs with: peeled fully-peeled sorted \n" + "".join(f"{sha} {r}\n" for r in refs)
+        )
         (d / ".git" / "refs" / "heads" / "main").unlink()
         out = scratch / f"r{i}.bundle"
-        subprocess.run(["git", "bundle", "create", "-q", str(out), "--all"], cwd=d, check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "bundle", "create", "-q", str(out), "--all"], cwd=d, check=True, capture_output=True
+        )
         bundles[repo] = out
     return bundles
 
@@ -143,12 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     rows, branches, expected = make_rows(args.rows, args.repos, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         bundles = make_bundles(branches, Path(tmp))
-        write_taskset(args.out, rows, bundles, source="benchmarks/make_swesmith_rows.py",
-                      extra_manifest={"expected_rejections": expected})
+        write_taskset(
+            args.out,
+            rows,
+            bundles,
+            source="benchmarks/make_swesmith_rows.py",
+            extra_manifest={"expected_rejections": expected},
+        )
     size_mb = (args.out / "tasks.jsonl").stat().st_size / 2**20
     print(f"{len(rows)} rows ({size_mb:.0f} MB JSONL), {len(bundles)} bundles -> {args.out}", file=sys.stderr)
-    print(json.dumps({"rows": len(rows), "repos": len(bundles), "jsonl_mb": round(size_mb, 1),
-                      "expected_rejections": expected, "seconds": round(time.perf_counter() - start, 2)}))
+    print(
+        json.dumps(
+            {
+                "rows": len(rows),
+                "repos": len(bundles),
+                "jsonl_mb": round(size_mb, 1),
+                "expected_rejections": expected,
+                "seconds": round(time.perf_counter() - start, 2),
+            }
+        )
+    )
     return 0
 
 

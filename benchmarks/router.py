@@ -68,17 +68,35 @@ def workload(rng: random.Random, sessions: int, turns: int) -> list[Session]:
     out = []
     for s in range(sessions):
         n = max(2, int(rng.expovariate(1 / turns)))
-        out.append(Session(f"s{s}", [Turn(new_tokens=min(6000, int(rng.paretovariate(1.5) * 300)),
-                                          decode_tokens=min(2000, int(rng.paretovariate(1.8) * 80)),
-                                          tool_s=min(120.0, rng.paretovariate(1.6) * 1.5))
-                                     for _ in range(n)]))
+        out.append(
+            Session(
+                f"s{s}",
+                [
+                    Turn(
+                        new_tokens=min(6000, int(rng.paretovariate(1.5) * 300)),
+                        decode_tokens=min(2000, int(rng.paretovariate(1.8) * 80)),
+                        tool_s=min(120.0, rng.paretovariate(1.6) * 1.5),
+                    )
+                    for _ in range(n)
+                ],
+            )
+        )
     return out
 
 
-def simulate(policy_name: str, sessions: list[Session], replicas: int, capacity: int, threshold: float,
-             sync_every_s: float, seed: int) -> dict[str, float]:
+def simulate(
+    policy_name: str,
+    sessions: list[Session],
+    replicas: int,
+    capacity: int,
+    threshold: float,
+    sync_every_s: float,
+    seed: int,
+) -> dict[str, float]:
     rng = random.Random(seed)
-    policy = make_policy(policy_name, **({"threshold": threshold} if policy_name == "cache_aware_token_load" else {}))
+    policy = make_policy(
+        policy_name, **({"threshold": threshold} if policy_name == "cache_aware_token_load" else {})
+    )
     states = [ReplicaState(capacity_tokens=capacity) for _ in range(replicas)]
     reps = [Replica(capacity) for _ in range(replicas)]
     events: list[tuple[float, int, str, object]] = []
@@ -193,17 +211,28 @@ def main() -> int:
     results = {}
     for name in ("round_robin", "least_inflight", "cache_aware_token_load"):
         sessions = workload(random.Random(args.seed), args.sessions, args.turns)
-        results[name] = simulate(name, sessions, args.replicas, args.capacity, args.threshold,
-                                 args.sync_every, args.seed)
+        results[name] = simulate(
+            name, sessions, args.replicas, args.capacity, args.threshold, args.sync_every, args.seed
+        )
         print(f"{name:24s} {results[name]}", file=sys.stderr)
     base, ours = results["least_inflight"], results["cache_aware_token_load"]
-    print(json.dumps({
-        "makespan_ratio_cache_aware_vs_least_inflight": round(ours["makespan_s"] / base["makespan_s"], 3),
-        "prefill_ratio_cache_aware_vs_least_inflight": round(ours["prefill_tokens"] / base["prefill_tokens"], 3),
-        "p99_turn_ratio_cache_aware_vs_least_inflight": round(ours["p99_turn_s"] / base["p99_turn_s"], 3),
-        "cache_hit_rate": {k: v["cache_hit_rate"] for k, v in results.items()},
-        "makespan_s": {k: v["makespan_s"] for k, v in results.items()},
-    }))
+    print(
+        json.dumps(
+            {
+                "makespan_ratio_cache_aware_vs_least_inflight": round(
+                    ours["makespan_s"] / base["makespan_s"], 3
+                ),
+                "prefill_ratio_cache_aware_vs_least_inflight": round(
+                    ours["prefill_tokens"] / base["prefill_tokens"], 3
+                ),
+                "p99_turn_ratio_cache_aware_vs_least_inflight": round(
+                    ours["p99_turn_s"] / base["p99_turn_s"], 3
+                ),
+                "cache_hit_rate": {k: v["cache_hit_rate"] for k, v in results.items()},
+                "makespan_s": {k: v["makespan_s"] for k, v in results.items()},
+            }
+        )
+    )
     return 0
 
 

@@ -38,8 +38,11 @@ def main() -> None:
     server.start()
     host, port = server.get_host_and_port()
     try:
-        store = ObjectStore(StoreConfig(endpoint=f"http://{host}:{port}", access_key="bench", secret_key="bench",
-                                        region="us-east-1"))
+        store = ObjectStore(
+            StoreConfig(
+                endpoint=f"http://{host}:{port}", access_key="bench", secret_key="bench", region="us-east-1"
+            )
+        )
         store.ensure_bucket("bench")
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
@@ -48,8 +51,9 @@ def main() -> None:
             size = src.stat().st_size
             uploads = {}
             for part_mb in (5, 16, 64):
-                _, secs = timed(lambda p=part_mb: store.upload_file(src, f"s3://bench/ckpt-{p}.bin",
-                                                                   part_size=p * 2**20))
+                _, secs = timed(
+                    lambda p=part_mb: store.upload_file(src, f"s3://bench/ckpt-{p}.bin", part_size=p * 2**20)
+                )
                 uploads[part_mb] = secs
                 print(f"upload {args.mb} MiB, part {part_mb:>2} MiB: {secs:6.2f} s")
             uri = "s3://bench/ckpt-16.bin"
@@ -65,11 +69,15 @@ def main() -> None:
             interrupted(tmp / "a" / "ckpt.bin")
             resumed, t_resume = timed(lambda: store.download_file(uri, tmp / "a" / "ckpt.bin"))
             interrupted(tmp / "b" / "ckpt.bin")
-            restarted, t_restart = timed(lambda: store.download_file(uri, tmp / "b" / "ckpt.bin", resume=False))
+            restarted, t_restart = timed(
+                lambda: store.download_file(uri, tmp / "b" / "ckpt.bin", resume=False)
+            )
             assert resumed.sha256 == restarted.sha256
-            print(f"after a cut at {args.interrupt_at:.0%}: resume fetched {resumed.bytes_transferred / 2**20:.1f} MiB "
-                  f"in {t_resume:.2f} s; restart fetched {restarted.bytes_transferred / 2**20:.1f} MiB "
-                  f"in {t_restart:.2f} s (both verified by sha256)")
+            print(
+                f"after a cut at {args.interrupt_at:.0%}: resume fetched {resumed.bytes_transferred / 2**20:.1f} MiB "
+                f"in {t_resume:.2f} s; restart fetched {restarted.bytes_transferred / 2**20:.1f} MiB "
+                f"in {t_restart:.2f} s (both verified by sha256)"
+            )
             result = {
                 "object_mib": args.mb,
                 "resume_bytes_ratio": round(resumed.bytes_transferred / restarted.bytes_transferred, 3),

@@ -45,16 +45,32 @@ def child(mode: str, threads: int) -> None:
         beh = [0.0] * prompt + [-rng.uniform(0.1, 3.0) for _ in range(n - prompt)]
         seqs.append((ids, mask, beh, f"r{i % 4}"))
     w = sequence_weights([sum(m[1:]) for _, m, _, _ in seqs], [r for *_, r in seqs], "rollout-token-mean")
-    items = [SeqItem(i, m, b, 1.0 if k % 2 else -1.0, wk, r) for k, ((i, m, b, r), wk) in enumerate(zip(seqs, w, strict=True))]
-    cfg = TrainConfig(packing=(mode == "packed"), max_tokens_per_micro_batch=4 * max(LENGTHS), seqs_per_micro_batch=4)
+    items = [
+        SeqItem(i, m, b, 1.0 if k % 2 else -1.0, wk, r)
+        for k, ((i, m, b, r), wk) in enumerate(zip(seqs, w, strict=True))
+    ]
+    cfg = TrainConfig(
+        packing=(mode == "packed"), max_tokens_per_micro_batch=4 * max(LENGTHS), seqs_per_micro_batch=4
+    )
     trainer = Trainer(load_model(), cfg)
     t = time.perf_counter()
     m = trainer.step(items)
     elapsed = time.perf_counter() - t
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"mode": mode, "tokens": m["tokens"], "step_s": elapsed, "tokens_per_s": m["tokens"] / elapsed,
-                      "padding_fraction": m["padding_fraction"], "micro_batches": m["micro_batches"],
-                      "peak_rss_mb": rss_mb, "loss": m["loss"]}))
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "tokens": m["tokens"],
+                "step_s": elapsed,
+                "tokens_per_s": m["tokens"] / elapsed,
+                "padding_fraction": m["padding_fraction"],
+                "micro_batches": m["micro_batches"],
+                "peak_rss_mb": rss_mb,
+                "loss": m["loss"],
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -69,24 +85,40 @@ def main() -> None:
     results: dict[str, list[dict]] = {"packed": [], "padded": []}
     for rep in range(args.reps):
         for mode in ("padded", "packed") if rep % 2 == 0 else ("packed", "padded"):
-            out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(args.threads)],
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", mode, "--threads", str(args.threads)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             row = json.loads(out.stdout.strip().splitlines()[-1])
             results[mode].append(row)
-            print(f"rep {rep} {mode:6s}: {row['tokens_per_s']:.1f} tok/s, step {row['step_s']:.1f}s, "
-                  f"padding {row['padding_fraction']:.1%}, {row['micro_batches']} micro-batches, "
-                  f"peak RSS {row['peak_rss_mb']:.0f} MB", flush=True)
+            print(
+                f"rep {rep} {mode:6s}: {row['tokens_per_s']:.1f} tok/s, step {row['step_s']:.1f}s, "
+                f"padding {row['padding_fraction']:.1%}, {row['micro_batches']} micro-batches, "
+                f"peak RSS {row['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
     tps = {m: statistics.median(r["tokens_per_s"] for r in rows) for m, rows in results.items()}
     rss = {m: max(r["peak_rss_mb"] for r in rows) for m, rows in results.items()}
-    assert abs(results["packed"][0]["loss"] - results["padded"][0]["loss"]) < 1e-4, "modes must compute the same loss"
-    print(json.dumps({
-        "packed_speedup": round(tps["packed"] / tps["padded"], 3),
-        "tokens_per_s_packed": round(tps["packed"], 1), "tokens_per_s_padded": round(tps["padded"], 1),
-        "padding_fraction_packed": results["packed"][0]["padding_fraction"],
-        "padding_fraction_padded": round(results["padded"][0]["padding_fraction"], 4),
-        "peak_rss_mb": round(rss["packed"], 1), "peak_rss_mb_padded": round(rss["padded"], 1),
-        "reps": args.reps, "lengths": LENGTHS,
-    }))
+    assert abs(results["packed"][0]["loss"] - results["padded"][0]["loss"]) < 1e-4, (
+        "modes must compute the same loss"
+    )
+    print(
+        json.dumps(
+            {
+                "packed_speedup": round(tps["packed"] / tps["padded"], 3),
+                "tokens_per_s_packed": round(tps["packed"], 1),
+                "tokens_per_s_padded": round(tps["padded"], 1),
+                "padding_fraction_packed": results["packed"][0]["padding_fraction"],
+                "padding_fraction_padded": round(results["padded"][0]["padding_fraction"], 4),
+                "peak_rss_mb": round(rss["packed"], 1),
+                "peak_rss_mb_padded": round(rss["padded"], 1),
+                "reps": args.reps,
+                "lengths": LENGTHS,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

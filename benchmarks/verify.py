@@ -27,8 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--source", type=Path, default=REPO / "tests" / "fixtures" / "minirepo",
-                    help="repo (or sdist) to synthesize the benchmark task from")
+    ap.add_argument(
+        "--source",
+        type=Path,
+        default=REPO / "tests" / "fixtures" / "minirepo",
+        help="repo (or sdist) to synthesize the benchmark task from",
+    )
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--parallel", type=int, default=8, help="rollouts for the throughput measurement")
     args = ap.parse_args()
@@ -54,24 +58,39 @@ def main() -> None:
 
         def gold_workspace(dest: Path) -> Path:
             ws = materialize(ts, iid, dest)
-            subprocess.run(["patch", "-p1", "-R", "--batch", "--quiet"], input=row["patch"], text=True, cwd=ws,
-                           check=True)
+            subprocess.run(
+                ["patch", "-p1", "-R", "--batch", "--quiet"],
+                input=row["patch"],
+                text=True,
+                cwd=ws,
+                check=True,
+            )
             return ws
 
         ws = gold_workspace(tmp / "ws")
         # the bare baseline runs on the tree verify would build: bug commit + fix, tests present
         bare_tree = tmp / "bare"
         cache.export(cache.bug_commit(iid), bare_tree)
-        subprocess.run(["patch", "-p1", "-R", "--batch", "--quiet"], input=row["patch"], text=True, cwd=bare_tree,
-                       check=True)
+        subprocess.run(
+            ["patch", "-p1", "-R", "--batch", "--quiet"],
+            input=row["patch"],
+            text=True,
+            cwd=bare_tree,
+            check=True,
+        )
         bare_args = [a.replace("/workspace", str(bare_tree)) for a in PYTEST_ARGS]
         bare_cmd = [str(env / "bin" / "python"), "-P", "-m", "pytest", *bare_args, *test_files]
 
         bare, sandboxed, full = [], [], []
         for i in range(args.repeats):
             t0 = time.perf_counter()
-            p = subprocess.run(bare_cmd, cwd=bare_tree, capture_output=True, text=True,
-                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(bare_tree), "HOME": str(tmp)})
+            p = subprocess.run(
+                bare_cmd,
+                cwd=bare_tree,
+                capture_output=True,
+                text=True,
+                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(bare_tree), "HOME": str(tmp)},
+            )
             bare.append(time.perf_counter() - t0)
             assert p.returncode == 0, p.stdout[-2000:]
             t0 = time.perf_counter()
@@ -83,8 +102,10 @@ def main() -> None:
             v = verify_workspace(ts, row, ws)
             full.append(time.perf_counter() - t0)
             assert v.resolved, v.detail
-            print(f"  run {i + 1}: bare {bare[-1]:.2f} s | sandbox {sandboxed[-1]:.2f} s | full verify {full[-1]:.2f} s",
-                  flush=True)
+            print(
+                f"  run {i + 1}: bare {bare[-1]:.2f} s | sandbox {sandboxed[-1]:.2f} s | full verify {full[-1]:.2f} s",
+                flush=True,
+            )
 
         rollouts = tmp / "rollouts"
         rows = []
@@ -97,8 +118,11 @@ def main() -> None:
             s = run_verify(ts.root, rollouts, tmp / f"out{workers}", workers=workers, show_progress=False)
             assert s["resolved"] == args.parallel, s
             throughput[workers] = s["verifications_per_min"]
-            print(f"  {args.parallel} verifications, {workers} worker(s): {s['wall_s']:.1f} s "
-                  f"= {s['verifications_per_min']:.1f}/min", flush=True)
+            print(
+                f"  {args.parallel} verifications, {workers} worker(s): {s['wall_s']:.1f} s "
+                f"= {s['verifications_per_min']:.1f}/min",
+                flush=True,
+            )
 
     # On a shared host wall times are noisy: the headline uses the fastest run of each (the least disturbed);
     # the ratio of medians is reported too. (CPU time is not comparable: bwrap does not reap its pid namespace's
@@ -106,16 +130,25 @@ def main() -> None:
     b, sb_, f = min(bare), min(sandboxed), min(full)
     med = {k: statistics.median(v) for k, v in (("bare", bare), ("sandbox", sandboxed), ("verify", full))}
     result = {
-        "task": iid, "tests": len(row["FAIL_TO_PASS"]) + len(row["PASS_TO_PASS"]), "repeats": args.repeats,
-        "bare_s": round(b, 3), "sandbox_s": round(sb_, 3), "verify_s": round(f, 3),
-        "sandbox_ratio": round(sb_ / b, 3), "overhead_ratio": round(f / b, 3),
+        "task": iid,
+        "tests": len(row["FAIL_TO_PASS"]) + len(row["PASS_TO_PASS"]),
+        "repeats": args.repeats,
+        "bare_s": round(b, 3),
+        "sandbox_s": round(sb_, 3),
+        "verify_s": round(f, 3),
+        "sandbox_ratio": round(sb_ / b, 3),
+        "overhead_ratio": round(f / b, 3),
         "overhead_ratio_median": round(med["verify"] / med["bare"], 3),
-        "verifications_per_min": throughput[2], "verifications_per_min_1_worker": throughput[1],
-        "parallel_speedup": round(throughput[2] / throughput[1], 3), "parallel_rollouts": args.parallel,
+        "verifications_per_min": throughput[2],
+        "verifications_per_min_1_worker": throughput[1],
+        "parallel_speedup": round(throughput[2] / throughput[1], 3),
+        "parallel_rollouts": args.parallel,
     }
-    print(f"overhead: full verify / bare pytest = {result['overhead_ratio']}x fastest-run, "
-          f"{result['overhead_ratio_median']}x median (target <= 1.5x); "
-          f"sandbox alone = {result['sandbox_ratio']}x; 2 workers vs 1 = {result['parallel_speedup']}x")
+    print(
+        f"overhead: full verify / bare pytest = {result['overhead_ratio']}x fastest-run, "
+        f"{result['overhead_ratio_median']}x median (target <= 1.5x); "
+        f"sandbox alone = {result['sandbox_ratio']}x; 2 workers vs 1 = {result['parallel_speedup']}x"
+    )
     print(json.dumps(result))
 
 

@@ -30,8 +30,16 @@ EMPTY_F2P = "empty_fail_to_pass"
 UNPARSABLE_PATCH = "unparsable_patch"
 DUPLICATE_INSTANCE_ID = "duplicate_instance_id"
 DUPLICATE_PATCH = "duplicate_patch"
-REASONS = (EMPTY_PROBLEM_STATEMENT, MISSING_REPO_BUNDLE, MISSING_TASK_BRANCH, TOO_MANY_TESTS, EMPTY_F2P,
-           UNPARSABLE_PATCH, DUPLICATE_INSTANCE_ID, DUPLICATE_PATCH)
+REASONS = (
+    EMPTY_PROBLEM_STATEMENT,
+    MISSING_REPO_BUNDLE,
+    MISSING_TASK_BRANCH,
+    TOO_MANY_TESTS,
+    EMPTY_F2P,
+    UNPARSABLE_PATCH,
+    DUPLICATE_INSTANCE_ID,
+    DUPLICATE_PATCH,
+)
 
 
 @dataclass
@@ -103,35 +111,53 @@ class CleanReport:
     params: CleanParams = field(default_factory=CleanParams)
 
     def metrics(self) -> dict[str, float]:
-        out = {"rows_in": float(self.n_in), "rows_kept": float(self.n_kept),
-               "rows_rejected": float(self.n_rejected)}
+        out = {
+            "rows_in": float(self.n_in),
+            "rows_kept": float(self.n_kept),
+            "rows_rejected": float(self.n_rejected),
+        }
         out.update({f"rejected_{r}": float(self.reasons.get(r, 0)) for r in REASONS})
         return out
 
     def markdown(self) -> str:
-        lines = ["## Clean", "", f"**{self.n_in}** rows in → **{self.n_kept}** kept + **{self.n_rejected}** "
-                 f"rejected ({'reconciles' if self.n_in == self.n_kept + self.n_rejected else 'MISMATCH'}).", "",
-                 "| reason | rows | share of input |", "|---|---:|---:|"]
+        lines = [
+            "## Clean",
+            "",
+            f"**{self.n_in}** rows in → **{self.n_kept}** kept + **{self.n_rejected}** "
+            f"rejected ({'reconciles' if self.n_in == self.n_kept + self.n_rejected else 'MISMATCH'}).",
+            "",
+            "| reason | rows | share of input |",
+            "|---|---:|---:|",
+        ]
         for r in REASONS:
             n = self.reasons.get(r, 0)
             lines.append(f"| `{r}` | {n} | {100 * n / max(self.n_in, 1):.1f}% |")
-        lines += ["", "A rejected row can carry several reasons; each is counted.", "",
-                  "Parameters: " + ", ".join(f"`{k}={v}`" for k, v in asdict(self.params).items()), ""]
+        lines += [
+            "",
+            "A rejected row can carry several reasons; each is counted.",
+            "",
+            "Parameters: " + ", ".join(f"`{k}={v}`" for k, v in asdict(self.params).items()),
+            "",
+        ]
         return "\n".join(lines)
 
 
-def reject_reasons(rows: list[dict], ts: TaskSet, params: CleanParams, show_progress: bool = False
-                   ) -> list[list[str]]:
+def reject_reasons(
+    rows: list[dict], ts: TaskSet, params: CleanParams, show_progress: bool = False
+) -> list[list[str]]:
     """Reason codes per row (empty list = kept)."""
     heads: dict[str, set[str] | None] = {}  # repo -> branch names, None when there is no usable bundle
     seen_ids: set[str] = set()
     seen_patches: set[tuple[str, str]] = set()
     out: list[list[str]] = []
-    for row in track(rows, description="clean", console=Console(stderr=True), disable=not show_progress,
-                     update_period=0.5):
+    for row in track(
+        rows, description="clean", console=Console(stderr=True), disable=not show_progress, update_period=0.5
+    ):
         reasons = []
-        if params.require_problem_statement and len(
-                (row.get("problem_statement") or "").strip()) < params.min_problem_statement_chars:
+        if (
+            params.require_problem_statement
+            and len((row.get("problem_statement") or "").strip()) < params.min_problem_statement_chars
+        ):
             reasons.append(EMPTY_PROBLEM_STATEMENT)
         if params.check_branches:
             repo = row["repo"]
@@ -163,8 +189,14 @@ def reject_reasons(rows: list[dict], ts: TaskSet, params: CleanParams, show_prog
     return out
 
 
-def clean_taskset(tasks: Path, kept_out: Path, rejected_out: Path, params: CleanParams | None = None, *,
-                  show_progress: bool = True) -> CleanReport:
+def clean_taskset(
+    tasks: Path,
+    kept_out: Path,
+    rejected_out: Path,
+    params: CleanParams | None = None,
+    *,
+    show_progress: bool = True,
+) -> CleanReport:
     """Writes the kept rows as a task set (`kept_out`, same bundles) and the rejected rows with their
     `reject_reasons` as JSONL (`rejected_out`)."""
     params = params or CleanParams()
@@ -175,12 +207,23 @@ def clean_taskset(tasks: Path, kept_out: Path, rejected_out: Path, params: Clean
     rejected = [{**r, "reject_reasons": why} for r, why in zip(rows, all_reasons, strict=True) if why]
     repos = {r["repo"] for r in kept}
     bundles = {repo: ts.bundle(repo) for repo in sorted(repos) if ts.bundle(repo).is_file()}
-    report = CleanReport(n_in=len(rows), n_kept=len(kept), n_rejected=len(rejected),
-                         reasons=Counter(code for why in all_reasons for code in why), params=params)
+    report = CleanReport(
+        n_in=len(rows),
+        n_kept=len(kept),
+        n_rejected=len(rejected),
+        reasons=Counter(code for why in all_reasons for code in why),
+        params=params,
+    )
     write_jsonl(rejected_out, rejected)
-    write_taskset(kept_out, kept, bundles, source=f"clean:{tasks}",
-                  extra_manifest={"clean": {"params": asdict(params), "metrics": report.metrics(),
-                                            "input_manifest": ts.manifest}})
+    write_taskset(
+        kept_out,
+        kept,
+        bundles,
+        source=f"clean:{tasks}",
+        extra_manifest={
+            "clean": {"params": asdict(params), "metrics": report.metrics(), "input_manifest": ts.manifest}
+        },
+    )
     return report
 
 

@@ -8,47 +8,69 @@ from pathlib import Path
 
 
 def register(commands, stages) -> None:
-    tasks = commands.add_parser("tasks", help="make task-set directories (synthesize from a repo, import SWE-smith)")
+    tasks = commands.add_parser(
+        "tasks", help="make task-set directories (synthesize from a repo, import SWE-smith)"
+    )
     sub = tasks.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
 
-    syn = sub.add_parser("synthesize", help="procedurally generate SWE-smith tasks from a Python repo or sdist")
+    syn = sub.add_parser(
+        "synthesize", help="procedurally generate SWE-smith tasks from a Python repo or sdist"
+    )
     syn.add_argument("source", type=Path, help="a repository directory or an sdist .tar.gz")
     syn.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
     syn.add_argument("--max-tasks", type=int, default=20, help="stop after this many tasks (default 20)")
     syn.add_argument("--seed", type=int, default=0, help="candidate order and constants (default 0)")
-    syn.add_argument("--timeout", type=float, default=120.0,
-                     help="seconds per test-suite run (mutated runs get min(this, max(10, 10x baseline)))")
-    syn.add_argument("--max-candidates", type=int, default=None,
-                     help="bugs to try at most (default 5 * max-tasks + 10)")
+    syn.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds per test-suite run (mutated runs get min(this, max(10, 10x baseline)))",
+    )
+    syn.add_argument(
+        "--max-candidates", type=int, default=None, help="bugs to try at most (default 5 * max-tasks + 10)"
+    )
     syn.add_argument("--workers", type=int, default=2, help="test runs in parallel (default 2)")
     syn.add_argument("--name", default=None, help="repository name in ids (default: from the source name)")
     syn.set_defaults(func=_synthesize)
 
     imp = sub.add_parser("import", help="turn downloaded SWE-smith/SWE-bench rows + repos into a task set")
     imp.add_argument("data", type=Path, help=".jsonl, .json, .parquet, or a HF `save_to_disk` directory")
-    imp.add_argument("--repos", required=True,
-                     help="directory of <owner>__<name>.bundle files, or a git base URL "
-                          "(https://github.com) / URL template (https://host/{repo}.git) to clone from")
+    imp.add_argument(
+        "--repos",
+        required=True,
+        help="directory of <owner>__<name>.bundle files, or a git base URL "
+        "(https://github.com) / URL template (https://host/{repo}.git) to clone from",
+    )
     imp.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
-    imp.add_argument("--allow-extra-fields", action="store_true", help="keep columns the loader does not know")
+    imp.add_argument(
+        "--allow-extra-fields", action="store_true", help="keep columns the loader does not know"
+    )
     imp.set_defaults(func=_import)
 
     clean = stages.add_parser("clean", help="drop bad task rows, keeping every rejected row with its reasons")
     clean.add_argument("--tasks", required=True, type=Path, help="input task-set directory")
-    clean.add_argument("--out", required=True, type=Path,
-                       help="output dir (replaced): kept/, rejected.jsonl, metrics.json, report.md, reasons.png")
+    clean.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="output dir (replaced): kept/, rejected.jsonl, metrics.json, report.md, reasons.png",
+    )
     clean.add_argument("--max-tests", type=int, default=200, help="reject rows with more F2P+P2P tests (200)")
     clean.add_argument("--min-problem-statement-chars", type=int, default=1)
     clean.add_argument("--allow-empty-f2p", action="store_true", help="keep rows with empty FAIL_TO_PASS")
     clean.add_argument("--allow-empty-problem-statement", action="store_true")
-    clean.add_argument("--no-check-branches", action="store_true", help="skip the task-branch-in-bundle check")
+    clean.add_argument(
+        "--no-check-branches", action="store_true", help="skip the task-branch-in-bundle check"
+    )
     clean.add_argument("--keep-duplicates", action="store_true")
     clean.add_argument("--allow-unparsable-patch", action="store_true")
     clean.set_defaults(func=_clean)
 
     val = stages.add_parser("validate", help="run the Great Expectations suite over a task set")
     val.add_argument("--tasks", required=True, type=Path, help="input task-set directory")
-    val.add_argument("--out", required=True, type=Path, help="output dir: gx_results.json, metrics.json, report.md")
+    val.add_argument(
+        "--out", required=True, type=Path, help="output dir: gx_results.json, metrics.json, report.md"
+    )
     val.add_argument("--no-fail", action="store_true", help="exit 0 even when the suite fails")
     val.set_defaults(func=_validate)
 
@@ -70,9 +92,16 @@ def _git_errors_as_user_errors(func):
 def _synthesize(args: argparse.Namespace) -> int:
     from dataprep.synthesize import synthesize_taskset
 
-    ts = synthesize_taskset(args.source, args.out, max_tasks=args.max_tasks, seed=args.seed,
-                            timeout_s=args.timeout, max_candidates=args.max_candidates, workers=args.workers,
-                            name=args.name)
+    ts = synthesize_taskset(
+        args.source,
+        args.out,
+        max_tasks=args.max_tasks,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        max_candidates=args.max_candidates,
+        workers=args.workers,
+        name=args.name,
+    )
     syn = ts.manifest["synthesis"]
     print(f"{syn['kept']} tasks from {syn['candidates_tried']} candidate bugs -> {ts.root}")
     for reason, n in syn["rejected_by_reason"].items():
@@ -91,19 +120,25 @@ def _import(args: argparse.Namespace) -> int:
     info = ts.manifest["import"]
     print(f"{ts.manifest['tasks']} rows, {len(ts.manifest['repos'])} repo bundle(s) -> {ts.root}")
     for repo, why in info["missing_repos"].items():
-        print(f"  missing repo {repo}: {why} (its rows will be rejected by `harnessrl stage clean`)",
-              file=sys.stderr)
+        print(
+            f"  missing repo {repo}: {why} (its rows will be rejected by `harnessrl stage clean`)",
+            file=sys.stderr,
+        )
     return 0
 
 
 def _clean(args: argparse.Namespace) -> int:
     from dataprep.clean import CleanParams, run_clean_stage
 
-    params = CleanParams(max_tests=args.max_tests, require_f2p=not args.allow_empty_f2p,
-                         require_problem_statement=not args.allow_empty_problem_statement,
-                         min_problem_statement_chars=args.min_problem_statement_chars,
-                         check_branches=not args.no_check_branches, drop_duplicates=not args.keep_duplicates,
-                         require_parsable_patch=not args.allow_unparsable_patch)
+    params = CleanParams(
+        max_tests=args.max_tests,
+        require_f2p=not args.allow_empty_f2p,
+        require_problem_statement=not args.allow_empty_problem_statement,
+        min_problem_statement_chars=args.min_problem_statement_chars,
+        check_branches=not args.no_check_branches,
+        drop_duplicates=not args.keep_duplicates,
+        require_parsable_patch=not args.allow_unparsable_patch,
+    )
     report = run_clean_stage(args.tasks, args.out, params)
     print(report.markdown())
     return 0

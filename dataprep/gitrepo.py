@@ -6,8 +6,12 @@ import os
 import subprocess
 from pathlib import Path
 
-IDENTITY = {"GIT_AUTHOR_NAME": "harnessrl", "GIT_AUTHOR_EMAIL": "harnessrl@localhost",
-            "GIT_COMMITTER_NAME": "harnessrl", "GIT_COMMITTER_EMAIL": "harnessrl@localhost"}
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "harnessrl",
+    "GIT_AUTHOR_EMAIL": "harnessrl@localhost",
+    "GIT_COMMITTER_NAME": "harnessrl",
+    "GIT_COMMITTER_EMAIL": "harnessrl@localhost",
+}
 
 
 class GitError(RuntimeError):
@@ -20,11 +24,23 @@ def git(repo: Path, *args: str, date: str | None = None, input: bytes | None = N
     env.update(IDENTITY, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0")
     if date:
         env.update(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
-    cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main",
-           "-c", "core.autocrlf=false", *args]
+    cmd = [
+        "git",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "commit.gpgsign=false",
+        "-c",
+        "init.defaultBranch=main",
+        "-c",
+        "core.autocrlf=false",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=repo, env=env, input=input, capture_output=True)
     if proc.returncode != 0:
-        raise GitError(f"`git {' '.join(args)}` in {repo} failed: {proc.stderr.decode(errors='replace').strip()}")
+        raise GitError(
+            f"`git {' '.join(args)}` in {repo} failed: {proc.stderr.decode(errors='replace').strip()}"
+        )
     return proc.stdout.decode("utf-8", errors="replace")
 
 
@@ -43,7 +59,7 @@ def bundle_heads(bundle: Path) -> set[str]:
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].startswith("refs/heads/"):
-            heads.add(parts[1][len("refs/heads/"):])
+            heads.add(parts[1][len("refs/heads/") :])
     return heads
 
 

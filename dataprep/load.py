@@ -35,7 +35,9 @@ class DataError(ValueError):
 
     def __init__(self, problems: list[str], source: str | Path = ""):
         self.problems = list(problems)
-        head = f"{len(self.problems)} problem(s) in {source}:" if source else f"{len(self.problems)} problem(s):"
+        head = (
+            f"{len(self.problems)} problem(s) in {source}:" if source else f"{len(self.problems)} problem(s):"
+        )
         listed = [f"  - {p}" for p in self.problems[:MAX_LISTED]]
         if len(self.problems) > MAX_LISTED:
             listed.append(f"  … and {len(self.problems) - MAX_LISTED} more (DataError.problems has all)")
@@ -53,8 +55,10 @@ def _read_json_lines(path: Path, problems: list[str]) -> Iterator[tuple[str, Any
             try:
                 yield f"{path}:{lineno}", json.loads(line)
             except json.JSONDecodeError as e:
-                problems.append(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); "
-                                "each line must be one JSON object")
+                problems.append(
+                    f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); "
+                    "each line must be one JSON object"
+                )
 
 
 def _read_json_array(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
@@ -104,8 +108,10 @@ def _read_hf_dir(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
         try:
             files = _hf_arrow_files(split_dir)
         except (OSError, json.JSONDecodeError) as e:
-            problems.append(f"{split_dir}: not a datasets `save_to_disk` directory ({e}); "
-                            "it needs state.json and its .arrow files")
+            problems.append(
+                f"{split_dir}: not a datasets `save_to_disk` directory ({e}); "
+                "it needs state.json and its .arrow files"
+            )
             continue
         for arrow in files:
             try:
@@ -123,8 +129,12 @@ def _raw_rows(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
             return _read_json_lines(path / "tasks.jsonl", problems)
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             return _read_hf_dir(path, problems)
-        raise DataError([f"{path}: directory is neither a task set (tasks.jsonl) nor a HF datasets export "
-                         "(state.json / dataset_dict.json from `save_to_disk`)"])
+        raise DataError(
+            [
+                f"{path}: directory is neither a task set (tasks.jsonl) nor a HF datasets export "
+                "(state.json / dataset_dict.json from `save_to_disk`)"
+            ]
+        )
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     if suffix in (".jsonl", ".ndjson"):
         return _read_json_lines(path, problems)
@@ -133,8 +143,12 @@ def _raw_rows(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
         return _read_json_array(path, problems) if head == "[" else _read_json_lines(path, problems)
     if suffix in (".parquet", ".pq"):
         return _read_parquet(path, problems)
-    raise DataError([f"{path}: unsupported file type {suffix or '(none)'}; use .jsonl, .json, .parquet or a "
-                     "HF `save_to_disk` directory"])
+    raise DataError(
+        [
+            f"{path}: unsupported file type {suffix or '(none)'}; use .jsonl, .json, .parquet or a "
+            "HF `save_to_disk` directory"
+        ]
+    )
 
 
 # ---------------------------------------------------------------- normalization
@@ -145,14 +159,18 @@ def _test_list(value: Any, where: str, name: str, problems: list[str]) -> list[s
         try:
             value = json.loads(value) if value.strip() else []
         except json.JSONDecodeError:
-            problems.append(f"{where}: {name}: a string that is not a JSON list ({value[:60]!r}); "
-                            "give a list of pytest node ids")
+            problems.append(
+                f"{where}: {name}: a string that is not a JSON list ({value[:60]!r}); "
+                "give a list of pytest node ids"
+            )
             return None
     if hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) for t in value):
-        problems.append(f"{where}: {name}: expected a list of test ids (str), got {type(value).__name__}"
-                        f" {str(value)[:60]!r}")
+        problems.append(
+            f"{where}: {name}: expected a list of test ids (str), got {type(value).__name__}"
+            f" {str(value)[:60]!r}"
+        )
         return None
     return list(value)
 
@@ -169,8 +187,10 @@ def normalize_row(raw: Any, where: str, problems: list[str], allow_extra: bool =
             problems.append(f"{where}: missing field {name!r} (required: {', '.join(TASK_FIELDS_REQUIRED)})")
     if not allow_extra:
         for name in sorted(set(row) - KNOWN_FIELDS):
-            problems.append(f"{where}: unknown field {name!r}; remove or rename it "
-                            "(or allow extra fields: --allow-extra-fields)")
+            problems.append(
+                f"{where}: unknown field {name!r}; remove or rename it "
+                "(or allow extra fields: --allow-extra-fields)"
+            )
     for name in STRING_FIELDS:
         if name in row and (not isinstance(row[name], str) or (name != "patch" and not row[name].strip())):
             problems.append(f"{where}: {name}: expected a non-empty string, got {row[name]!r:.60}")
@@ -178,8 +198,10 @@ def normalize_row(raw: Any, where: str, problems: list[str], allow_extra: bool =
         if row["problem_statement"] is None:
             row["problem_statement"] = ""  # empty statements are a cleaning rule, not a load error
         elif not isinstance(row["problem_statement"], str):
-            problems.append(f"{where}: problem_statement: expected a string, got "
-                            f"{type(row['problem_statement']).__name__}")
+            problems.append(
+                f"{where}: problem_statement: expected a string, got "
+                f"{type(row['problem_statement']).__name__}"
+            )
     for name in TEST_LIST_FIELDS:
         if name in row:
             row[name] = _test_list(row[name], where, name, problems)
@@ -194,8 +216,9 @@ def normalize_row(raw: Any, where: str, problems: list[str], allow_extra: bool =
     return row if len(problems) == before else None
 
 
-def normalize_rows(raw_rows: Iterable[tuple[str, Any]], problems: list[str], allow_extra: bool = False
-                   ) -> list[dict]:
+def normalize_rows(
+    raw_rows: Iterable[tuple[str, Any]], problems: list[str], allow_extra: bool = False
+) -> list[dict]:
     rows = []
     for where, raw in raw_rows:
         row = normalize_row(raw, where, problems, allow_extra)
@@ -269,12 +292,26 @@ def import_taskset(data: Path, repos: str | Path, out: Path, *, allow_extra: boo
                 except GitError as e:
                     missing[repo] = str(e)
         else:
-            raise DataError([f"--repos {repos_str}: neither a directory of .bundle files nor a git URL "
-                             "(e.g. https://github.com or https://host/{repo}.git)"])
-        return write_taskset(out, rows, bundles, source=f"import:{data}",
-                             extra_manifest={"import": {"data": str(data), "repos": repos_str,
-                                                        "missing_repos": missing,
-                                                        "duplicate_instance_ids": len(dupes)}})
+            raise DataError(
+                [
+                    f"--repos {repos_str}: neither a directory of .bundle files nor a git URL "
+                    "(e.g. https://github.com or https://host/{repo}.git)"
+                ]
+            )
+        return write_taskset(
+            out,
+            rows,
+            bundles,
+            source=f"import:{data}",
+            extra_manifest={
+                "import": {
+                    "data": str(data),
+                    "repos": repos_str,
+                    "missing_repos": missing,
+                    "duplicate_instance_ids": len(dupes),
+                }
+            },
+        )
 
 
 def _duplicate_ids(rows: list[dict]) -> list[str]:
@@ -285,4 +322,3 @@ def _duplicate_ids(rows: list[dict]) -> list[str]:
             dupes.append(r["instance_id"])
         seen.add(r["instance_id"])
     return dupes
-

@@ -14,18 +14,34 @@ from dataclasses import dataclass
 import libcst as cst
 
 _ARITH_CHANGE: dict[type, type] = {
-    cst.Add: cst.Subtract, cst.Subtract: cst.Add, cst.Multiply: cst.FloorDivide, cst.Divide: cst.Multiply,
-    cst.FloorDivide: cst.Multiply, cst.Modulo: cst.FloorDivide, cst.Power: cst.Multiply,
-    cst.LeftShift: cst.RightShift, cst.RightShift: cst.LeftShift, cst.BitAnd: cst.BitOr, cst.BitOr: cst.BitAnd,
+    cst.Add: cst.Subtract,
+    cst.Subtract: cst.Add,
+    cst.Multiply: cst.FloorDivide,
+    cst.Divide: cst.Multiply,
+    cst.FloorDivide: cst.Multiply,
+    cst.Modulo: cst.FloorDivide,
+    cst.Power: cst.Multiply,
+    cst.LeftShift: cst.RightShift,
+    cst.RightShift: cst.LeftShift,
+    cst.BitAnd: cst.BitOr,
+    cst.BitOr: cst.BitAnd,
 }
 _AUG_CHANGE: dict[type, type] = {
-    cst.AddAssign: cst.SubtractAssign, cst.SubtractAssign: cst.AddAssign,
-    cst.MultiplyAssign: cst.FloorDivideAssign, cst.DivideAssign: cst.MultiplyAssign,
+    cst.AddAssign: cst.SubtractAssign,
+    cst.SubtractAssign: cst.AddAssign,
+    cst.MultiplyAssign: cst.FloorDivideAssign,
+    cst.DivideAssign: cst.MultiplyAssign,
 }
 _CMP_FLIP: dict[type, type] = {
-    cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal, cst.LessThan: cst.GreaterThanEqual,
-    cst.LessThanEqual: cst.GreaterThan, cst.GreaterThan: cst.LessThanEqual,
-    cst.GreaterThanEqual: cst.LessThan, cst.In: cst.NotIn, cst.NotIn: cst.In, cst.Is: cst.IsNot,
+    cst.Equal: cst.NotEqual,
+    cst.NotEqual: cst.Equal,
+    cst.LessThan: cst.GreaterThanEqual,
+    cst.LessThanEqual: cst.GreaterThan,
+    cst.GreaterThan: cst.LessThanEqual,
+    cst.GreaterThanEqual: cst.LessThan,
+    cst.In: cst.NotIn,
+    cst.NotIn: cst.In,
+    cst.Is: cst.IsNot,
     cst.IsNot: cst.Is,
 }
 
@@ -58,7 +74,8 @@ class OperationChange(Modifier):
 
     def matches(self, node):
         return (isinstance(node, cst.BinaryOperation) and type(node.operator) in _ARITH_CHANGE) or (
-            isinstance(node, cst.AugAssign) and type(node.operator) in _AUG_CHANGE)
+            isinstance(node, cst.AugAssign) and type(node.operator) in _AUG_CHANGE
+        )
 
     def mutate(self, node, rng):
         table = _ARITH_CHANGE if isinstance(node, cst.BinaryOperation) else _AUG_CHANGE
@@ -90,14 +107,22 @@ class OperationSwap(Modifier):
     def matches(self, node):
         if isinstance(node, cst.BinaryOperation):
             return not isinstance(node.operator, (cst.Add, cst.Multiply, cst.BitAnd, cst.BitOr, cst.BitXor))
-        return isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and isinstance(
-            node.comparisons[0].operator, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual))
+        return (
+            isinstance(node, cst.Comparison)
+            and len(node.comparisons) == 1
+            and isinstance(
+                node.comparisons[0].operator,
+                (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual),
+            )
+        )
 
     def mutate(self, node, rng):
         if isinstance(node, cst.BinaryOperation):
             return node.with_changes(left=node.right, right=node.left)
         target = node.comparisons[0]
-        return node.with_changes(left=target.comparator, comparisons=[target.with_changes(comparator=node.left)])
+        return node.with_changes(
+            left=target.comparator, comparisons=[target.with_changes(comparator=node.left)]
+        )
 
 
 class ConstantChange(Modifier):
@@ -118,8 +143,11 @@ class RemoveAssign(Modifier):
     explanation = "an assignment statement is removed"
 
     def matches(self, node):
-        return isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(
-            node.body[0], (cst.Assign, cst.AugAssign))
+        return (
+            isinstance(node, cst.SimpleStatementLine)
+            and len(node.body) == 1
+            and isinstance(node.body[0], (cst.Assign, cst.AugAssign))
+        )
 
     def mutate(self, node, rng):
         return cst.RemoveFromParent()
@@ -158,8 +186,16 @@ class InvertIf(Modifier):
         return node.with_changes(body=node.orelse.body, orelse=node.orelse.with_changes(body=node.body))
 
 
-MODIFIERS: tuple[Modifier, ...] = (OperationChange(), OperationFlip(), OperationSwap(), ConstantChange(),
-                                   RemoveAssign(), RemoveConditional(), RemoveLoop(), InvertIf())
+MODIFIERS: tuple[Modifier, ...] = (
+    OperationChange(),
+    OperationFlip(),
+    OperationSwap(),
+    ConstantChange(),
+    RemoveAssign(),
+    RemoveConditional(),
+    RemoveLoop(),
+    InvertIf(),
+)
 MODIFIERS_BY_NAME = {m.name: m for m in MODIFIERS}
 
 
@@ -186,8 +222,11 @@ class _SiteTransformer(cst.CSTTransformer):
             self._function_depth -= 1
         elif isinstance(original_node, (cst.Parameters, cst.Decorator, cst.Annotation)):
             self._in_decorator_or_params -= 1
-        elif (self._function_depth > 0 and not self._in_decorator_or_params
-              and self.modifier.matches(original_node)):
+        elif (
+            self._function_depth > 0
+            and not self._in_decorator_or_params
+            and self.modifier.matches(original_node)
+        ):
             if self.count == self.target:
                 result = self.modifier.mutate(updated_node, self.rng)
             self.count += 1
@@ -207,7 +246,9 @@ class Candidate:
     site: int
 
 
-def enumerate_candidates(sources: dict[str, str], modifiers: Sequence[Modifier] = MODIFIERS) -> list[Candidate]:
+def enumerate_candidates(
+    sources: dict[str, str], modifiers: Sequence[Modifier] = MODIFIERS
+) -> list[Candidate]:
     """All (file, modifier, site) triples; files that libcst cannot parse are skipped."""
     out: list[Candidate] = []
     for path in sorted(sources):

@@ -45,11 +45,17 @@ def _subject(f2p: Sequence[str]) -> str:
     return f"`{top}`"
 
 
-def problem_statement(f2p: Sequence[str], messages: Mapping[str, str], n_p2p: int, rng: random.Random,
-                      max_listed: int = 6) -> str:
+def problem_statement(
+    f2p: Sequence[str], messages: Mapping[str, str], n_p2p: int, rng: random.Random, max_listed: int = 6
+) -> str:
     subject = _subject(f2p)
-    lines = [rng.choice(_TITLES).format(subject=subject), "", rng.choice(_INTROS), "",
-             "The following behaviour is broken:"]
+    lines = [
+        rng.choice(_TITLES).format(subject=subject),
+        "",
+        rng.choice(_INTROS),
+        "",
+        "The following behaviour is broken:",
+    ]
     for t in list(f2p)[:max_listed]:
         msg = messages.get(t, "").replace("\n", " ")
         if len(msg) > _MAX_MESSAGE:
@@ -57,6 +63,9 @@ def problem_statement(f2p: Sequence[str], messages: Mapping[str, str], n_p2p: in
         lines.append(f"- {humanize_test(t)}" + (f": fails with `{msg}`" if msg else ": fails"))
     if len(f2p) > max_listed:
         lines.append(f"- … and {len(f2p) - max_listed} more")
-    lines += ["", "Expected: these cases work as documented"
-              + (f", without breaking the {n_p2p} behaviours that still work today." if n_p2p else ".")]
+    lines += [
+        "",
+        "Expected: these cases work as documented"
+        + (f", without breaking the {n_p2p} behaviours that still work today." if n_p2p else "."),
+    ]
     return "\n".join(lines) + "\n"

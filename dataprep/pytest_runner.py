@@ -26,7 +26,9 @@ _FINAL_LINE = re.compile(r"^=+ .*(passed|failed|error|skipped|no tests ran).* =+
 class TestRun:
     __test__ = False  # not a pytest test class
 
-    outcomes: dict[str, str] = field(default_factory=dict)  # node id -> PASSED | FAILED | ERROR | XFAIL | XPASS
+    outcomes: dict[str, str] = field(
+        default_factory=dict
+    )  # node id -> PASSED | FAILED | ERROR | XFAIL | XPASS
     messages: dict[str, str] = field(default_factory=dict)  # node id -> short failure message
     returncode: int | None = None
     timed_out: bool = False
@@ -42,16 +44,32 @@ TestRunner = Callable[[Path, Sequence[str], float], TestRun]
 
 
 def pytest_command(test_ids: Sequence[str] = (), python: str = sys.executable) -> list[str]:
-    return [python, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-o", "addopts=", "--tb=short",
-            "--color=no", *test_ids]
+    return [
+        python,
+        "-m",
+        "pytest",
+        "-rA",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "--tb=short",
+        "--color=no",
+        *test_ids,
+    ]
 
 
 def pytest_env(workdir: Path, plugin_autoload: bool = True) -> dict[str, str]:
     """No bytecode (a mutated file can keep its size and mtime second), the repo importable, wide lines."""
     paths = [str(workdir)] + ([str(workdir / "src")] if (workdir / "src").is_dir() else [])
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")}
-    env.update(PYTHONPATH=os.pathsep.join(paths), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0",
-               COLUMNS="400", NO_COLOR="1")
+    env.update(
+        PYTHONPATH=os.pathsep.join(paths),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONHASHSEED="0",
+        COLUMNS="400",
+        NO_COLOR="1",
+    )
     if not plugin_autoload:  # skips importing every installed pytest plugin: halves a small suite's run time
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return env
@@ -83,13 +101,24 @@ def parse_pytest_report(text: str) -> tuple[dict[str, str], dict[str, str]]:
     return outcomes, messages
 
 
-def run_pytest(workdir: Path, test_ids: Sequence[str] = (), timeout_s: float = 120.0,
-               python: str = sys.executable, plugin_autoload: bool = True) -> TestRun:
+def run_pytest(
+    workdir: Path,
+    test_ids: Sequence[str] = (),
+    timeout_s: float = 120.0,
+    python: str = sys.executable,
+    plugin_autoload: bool = True,
+) -> TestRun:
     """Runs pytest with cwd=workdir; kills the whole process group on timeout."""
     start = time.monotonic()
-    proc = subprocess.Popen(pytest_command(test_ids, python), cwd=workdir, env=pytest_env(workdir, plugin_autoload),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        pytest_command(test_ids, python),
+        cwd=workdir,
+        env=pytest_env(workdir, plugin_autoload),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         timed_out = False
@@ -99,5 +128,11 @@ def run_pytest(workdir: Path, test_ids: Sequence[str] = (), timeout_s: float = 1
         timed_out = True
     text = out.decode("utf-8", errors="replace")
     outcomes, messages = parse_pytest_report(text)
-    return TestRun(outcomes=outcomes, messages=messages, returncode=None if timed_out else proc.returncode,
-                   timed_out=timed_out, seconds=time.monotonic() - start, log_tail=text[-4000:])
+    return TestRun(
+        outcomes=outcomes,
+        messages=messages,
+        returncode=None if timed_out else proc.returncode,
+        timed_out=timed_out,
+        seconds=time.monotonic() - start,
+        log_tail=text[-4000:],
+    )

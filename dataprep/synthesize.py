@@ -37,8 +37,25 @@ from dataprep.problem import problem_statement
 from dataprep.pytest_runner import TestRun, TestRunner, run_pytest
 from harnessrl.taskset import TaskSet, write_taskset
 
-SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".pytest_cache", ".tox", ".nox", ".venv", "venv", "build",
-             "dist", ".mypy_cache", ".ruff_cache", ".eggs", "node_modules", ".idea", ".vscode"}
+SKIP_DIRS = {
+    ".git",
+    ".hg",
+    ".svn",
+    "__pycache__",
+    ".pytest_cache",
+    ".tox",
+    ".nox",
+    ".venv",
+    "venv",
+    "build",
+    "dist",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".eggs",
+    "node_modules",
+    ".idea",
+    ".vscode",
+}
 NON_SOURCE_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "scripts"}
 
 
@@ -81,7 +98,9 @@ def prepare_source(source: Path, dest: Path) -> str:
     if source.is_dir():
         shutil.copytree(source, dest, ignore=_ignore)
         raw = source.resolve().name
-    elif source.is_file() and source.name.endswith((".tar.gz", ".tgz", ".tar")) and tarfile.is_tarfile(source):
+    elif (
+        source.is_file() and source.name.endswith((".tar.gz", ".tgz", ".tar")) and tarfile.is_tarfile(source)
+    ):
         with tempfile.TemporaryDirectory() as tmp, tarfile.open(source) as tar:
             tar.extractall(tmp, filter="data")
             entries = [p for p in Path(tmp).iterdir() if p.name not in SKIP_DIRS]
@@ -89,8 +108,10 @@ def prepare_source(source: Path, dest: Path) -> str:
             shutil.copytree(root, dest, ignore=_ignore)
             raw = root.name if root != Path(tmp) else re.sub(r"\.(tar\.gz|tgz|tar)$", "", source.name)
     else:
-        raise SynthesisError(f"{source}: not a directory or a .tar.gz source archive. Pass a repository "
-                             "directory or an sdist (`pip download --no-deps --no-binary :all: NAME==VER`).")
+        raise SynthesisError(
+            f"{source}: not a directory or a .tar.gz source archive. Pass a repository "
+            "directory or an sdist (`pip download --no-deps --no-binary :all: NAME==VER`)."
+        )
     name = re.sub(r"-\d.*$", "", raw)  # parse-1.22.4 -> parse
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "repo"
 
@@ -98,8 +119,12 @@ def prepare_source(source: Path, dest: Path) -> str:
 def is_test_path(rel: str) -> bool:
     parts = rel.split("/")
     base = parts[-1]
-    return (base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
-            or any(p in ("tests", "test", "testing") for p in parts[:-1]))
+    return (
+        base.startswith("test_")
+        or base.endswith("_test.py")
+        or base == "conftest.py"
+        or any(p in ("tests", "test", "testing") for p in parts[:-1])
+    )
 
 
 def source_files(root: Path) -> dict[str, str]:
@@ -108,8 +133,11 @@ def source_files(root: Path) -> dict[str, str]:
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         parts = rel.split("/")
-        if is_test_path(rel) or parts[-1] in ("setup.py", "noxfile.py", "conftest.py") or any(
-                p in NON_SOURCE_DIRS or p.startswith(".") for p in parts[:-1]):
+        if (
+            is_test_path(rel)
+            or parts[-1] in ("setup.py", "noxfile.py", "conftest.py")
+            or any(p in NON_SOURCE_DIRS or p.startswith(".") for p in parts[:-1])
+        ):
             continue
         try:
             out[rel] = path.read_text(encoding="utf-8")
@@ -157,8 +185,9 @@ def _evaluate(run: TestRun, stable: set[str]) -> tuple[str, list[str], list[str]
     return "", f2p, p2p
 
 
-def _run_mutated(workdir: Path, rel: str, mutated: str, original: str, runner: TestRunner,
-                 timeout_s: float) -> TestRun:
+def _run_mutated(
+    workdir: Path, rel: str, mutated: str, original: str, runner: TestRunner, timeout_s: float
+) -> TestRun:
     target = workdir / rel
     target.write_text(mutated, encoding="utf-8")
     try:
@@ -184,8 +213,16 @@ def _make_branch(repo: Path, iid: str, rel: str, mutated: str, f2p_files: list[s
     return git(repo, "diff", "main", f"{iid}~1")
 
 
-def _gold_check(repo: Path, iid: str, patch: str, f2p_files: list[str], tests: list[str],
-                runner: TestRunner, timeout_s: float, scratch: Path) -> str:
+def _gold_check(
+    repo: Path,
+    iid: str,
+    patch: str,
+    f2p_files: list[str],
+    tests: list[str],
+    runner: TestRunner,
+    timeout_s: float,
+    scratch: Path,
+) -> str:
     """'' when the reverse patch on the task branch (tests restored) makes every F2P and P2P test pass."""
     tree = scratch / f"gold-{iid}"
     git(repo, "worktree", "add", "-q", "--detach", str(tree), iid)
@@ -218,9 +255,19 @@ def _choose_local_runner(workdir: Path, timeout_s: float) -> tuple[TestRunner, T
     return run_pytest, with_plugins, run_pytest(workdir, (), timeout_s)
 
 
-def synthesize_taskset(source: Path, out: Path, *, max_tasks: int = 20, seed: int = 0, timeout_s: float = 120,
-                       max_candidates: int | None = None, workers: int = 2, runner: TestRunner | None = None,
-                       name: str | None = None, show_progress: bool = True) -> TaskSet:
+def synthesize_taskset(
+    source: Path,
+    out: Path,
+    *,
+    max_tasks: int = 20,
+    seed: int = 0,
+    timeout_s: float = 120,
+    max_candidates: int | None = None,
+    workers: int = 2,
+    runner: TestRunner | None = None,
+    name: str | None = None,
+    show_progress: bool = True,
+) -> TaskSet:
     """Writes a task set of up to `max_tasks` procedurally generated SWE-smith tasks to `out`.
 
     `timeout_s` bounds each test run (runs of a mutated suite get min(timeout_s, max(10 s, 10x baseline))).
@@ -253,14 +300,16 @@ def synthesize_taskset(source: Path, out: Path, *, max_tasks: int = 20, seed: in
         else:
             first, second = runner(work[0], (), timeout_s), runner(work[0], (), timeout_s)
         if first.timed_out:
-            raise SynthesisError(f"{source}: its test suite did not finish within {timeout_s:g} s "
-                                 "(raise --timeout)")
+            raise SynthesisError(
+                f"{source}: its test suite did not finish within {timeout_s:g} s (raise --timeout)"
+            )
         stable = first.passed() & second.passed()
         flaky = sorted(first.passed() ^ second.passed())
         if not stable:
             raise SynthesisError(
                 f"{source}: no test passes on the unmodified source, so no task can be verified. "
-                f"pytest said (exit {first.returncode}):\n{first.log_tail[-1500:]}")
+                f"pytest said (exit {first.returncode}):\n{first.log_tail[-1500:]}"
+            )
         run_timeout = min(timeout_s, max(10.0, 10 * max(first.seconds, second.seconds)))
 
         repo = tmp / "git"
@@ -276,9 +325,15 @@ def synthesize_taskset(source: Path, out: Path, *, max_tasks: int = 20, seed: in
         seen: set[tuple[str, str]] = set()
         queue = iter(ordered)
         tried = 0
-        progress = Progress(TextColumn("[bold]synthesize[/] {task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), disable=not show_progress,
-                            transient=False, console=Console(stderr=True))
+        progress = Progress(
+            TextColumn("[bold]synthesize[/] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not show_progress,
+            transient=False,
+            console=Console(stderr=True),
+        )
         with progress, ThreadPoolExecutor(max_workers=workers) as pool:
             bar = progress.add_task(f"{repo_name}: 0 tasks", total=min(max_candidates, len(ordered)))
             while len(rows) < max_tasks and tried < max_candidates:
@@ -293,12 +348,16 @@ def synthesize_taskset(source: Path, out: Path, *, max_tasks: int = 20, seed: in
                         break
                 if not batch:
                     break
-                futures = [pool.submit(_run_mutated, work[i], c.path, m, sources[c.path], runner, run_timeout)
-                           for i, (c, m) in enumerate(batch)]
+                futures = [
+                    pool.submit(_run_mutated, work[i], c.path, m, sources[c.path], runner, run_timeout)
+                    for i, (c, m) in enumerate(batch)
+                ]
                 for (cand, mutated), fut in zip(batch, futures, strict=True):
                     tried += 1
                     run = fut.result()
-                    res = CandidateResult(cand.path, cand.modifier, cand.site, "rejected", seconds=run.seconds)
+                    res = CandidateResult(
+                        cand.path, cand.modifier, cand.site, "rejected", seconds=run.seconds
+                    )
                     results.append(res)
                     progress.advance(bar)
                     if len(rows) >= max_tasks:
@@ -308,8 +367,21 @@ def synthesize_taskset(source: Path, out: Path, *, max_tasks: int = 20, seed: in
                     res.n_f2p, res.n_p2p = len(res.f2p), len(res.p2p)
                     if res.reason:
                         continue
-                    row = _accept(repo, res, mutated, run, counters, short, repo_id, base_sha, date, seed,
-                                  runner, run_timeout, tmp)
+                    row = _accept(
+                        repo,
+                        res,
+                        mutated,
+                        run,
+                        counters,
+                        short,
+                        repo_id,
+                        base_sha,
+                        date,
+                        seed,
+                        runner,
+                        run_timeout,
+                        tmp,
+                    )
                     if row is not None:
                         rows.append(row)
                         progress.update(bar, description=f"{repo_name}: {len(rows)} tasks")
@@ -318,22 +390,46 @@ def synthesize_taskset(source: Path, out: Path, *, max_tasks: int = 20, seed: in
         reasons = Counter(r.reason.split(":")[0] for r in results if r.status == "rejected")
         manifest = {
             "synthesis": {
-                "source": str(source), "name": repo_name, "seed": seed, "max_tasks": max_tasks,
-                "max_candidates": max_candidates, "base_commit": base_sha, "python": sys.version.split()[0],
-                "baseline": {"tests": len(first.outcomes), "stable_passing": len(stable), "flaky": flaky,
-                             "seconds": round(first.seconds, 3)},
-                "candidates_available": len(ordered), "candidates_tried": tried,
-                "kept": len(rows), "rejected_by_reason": dict(sorted(reasons.items())),
+                "source": str(source),
+                "name": repo_name,
+                "seed": seed,
+                "max_tasks": max_tasks,
+                "max_candidates": max_candidates,
+                "base_commit": base_sha,
+                "python": sys.version.split()[0],
+                "baseline": {
+                    "tests": len(first.outcomes),
+                    "stable_passing": len(stable),
+                    "flaky": flaky,
+                    "seconds": round(first.seconds, 3),
+                },
+                "candidates_available": len(ordered),
+                "candidates_tried": tried,
+                "kept": len(rows),
+                "rejected_by_reason": dict(sorted(reasons.items())),
                 "candidates": [r.manifest_entry() for r in results],
             }
         }
-        return write_taskset(out, rows, {repo_id: bundle}, source=f"synthesize:{source}",
-                             extra_manifest=manifest)
+        return write_taskset(
+            out, rows, {repo_id: bundle}, source=f"synthesize:{source}", extra_manifest=manifest
+        )
 
 
-def _accept(repo: Path, res: CandidateResult, mutated: str, run: TestRun, counters: Counter[str], short: str,
-            repo_id: str, base_sha: str, date: str, seed: int, runner: TestRunner, timeout_s: float,
-            scratch: Path) -> dict | None:
+def _accept(
+    repo: Path,
+    res: CandidateResult,
+    mutated: str,
+    run: TestRun,
+    counters: Counter[str],
+    short: str,
+    repo_id: str,
+    base_sha: str,
+    date: str,
+    seed: int,
+    runner: TestRunner,
+    timeout_s: float,
+    scratch: Path,
+) -> dict | None:
     """Builds the task branch and checks the gold fix; returns the task row, or None (reason set on res)."""
     repo_name = repo_id.split("/", 1)[1].rsplit(".", 1)[0]
     iid = f"{repo_name}.{short}__{res.modifier}__{counters[res.modifier]}"

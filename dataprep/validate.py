@@ -52,15 +52,20 @@ class ValidationReport:
         return [o for o in self.outcomes if not o.success]
 
     def metrics(self) -> dict[str, float]:
-        return {"validation_success": float(self.success), "rows": float(self.n_rows),
-                "expectations_evaluated": float(len(self.outcomes)),
-                "expectations_failed": float(len(self.failed))}
+        return {
+            "validation_success": float(self.success),
+            "rows": float(self.n_rows),
+            "expectations_evaluated": float(len(self.outcomes)),
+            "expectations_failed": float(len(self.failed)),
+        }
 
     def summary(self) -> str:
         if self.success:
             return f"{self.tasks}: all {len(self.outcomes)} expectations passed on {self.n_rows} rows"
-        lines = [f"{self.tasks}: {len(self.failed)} of {len(self.outcomes)} expectations failed "
-                 f"on {self.n_rows} rows:"]
+        lines = [
+            f"{self.tasks}: {len(self.failed)} of {len(self.outcomes)} expectations failed "
+            f"on {self.n_rows} rows:"
+        ]
         for o in self.failed:
             where = f" on {o.column}" if o.column else ""
             ex = f" e.g. {', '.join(o.examples)}" if o.examples else ""
@@ -69,14 +74,21 @@ class ValidationReport:
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        lines = ["## Validate (Great Expectations)", "",
-                 f"{'✅ passed' if self.success else '❌ failed'}: {len(self.outcomes) - len(self.failed)}/"
-                 f"{len(self.outcomes)} expectations on **{self.n_rows}** rows.", "",
-                 "| expectation | column | result | unexpected | examples |", "|---|---|---|---:|---|"]
+        lines = [
+            "## Validate (Great Expectations)",
+            "",
+            f"{'✅ passed' if self.success else '❌ failed'}: {len(self.outcomes) - len(self.failed)}/"
+            f"{len(self.outcomes)} expectations on **{self.n_rows}** rows.",
+            "",
+            "| expectation | column | result | unexpected | examples |",
+            "|---|---|---|---:|---|",
+        ]
         for o in self.outcomes:
             ex = ", ".join(f"`{e}`" for e in o.examples)
-            lines.append(f"| {o.expectation} | {o.column or '—'} | {'✅' if o.success else '❌'} | "
-                         f"{o.unexpected_count} | {ex} |")
+            lines.append(
+                f"| {o.expectation} | {o.column or '—'} | {'✅' if o.success else '❌'} | "
+                f"{o.unexpected_count} | {ex} |"
+            )
         return "\n".join(lines) + "\n"
 
 
@@ -105,8 +117,9 @@ def validation_frame(rows: list[dict]):
     columns: dict[str, None] = {}
     for r in rows:
         columns.update(dict.fromkeys(r))
-    data: dict[str, list] = {c: [r.get(c) for r in rows] for c in columns
-                             if c not in ("FAIL_TO_PASS", "PASS_TO_PASS", "patch")}
+    data: dict[str, list] = {
+        c: [r.get(c) for r in rows] for c in columns if c not in ("FAIL_TO_PASS", "PASS_TO_PASS", "patch")
+    }
     if "patch" in columns:
         data["patch"] = [_patch_head(r.get("patch")) for r in rows]
     f2p = [r.get("FAIL_TO_PASS") for r in rows]
@@ -117,7 +130,9 @@ def validation_frame(rows: list[dict]):
     are_lists = [_is_test_list(a) and _is_test_list(b) for a, b in zip(f2p, p2p, strict=True)]
     data["tests_are_lists"] = are_lists
     data["n_fail_to_pass"] = [len(a) if isinstance(a, list) else -1 for a in f2p]
-    data["f2p_p2p_disjoint"] = [ok and set(a).isdisjoint(b) for ok, a, b in zip(are_lists, f2p, p2p, strict=True)]
+    data["f2p_p2p_disjoint"] = [
+        ok and set(a).isdisjoint(b) for ok, a, b in zip(are_lists, f2p, p2p, strict=True)
+    ]
     return pd.DataFrame(data)
 
 
@@ -150,8 +165,9 @@ def _outcome(result, columns: set[str]) -> ExpectationOutcome:
     res = result.result or {}
     column = cfg.kwargs.get("column", "")
     if column and column not in columns:
-        return ExpectationOutcome(expectation=cfg.type, column=column, success=False,
-                                  examples=["the column is missing"])
+        return ExpectationOutcome(
+            expectation=cfg.type, column=column, success=False, examples=["the column is missing"]
+        )
     examples: list[str] = []
     for item in res.get("partial_unexpected_index_list") or []:
         if isinstance(item, dict) and item.get("instance_id") is not None:
@@ -159,7 +175,8 @@ def _outcome(result, columns: set[str]) -> ExpectationOutcome:
     if not examples and not result.success:
         details = res.get("details", {}).get("mismatched", {}).get("missing")
         examples = [f"missing column {c}" for c in details or []] or (
-            [f"observed {res['observed_value']}"] if "observed_value" in res else [])
+            [f"observed {res['observed_value']}"] if "observed_value" in res else []
+        )
     exc = getattr(result, "exception_info", None) or {}
     if exc.get("raised_exception"):
         msg = str(exc.get("exception_message") or "error").splitlines()[0]
@@ -168,9 +185,13 @@ def _outcome(result, columns: set[str]) -> ExpectationOutcome:
     for e in examples:
         if e not in seen:
             seen.append(e)
-    return ExpectationOutcome(expectation=cfg.type, column=column,
-                              success=bool(result.success), unexpected_count=int(res.get("unexpected_count") or 0),
-                              examples=seen[:MAX_EXAMPLES])
+    return ExpectationOutcome(
+        expectation=cfg.type,
+        column=column,
+        success=bool(result.success),
+        unexpected_count=int(res.get("unexpected_count") or 0),
+        examples=seen[:MAX_EXAMPLES],
+    )
 
 
 def validate_rows(rows: list[dict], label: str = "tasks") -> tuple[ValidationReport, dict]:
@@ -184,14 +205,22 @@ def validate_frame(df, label: str = "tasks") -> tuple[ValidationReport, dict]:
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = {"globally": False, "metric_calculations": False}
-    batch_def = (context.data_sources.add_pandas("tasks").add_dataframe_asset("rows")
-                 .add_batch_definition_whole_dataframe("all"))
+    batch_def = (
+        context.data_sources.add_pandas("tasks")
+        .add_dataframe_asset("rows")
+        .add_batch_definition_whole_dataframe("all")
+    )
     suite = context.suites.add(build_suite(gx, set(df.columns)))
     batch = batch_def.get_batch(batch_parameters={"dataframe": df})
     has_ids = "instance_id" in df.columns and df["instance_id"].notna().any()
-    result = batch.validate(suite, result_format={
-        "result_format": "SUMMARY", "partial_unexpected_count": 20,
-        **({"unexpected_index_column_names": ["instance_id"]} if has_ids else {})})
+    result = batch.validate(
+        suite,
+        result_format={
+            "result_format": "SUMMARY",
+            "partial_unexpected_count": 20,
+            **({"unexpected_index_column_names": ["instance_id"]} if has_ids else {}),
+        },
+    )
     outcomes = [_outcome(r, set(df.columns)) for r in result.results]
     report = ValidationReport(tasks=label, n_rows=len(df), success=bool(result.success), outcomes=outcomes)
     return report, json.loads(json.dumps(result.to_json_dict(), default=str))

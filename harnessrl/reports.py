@@ -84,4 +84,6 @@ def publish(markdown: str, metrics: Mapping[str, Any], report_artifact: Any, met
     for key, value in numeric.items():
         metrics_artifact.log_metric(key, value)
     metrics_artifact.log_metric("metrics_logged", float(len(numeric)))
-    atomic_write_text(Path(metrics_artifact.path), json.dumps(dict(metrics_artifact.metadata), sort_keys=True))
+    atomic_write_text(
+        Path(metrics_artifact.path), json.dumps(dict(metrics_artifact.metadata), sort_keys=True)
+    )

@@ -31,8 +31,13 @@ class Sample:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Sample:
         names = cls.__dataclass_fields__
-        return cls(**{k: (list(v) if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else v)
-                      for k, v in row.items() if k in names})
+        return cls(
+            **{
+                k: (list(v) if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else v)
+                for k, v in row.items()
+                if k in names
+            }
+        )
 
 
 @dataclass
@@ -44,4 +49,6 @@ class HarnessSpec:
     sandbox: str = "bubblewrap"  # bubblewrap | kubernetes
     reward: str = "swebench"  # swebench (binary resolved) | f2p_fraction
     limits: dict[str, Any] = field(default_factory=lambda: {"turns": 20, "tokens": 8192, "wall_s": 600})
-    options: dict[str, Any] = field(default_factory=dict)  # harness-specific (context policy, error policies…)
+    options: dict[str, Any] = field(
+        default_factory=dict
+    )  # harness-specific (context policy, error policies…)

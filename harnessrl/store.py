@@ -80,14 +80,18 @@ class StoreConfig:
                 raise StoreError(f"HARNESSRL_STORE_CONFIG={path}: cannot read it ({e})") from None
         endpoint = env.get("HARNESSRL_S3_ENDPOINT") or values.get("endpoint")
         if not endpoint:
-            raise StoreError("no object store configured: set HARNESSRL_S3_ENDPOINT (e.g. "
-                             "http://minio-service.kubeflow:9000) and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-                             "or HARNESSRL_STORE_CONFIG=<toml file>")
-        return cls(endpoint=endpoint,
-                   access_key=env.get("AWS_ACCESS_KEY_ID") or values.get("access_key"),
-                   secret_key=env.get("AWS_SECRET_ACCESS_KEY") or values.get("secret_key"),
-                   region=env.get("HARNESSRL_S3_REGION") or values.get("region"),
-                   bucket=env.get("HARNESSRL_S3_BUCKET") or values.get("bucket"))
+            raise StoreError(
+                "no object store configured: set HARNESSRL_S3_ENDPOINT (e.g. "
+                "http://minio-service.kubeflow:9000) and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "or HARNESSRL_STORE_CONFIG=<toml file>"
+            )
+        return cls(
+            endpoint=endpoint,
+            access_key=env.get("AWS_ACCESS_KEY_ID") or values.get("access_key"),
+            secret_key=env.get("AWS_SECRET_ACCESS_KEY") or values.get("secret_key"),
+            region=env.get("HARNESSRL_S3_REGION") or values.get("region"),
+            bucket=env.get("HARNESSRL_S3_BUCKET") or values.get("bucket"),
+        )
 
 
 @dataclass
@@ -112,8 +116,9 @@ def sha256_file(path: Path) -> str:
 def _progress(total: int, desc: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False,
-                disable=total < 8 * CHUNK or None)
+    return tqdm(
+        total=total, desc=desc, unit="B", unit_scale=True, leave=False, disable=total < 8 * CHUNK or None
+    )
 
 
 class _UploadProgress:
@@ -151,8 +156,13 @@ class ObjectStore:
         parsed = urlparse(config.endpoint if "://" in config.endpoint else f"http://{config.endpoint}")
         self.config = config
         self.part_size = part_size
-        self.client = Minio(parsed.netloc, access_key=config.access_key, secret_key=config.secret_key,
-                            region=config.region, secure=parsed.scheme == "https")
+        self.client = Minio(
+            parsed.netloc,
+            access_key=config.access_key,
+            secret_key=config.secret_key,
+            region=config.region,
+            secure=parsed.scheme == "https",
+        )
 
     @classmethod
     def from_env(cls, part_size: int = DEFAULT_PART_SIZE) -> ObjectStore:
@@ -183,8 +193,14 @@ class ObjectStore:
         digest = sha256_file(path)
         progress = _UploadProgress()
         try:
-            self.client.fput_object(dest.bucket, dest.key, str(path), metadata={SHA256_META: digest},
-                                    part_size=part, progress=progress)
+            self.client.fput_object(
+                dest.bucket,
+                dest.key,
+                str(path),
+                metadata={SHA256_META: digest},
+                part_size=part,
+                progress=progress,
+            )
         except _errors() as e:
             raise self._err(e, "uploading", dest) from None
         finally:
@@ -212,7 +228,13 @@ class ObjectStore:
         part, tag = dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.etag")
         dest.parent.mkdir(parents=True, exist_ok=True)
         start = 0
-        if resume and part.is_file() and tag.is_file() and tag.read_text() == etag and part.stat().st_size <= size:
+        if (
+            resume
+            and part.is_file()
+            and tag.is_file()
+            and tag.read_text() == etag
+            and part.stat().st_size <= size
+        ):
             start = part.stat().st_size
         else:
             part.unlink(missing_ok=True)
@@ -228,9 +250,11 @@ class ObjectStore:
             if actual != expected:
                 part.unlink(missing_ok=True)
                 tag.unlink(missing_ok=True)
-                raise ChecksumMismatch(f"{uri}: downloaded bytes have sha256 {actual[:12]}…, the object's "
-                                       f"metadata says {expected[:12]}…; the object or its metadata is corrupt "
-                                       "— re-upload it")
+                raise ChecksumMismatch(
+                    f"{uri}: downloaded bytes have sha256 {actual[:12]}…, the object's "
+                    f"metadata says {expected[:12]}…; the object or its metadata is corrupt "
+                    "— re-upload it"
+                )
             start = 0
         os.replace(part, dest)
         tag.unlink(missing_ok=True)
@@ -276,8 +300,10 @@ class ObjectStore:
         if not local_dir.is_dir():
             raise FileNotFoundError(f"{local_dir}: no such directory to upload")
         files = sorted(p for p in local_dir.rglob("*") if p.is_file())
-        return [self.upload_file(p, str(base.child(p.relative_to(local_dir).as_posix())), part_size=part_size)
-                for p in files]
+        return [
+            self.upload_file(p, str(base.child(p.relative_to(local_dir).as_posix())), part_size=part_size)
+            for p in files
+        ]
 
     def download_dir(self, uri: str, local_dir: str | Path) -> list[Transfer]:
         """Downloads everything under `uri` into `local_dir`, which appears whole or not at all.
@@ -289,7 +315,7 @@ class ObjectStore:
         prefix = base.key.rstrip("/") + "/" if base.key else ""
         transfers = []
         for obj_uri in self.list(uri):
-            rel = S3Uri.parse(obj_uri).key[len(prefix):]
+            rel = S3Uri.parse(obj_uri).key[len(prefix) :]
             transfers.append(self.download_file(obj_uri, staging / rel))
         if not transfers:
             raise StoreError(f"{uri}: no objects under this prefix")
@@ -302,6 +328,11 @@ class ObjectStore:
 
 
 def transfer_summary(transfers: list[Transfer]) -> str:
-    return json.dumps({"files": len(transfers), "bytes": sum(t.size for t in transfers),
-                       "transferred": sum(t.bytes_transferred for t in transfers),
-                       "resumed": sum(1 for t in transfers if t.resumed_from)})
+    return json.dumps(
+        {
+            "files": len(transfers),
+            "bytes": sum(t.size for t in transfers),
+            "transferred": sum(t.bytes_transferred for t in transfers),
+            "resumed": sum(1 for t in transfers if t.resumed_from),
+        }
+    )

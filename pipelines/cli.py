@@ -16,10 +16,18 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
 
     p = commands.add_parser("compile", help="write KFP IR YAML for every pipeline into a folder")
     p.add_argument("--out", default="compiled", help="output folder (default: ./compiled)")
-    p.add_argument("--pipeline", action="append", dest="names", metavar="NAME",
-                   help="compile only this pipeline (repeatable)")
-    p.add_argument("--check", action="store_true",
-                   help="also check cluster placement: GPU steps complete, S3 credentials only from Secrets")
+    p.add_argument(
+        "--pipeline",
+        action="append",
+        dest="names",
+        metavar="NAME",
+        help="compile only this pipeline (repeatable)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="also check cluster placement: GPU steps complete, S3 credentials only from Secrets",
+    )
     p.set_defaults(func=cmd_compile)
 
     p = commands.add_parser("submit", help="send a pipeline to a Kubeflow Pipelines endpoint")
@@ -30,10 +38,15 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
     p.add_argument("--run-name", default=None)
     p.add_argument("--token", default=None, help="bearer token (default: $KF_PIPELINES_TOKEN)")
     p.add_argument("--arg", action="append", default=[], metavar="K=V", help="pipeline argument (repeatable)")
-    p.add_argument("--pipeline-root", default=None, help="override the pipeline root, e.g. minio://harnessrl/root")
+    p.add_argument(
+        "--pipeline-root", default=None, help="override the pipeline root, e.g. minio://harnessrl/root"
+    )
     p.add_argument("--service-account", default=None)
-    p.add_argument("--upload", action="store_true",
-                   help="also upload it as a named pipeline (new version if it exists) and run that version")
+    p.add_argument(
+        "--upload",
+        action="store_true",
+        help="also upload it as a named pipeline (new version if it exists) and run that version",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the endpoint to answer")
     p.set_defaults(func=cmd_submit)
 
@@ -45,7 +58,9 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
     p.add_argument("--verbose", "-v", action="store_true", help="stream every step's log to the terminal")
     p.set_defaults(func=cmd_run)
 
-    p = commands.add_parser("demo", help="the full pipeline locally on the embedded default (tiny model, small real package)")
+    p = commands.add_parser(
+        "demo", help="the full pipeline locally on the embedded default (tiny model, small real package)"
+    )
     p.add_argument("--run-dir", default=None, help="default: runs/demo-<UTC time>")
     p.add_argument("--max-tasks", type=int, default=3)
     p.add_argument("--source", default=None, help="repo dir or sdist to use instead of parse==1.22.4")
@@ -95,10 +110,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from pipelines.submit import SubmitError, submit
 
     try:
-        submitted = submit(args.pipeline, host=args.host, arguments=args.arg, namespace=args.namespace,
-                           experiment=args.experiment, run_name=args.run_name, token=args.token,
-                           pipeline_root=args.pipeline_root, service_account=args.service_account,
-                           upload=args.upload, timeout_s=args.timeout)
+        submitted = submit(
+            args.pipeline,
+            host=args.host,
+            arguments=args.arg,
+            namespace=args.namespace,
+            experiment=args.experiment,
+            run_name=args.run_name,
+            token=args.token,
+            pipeline_root=args.pipeline_root,
+            service_account=args.service_account,
+            upload=args.upload,
+            timeout_s=args.timeout,
+        )
     except (SubmitError, PipelineUnavailable) as e:
         raise UserError(str(e)) from None
     print(f"submitted run {submitted.run_id} ({submitted.run_name}) to {args.host}")
@@ -113,8 +137,14 @@ def print_run_summary(result) -> None:
 
     console = Console(soft_wrap=True)
     color = "green" if result.status == "succeeded" else "red"
-    console.print(f"[{color}]{result.status}[/]" + (f": step {result.failed_task} failed — its log is in "
-                                                    f"{result.run_dir / 'run.log'}" if result.failed_task else ""))
+    console.print(
+        f"[{color}]{result.status}[/]"
+        + (
+            f": step {result.failed_task} failed — its log is in {result.run_dir / 'run.log'}"
+            if result.failed_task
+            else ""
+        )
+    )
     if result.failure_reason:
         console.print(result.failure_reason, highlight=False, markup=False, soft_wrap=True)
     console.print(f"run directory: {result.run_dir}", highlight=False)
@@ -129,7 +159,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.local_run import LocalRunError, run_local
 
     try:
-        result = run_local(args.pipeline, args.arg, args.run_dir, cache=not args.no_cache, verbose=args.verbose)
+        result = run_local(
+            args.pipeline, args.arg, args.run_dir, cache=not args.no_cache, verbose=args.verbose
+        )
     except (LocalRunError, PipelineUnavailable) as e:
         raise UserError(str(e)) from None
     except KeyboardInterrupt as e:
@@ -143,16 +175,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.demo import run_demo
 
     try:
-        result = run_demo(run_dir=args.run_dir, max_tasks=args.max_tasks,
-                          source=Path(args.source) if args.source else None, verbose=args.verbose)
+        result = run_demo(
+            run_dir=args.run_dir,
+            max_tasks=args.max_tasks,
+            source=Path(args.source) if args.source else None,
+            verbose=args.verbose,
+        )
     except KeyboardInterrupt as e:
         print(f"harnessrl: {e}", file=sys.stderr)
         return 130
     print_run_summary(result)
     if result.status == "succeeded":
         tasks = json.loads(result.index_path.read_text())["tasks"]
-        for label, step, output in (("clean task set", "clean", "kept"), ("selected tasks", "select", "selected"),
-                                    ("final checkpoint", "train-grpo-2", "model")):
+        for label, step, output in (
+            ("clean task set", "clean", "kept"),
+            ("selected tasks", "select", "selected"),
+            ("final checkpoint", "train-grpo-2", "model"),
+        ):
             if output in tasks.get(step, {}).get("outputs", {}):
                 print(f"{label}: {tasks[step]['outputs'][output]['path']}")
     return 0 if result.status == "succeeded" else 1

@@ -26,23 +26,50 @@ def import_dataset(uri: str | PipelineChannel) -> dsl.PipelineTask:
     return dsl.importer(artifact_uri=uri, artifact_class=dsl.Dataset, reimport=False)
 
 
-def add_clean_validate(tasks: PipelineChannel, *, max_tests, require_f2p, require_problem_statement,
-                       check_branches, drop_duplicates) -> DataPrepOutputs:
-    cleaned = clean(tasks=tasks, max_tests=max_tests, require_f2p=require_f2p,
-                    require_problem_statement=require_problem_statement, check_branches=check_branches,
-                    drop_duplicates=drop_duplicates)
+def add_clean_validate(
+    tasks: PipelineChannel,
+    *,
+    max_tests,
+    require_f2p,
+    require_problem_statement,
+    check_branches,
+    drop_duplicates,
+) -> DataPrepOutputs:
+    cleaned = clean(
+        tasks=tasks,
+        max_tests=max_tests,
+        require_f2p=require_f2p,
+        require_problem_statement=require_problem_statement,
+        check_branches=check_branches,
+        drop_duplicates=drop_duplicates,
+    )
     checked = validate(tasks=cleaned.outputs["kept"])
     return DataPrepOutputs(tasks=cleaned.outputs["kept"], gate=checked)
 
 
-def add_data_prep(source_uri, *, max_tasks, seed, timeout_s, max_tests, require_f2p,
-                  require_problem_statement, check_branches, drop_duplicates) -> DataPrepOutputs:
+def add_data_prep(
+    source_uri,
+    *,
+    max_tasks,
+    seed,
+    timeout_s,
+    max_tests,
+    require_f2p,
+    require_problem_statement,
+    check_branches,
+    drop_duplicates,
+) -> DataPrepOutputs:
     source = dsl.importer(artifact_uri=source_uri, artifact_class=dsl.Artifact, reimport=False)
     source.set_display_name("import-source")
     synthesized = synthesize(source=source.output, max_tasks=max_tasks, seed=seed, timeout_s=timeout_s)
-    return add_clean_validate(synthesized.outputs["tasks"], max_tests=max_tests, require_f2p=require_f2p,
-                              require_problem_statement=require_problem_statement,
-                              check_branches=check_branches, drop_duplicates=drop_duplicates)
+    return add_clean_validate(
+        synthesized.outputs["tasks"],
+        max_tests=max_tests,
+        require_f2p=require_f2p,
+        require_problem_statement=require_problem_statement,
+        check_branches=check_branches,
+        drop_duplicates=drop_duplicates,
+    )
 
 
 @dsl.pipeline(name="data-prep", description="Synthesize a task set from a repo/sdist, clean it, validate it.")
@@ -57,9 +84,17 @@ def data_prep(
     check_branches: bool = True,
     drop_duplicates: bool = True,
 ):
-    add_data_prep(source_uri, max_tasks=max_tasks, seed=seed, timeout_s=timeout_s, max_tests=max_tests,
-                  require_f2p=require_f2p, require_problem_statement=require_problem_statement,
-                  check_branches=check_branches, drop_duplicates=drop_duplicates)
+    add_data_prep(
+        source_uri,
+        max_tasks=max_tasks,
+        seed=seed,
+        timeout_s=timeout_s,
+        max_tests=max_tests,
+        require_f2p=require_f2p,
+        require_problem_statement=require_problem_statement,
+        check_branches=check_branches,
+        drop_duplicates=drop_duplicates,
+    )
 
 
 @dsl.pipeline(name="clean-only", description="Rerun filtering alone on a task set imported by URI.")
@@ -72,12 +107,19 @@ def clean_only(
     drop_duplicates: bool = True,
 ):
     imported = import_dataset(tasks_uri)
-    clean(tasks=imported.output, max_tests=max_tests, require_f2p=require_f2p,
-          require_problem_statement=require_problem_statement, check_branches=check_branches,
-          drop_duplicates=drop_duplicates)
+    clean(
+        tasks=imported.output,
+        max_tests=max_tests,
+        require_f2p=require_f2p,
+        require_problem_statement=require_problem_statement,
+        check_branches=check_branches,
+        drop_duplicates=drop_duplicates,
+    )
 
 
-@dsl.pipeline(name="validate-only", description="Rerun the Great Expectations suite on a task set imported by URI.")
+@dsl.pipeline(
+    name="validate-only", description="Rerun the Great Expectations suite on a task set imported by URI."
+)
 def validate_only(tasks_uri: str, fail_on_violation: bool = True):
     imported = import_dataset(tasks_uri)
     validate(tasks=imported.output, fail_on_violation=fail_on_violation)

@@ -29,9 +29,25 @@ def cached_sdist(requirement: str = DEMO_PACKAGE, cache: Path = SOURCES_CACHE) -
     if found:
         return found[0]
     cache.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                           "--disable-pip-version-check", "-q", "-d", str(cache), requirement],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(cache),
+            requirement,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     found = sorted(cache.glob(pattern))
     return found[0] if proc.returncode == 0 and found else None
 
@@ -42,11 +58,15 @@ def demo_source(console: Console, cache: Path = SOURCES_CACHE) -> Path:
         console.print(f"source: {sdist} ({DEMO_PACKAGE} sdist, cached)", highlight=False)
         return sdist
     if FIXTURE_REPO.is_dir():
-        console.print(f"[yellow]could not download {DEMO_PACKAGE} (offline?); using the test fixture "
-                      f"{FIXTURE_REPO} instead[/]", highlight=False)
+        console.print(
+            f"[yellow]could not download {DEMO_PACKAGE} (offline?); using the test fixture "
+            f"{FIXTURE_REPO} instead[/]",
+            highlight=False,
+        )
         return FIXTURE_REPO
-    raise FileNotFoundError(f"could not download {DEMO_PACKAGE} and {FIXTURE_REPO} is missing: "
-                            "pass --source <repo dir or sdist>")
+    raise FileNotFoundError(
+        f"could not download {DEMO_PACKAGE} and {FIXTURE_REPO} is missing: pass --source <repo dir or sdist>"
+    )
 
 
 # One harness spec for every rollout: our ReAct loop in bubblewrap, budgets sized for a CPU.
@@ -56,15 +76,29 @@ DEMO_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns":
 def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
     from harnessrl.tinymodel import tiny_model_dir
 
-    return {"source_uri": str(source), "base_model_uri": str(tiny_model_dir()), "max_tasks": max_tasks,
-            "seed": 0, "group_size": 2, "difficulty_n": 2, "k_all_fail": max_tasks, "specs_json": DEMO_SPECS}
+    return {
+        "source_uri": str(source),
+        "base_model_uri": str(tiny_model_dir()),
+        "max_tasks": max_tasks,
+        "seed": 0,
+        "group_size": 2,
+        "difficulty_n": 2,
+        "k_all_fail": max_tasks,
+        "specs_json": DEMO_SPECS,
+    }
 
 
-def run_demo(run_dir: str | Path | None = None, max_tasks: int = 3, source: Path | None = None,
-             verbose: bool = False) -> RunResult:
+def run_demo(
+    run_dir: str | Path | None = None, max_tasks: int = 3, source: Path | None = None, verbose: bool = False
+) -> RunResult:
     console = Console(file=sys.stdout, soft_wrap=True)
     if source is not None and not source.exists():
         raise FileNotFoundError(f"--source {source}: no such file or directory")
     source = source or demo_source(console)
-    return run_local("harnessrl-full", demo_arguments(source, max_tasks), run_dir or default_run_dir("demo"),
-                     verbose=verbose, console=console)
+    return run_local(
+        "harnessrl-full",
+        demo_arguments(source, max_tasks),
+        run_dir or default_run_dir("demo"),
+        verbose=verbose,
+        console=console,
+    )

@@ -53,17 +53,32 @@ class StageSlot:
 
 
 STAGE_SLOTS: tuple[StageSlot, ...] = (
-    StageSlot("estimate_difficulty", "components.estimate_difficulty.component:estimate_difficulty",
-              gpus=1, aliases={"model": "checkpoint", "policy": "checkpoint", "n": "difficulty_n"}),
-    StageSlot("select", "components.estimate_difficulty.component:select",
-              aliases={"difficulty": "estimates"}),
-    StageSlot("generate_rollouts", "components.generate.component:generate_rollouts", per_round=True,
-              gpus=1, streams_large_objects=True,
-              aliases={"tasks": "selected", "model": "checkpoint", "policy": "checkpoint"}),
-    StageSlot("verify", "components.verify.component:verify", per_round=True,
-              aliases={"tasks": "selected"}),
-    StageSlot("train_grpo", "components.train.component:train_grpo", per_round=True, gpus=1,
-              streams_large_objects=True, aliases={"model": "checkpoint", "policy": "checkpoint"}),
+    StageSlot(
+        "estimate_difficulty",
+        "components.estimate_difficulty.component:estimate_difficulty",
+        gpus=1,
+        aliases={"model": "checkpoint", "policy": "checkpoint", "n": "difficulty_n"},
+    ),
+    StageSlot(
+        "select", "components.estimate_difficulty.component:select", aliases={"difficulty": "estimates"}
+    ),
+    StageSlot(
+        "generate_rollouts",
+        "components.generate.component:generate_rollouts",
+        per_round=True,
+        gpus=1,
+        streams_large_objects=True,
+        aliases={"tasks": "selected", "model": "checkpoint", "policy": "checkpoint"},
+    ),
+    StageSlot("verify", "components.verify.component:verify", per_round=True, aliases={"tasks": "selected"}),
+    StageSlot(
+        "train_grpo",
+        "components.train.component:train_grpo",
+        per_round=True,
+        gpus=1,
+        streams_large_objects=True,
+        aliases={"model": "checkpoint", "policy": "checkpoint"},
+    ),
 )
 
 
@@ -88,7 +103,8 @@ def wire(slot: StageSlot, comp: Any, pool: Mapping[str, Any], *, cluster: bool) 
     if missing:
         raise PipelineUnavailable(
             f"{slot.stage}: input(s) {missing} have no upstream; available: {sorted(pool)}. Rename the input "
-            f"after an upstream output or add an alias to its StageSlot in pipelines/full.py")
+            f"after an upstream output or add an alias to its StageSlot in pipelines/full.py"
+        )
     task = comp(**kwargs)
     if cluster and slot.gpus:
         gpu_step(task, gpus=slot.gpus)
@@ -108,8 +124,13 @@ def publish_outputs(task: dsl.PipelineTask, comp: Any, pool: dict[str, Any]) -> 
             pool["checkpoint"] = task.outputs[name]
 
 
-def build_full_pipeline(slots: Sequence[StageSlot] = STAGE_SLOTS, *, rounds: int = 2, cluster: bool = True,
-                        name: str = FULL_PIPELINE_NAME) -> Any:
+def build_full_pipeline(
+    slots: Sequence[StageSlot] = STAGE_SLOTS,
+    *,
+    rounds: int = 2,
+    cluster: bool = True,
+    name: str = FULL_PIPELINE_NAME,
+) -> Any:
     """The full pipeline, with `rounds` generate → verify → train rounds; raises PipelineUnavailable."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -122,8 +143,11 @@ def build_full_pipeline(slots: Sequence[StageSlot] = STAGE_SLOTS, *, rounds: int
     if missing:
         raise PipelineUnavailable("; ".join(missing))
 
-    @dsl.pipeline(name=name, description="Data prep, difficulty estimation and selection, then rounds of "
-                                         "rollout generation, verification and GRPO training.")
+    @dsl.pipeline(
+        name=name,
+        description="Data prep, difficulty estimation and selection, then rounds of "
+        "rollout generation, verification and GRPO training.",
+    )
     def harnessrl_full(
         source_uri: str,
         base_model_uri: str,
@@ -142,17 +166,31 @@ def build_full_pipeline(slots: Sequence[StageSlot] = STAGE_SLOTS, *, rounds: int
         k_all_fail: int = 1000,
         config_json: str = "{}",
     ):
-        prep = add_data_prep(source_uri, max_tasks=max_tasks, seed=seed, timeout_s=timeout_s,
-                             max_tests=max_tests, require_f2p=require_f2p,
-                             require_problem_statement=require_problem_statement,
-                             check_branches=check_branches, drop_duplicates=drop_duplicates)
+        prep = add_data_prep(
+            source_uri,
+            max_tasks=max_tasks,
+            seed=seed,
+            timeout_s=timeout_s,
+            max_tests=max_tests,
+            require_f2p=require_f2p,
+            require_problem_statement=require_problem_statement,
+            check_branches=check_branches,
+            drop_duplicates=drop_duplicates,
+        )
         base_model = dsl.importer(artifact_uri=base_model_uri, artifact_class=dsl.Model, reimport=False)
         base_model.set_display_name("import-base-model")
         # pipeline parameters later stages take by name (engine_url: e.g. http://vllm.harnessrl:8000)
-        pool: dict[str, Any] = {"tasks": prep.tasks, "checkpoint": base_model.output, "seed": seed,
-                                "engine_url": engine_url, "specs_json": specs_json, "group_size": group_size,
-                                "difficulty_n": difficulty_n, "k_all_fail": k_all_fail,
-                                "config_json": config_json}
+        pool: dict[str, Any] = {
+            "tasks": prep.tasks,
+            "checkpoint": base_model.output,
+            "seed": seed,
+            "engine_url": engine_url,
+            "specs_json": specs_json,
+            "group_size": group_size,
+            "difficulty_n": difficulty_n,
+            "k_all_fail": k_all_fail,
+            "config_json": config_json,
+        }
         previous: dsl.PipelineTask = prep.gate
         for round_index in range(rounds + 1):
             for slot, comp in loaded:

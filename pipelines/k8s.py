@@ -16,8 +16,11 @@ GPU_TOLERATIONS: tuple[dict, ...] = ({"key": "nvidia.com/gpu", "operator": "Exis
 S3_SECRET_NAME = os.environ.get("HARNESSRL_S3_SECRET", "harnessrl-s3")
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 STORE_CONFIG_MAP = os.environ.get("HARNESSRL_STORE_CONFIGMAP", "harnessrl-store")
-STORE_CONFIG_KEYS = {"HARNESSRL_S3_ENDPOINT": "HARNESSRL_S3_ENDPOINT", "HARNESSRL_S3_BUCKET": "HARNESSRL_S3_BUCKET",
-                     "HARNESSRL_S3_REGION": "HARNESSRL_S3_REGION"}
+STORE_CONFIG_KEYS = {
+    "HARNESSRL_S3_ENDPOINT": "HARNESSRL_S3_ENDPOINT",
+    "HARNESSRL_S3_BUCKET": "HARNESSRL_S3_BUCKET",
+    "HARNESSRL_S3_REGION": "HARNESSRL_S3_REGION",
+}
 
 
 def gpu_step(
@@ -42,9 +45,12 @@ def gpu_step(
     return task
 
 
-def use_s3_credentials(task: dsl.PipelineTask, secret_name: str = S3_SECRET_NAME,
-                       config_map: str = STORE_CONFIG_MAP) -> dsl.PipelineTask:
+def use_s3_credentials(
+    task: dsl.PipelineTask, secret_name: str = S3_SECRET_NAME, config_map: str = STORE_CONFIG_MAP
+) -> dsl.PipelineTask:
     """Env for `harnessrl.store` from a Secret (keys) and a ConfigMap (endpoint, bucket); values never in YAML."""
     kubernetes.use_secret_as_env(task, secret_name=secret_name, secret_key_to_env=S3_SECRET_KEYS)
-    kubernetes.use_config_map_as_env(task, config_map_name=config_map, config_map_key_to_env=STORE_CONFIG_KEYS)
+    kubernetes.use_config_map_as_env(
+        task, config_map_name=config_map, config_map_key_to_env=STORE_CONFIG_KEYS
+    )
     return task

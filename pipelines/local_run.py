@@ -1,11 +1,11 @@
 """Runs a pipeline locally with kfp.local (SubprocessRunner, this Python env) in a run directory:
 
-    <run dir>/run.json      index: pipeline, arguments, status, every task's outputs (path, type, metrics)
-    <run dir>/pipeline.yaml the compiled IR that ran
-    <run dir>/run.log       full kfp.local log (every step's stdout/stderr)
-    <run dir>/artifacts/    kfp.local pipeline root: <pipeline>-<time>/<task>/<output>
-    <run dir>/reports/      each Markdown report (+ its plots as PNG files) and index.md
-    <run dir>/inputs/       local copies of s3:// / minio:// arguments (kfp.local reads only local files)
+<run dir>/run.json      index: pipeline, arguments, status, every task's outputs (path, type, metrics)
+<run dir>/pipeline.yaml the compiled IR that ran
+<run dir>/run.log       full kfp.local log (every step's stdout/stderr)
+<run dir>/artifacts/    kfp.local pipeline root: <pipeline>-<time>/<task>/<output>
+<run dir>/reports/      each Markdown report (+ its plots as PNG files) and index.md
+<run dir>/inputs/       local copies of s3:// / minio:// arguments (kfp.local reads only local files)
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class RunResult:
         lines = [ln for ln in self.failed_log if not TASK_END_RE.search(ln)]
         for i in range(len(lines) - 1, -1, -1):
             if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Interrupt)\b.*:", lines[i]):
-                return "\n".join(lines[i:i + 6])
+                return "\n".join(lines[i : i + 6])
         return lines[-1] if lines else None
 
     @property
@@ -81,8 +81,10 @@ def load_runnable(pipeline: str) -> tuple[str, Any]:
 
         comp = components.load_component_from_file(str(path))
         return comp.name, comp
-    raise LocalRunError(f"{pipeline!r} is neither a registered pipeline ({', '.join(PIPELINES)}) "
-                        "nor a compiled pipeline .yaml file")
+    raise LocalRunError(
+        f"{pipeline!r} is neither a registered pipeline ({', '.join(PIPELINES)}) "
+        "nor a compiled pipeline .yaml file"
+    )
 
 
 _CASTS = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": float}
@@ -97,8 +99,10 @@ def parse_arguments(pipeline: Any, pairs: list[str] | None) -> dict[str, Any]:
             raise LocalRunError(f"--arg {pair!r}: expected NAME=VALUE")
         key, value = pair.split("=", 1)
         if key not in inputs:
-            raise LocalRunError(f"--arg {key}: {pipeline.name} has no parameter {key!r}; "
-                                f"it has {', '.join(sorted(inputs)) or 'none'}")
+            raise LocalRunError(
+                f"--arg {key}: {pipeline.name} has no parameter {key!r}; "
+                f"it has {', '.join(sorted(inputs)) or 'none'}"
+            )
         kind = str(inputs[key].type).upper()
         try:
             if kind in ("BOOLEAN", "BOOL"):
@@ -108,11 +112,14 @@ def parse_arguments(pipeline: Any, pairs: list[str] | None) -> dict[str, Any]:
             elif kind in ("LIST", "STRUCT", "JSONARRAY", "JSONOBJECT"):
                 args[key] = json.loads(value)
             else:
-                args[key] = {"INTEGER": int, "FLOAT": float, "DOUBLE": float}.get(kind, _CASTS.get(kind, str))(value)
+                args[key] = {"INTEGER": int, "FLOAT": float, "DOUBLE": float}.get(
+                    kind, _CASTS.get(kind, str)
+                )(value)
         except (ValueError, json.JSONDecodeError):
             raise LocalRunError(f"--arg {key}={value!r}: not a valid {inputs[key].type}") from None
-    missing = sorted(k for k, spec in inputs.items() if k not in args and spec.default is None
-                     and not spec.optional)
+    missing = sorted(
+        k for k, spec in inputs.items() if k not in args and spec.default is None and not spec.optional
+    )
     if missing:
         raise LocalRunError(f"{pipeline.name}: missing required argument(s) {missing}; pass --arg NAME=VALUE")
     return args
@@ -294,8 +301,11 @@ def _collect_outputs(pipeline_run_dir: Path, spec: dict) -> dict[str, dict[str, 
         for name, group in data.get("artifacts", {}).items():
             for art in group.get("artifacts", []):
                 path = Path(art["uri"])
-                entry = {"type": types.get(task_name, {}).get(name, "system.Artifact"), "path": str(path),
-                         "exists": path.exists()}
+                entry = {
+                    "type": types.get(task_name, {}).get(name, "system.Artifact"),
+                    "path": str(path),
+                    "exists": path.exists(),
+                }
                 if art.get("metadata"):
                     entry["metadata"] = art["metadata"]
                 outputs[name] = entry
@@ -329,8 +339,12 @@ def _cached_outputs(cache_hits: Mapping[str, str], cache_root: Path, spec: dict)
         for name, value in json.loads(entries[0].read_text()).items():
             if isinstance(value, dict) and value.get("__kfp_artifact__"):
                 path = Path(value["uri"])
-                outputs[name] = {"type": value.get("schema_title", "system.Artifact"), "path": str(path),
-                                 "exists": path.exists(), "metadata": value.get("metadata", {})}
+                outputs[name] = {
+                    "type": value.get("schema_title", "system.Artifact"),
+                    "path": str(path),
+                    "exists": path.exists(),
+                    "metadata": value.get("metadata", {}),
+                }
             else:
                 outputs[name] = {"type": types.get(task_name, {}).get(name, "parameter"), "value": value}
         tasks[task_name] = {"status": "cached", "outputs": outputs}
@@ -353,13 +367,17 @@ def _write_reports(tasks: Mapping[str, dict[str, Any]], reports_dir: Path) -> li
                 png_path.parent.mkdir(parents=True, exist_ok=True)
                 png_path.write_bytes(png)
             counter = iter(range(len(pngs)))
-            linked = DATA_URI_RE.sub(lambda m, c=counter, s=stem: f"![{m['alt']}]({s}-{next(c)}.png)", markdown)
+            linked = DATA_URI_RE.sub(
+                lambda m, c=counter, s=stem: f"![{m['alt']}]({s}-{next(c)}.png)", markdown
+            )
             md_path = atomic_write_text(reports_dir / f"{stem}.md", linked)
             written.append(md_path)
             sections.append(f"## {task_key}\n\n" + linked.replace("\n# ", "\n### "))
             task["outputs"][out_name]["report"] = str(md_path)
     if sections:
-        written.insert(0, atomic_write_text(reports_dir / "index.md", "# Run reports\n\n" + "\n\n".join(sections)))
+        written.insert(
+            0, atomic_write_text(reports_dir / "index.md", "# Run reports\n\n" + "\n\n".join(sections))
+        )
     return written
 
 
@@ -392,7 +410,9 @@ def run_local(
     name, runnable = load_runnable(pipeline)
     run_dir = Path(run_dir) if run_dir else default_run_dir(name)
     run_dir = run_dir.resolve()
-    typed = parse_arguments(runnable, list(arguments)) if not isinstance(arguments, Mapping) else dict(arguments)
+    typed = (
+        parse_arguments(runnable, list(arguments)) if not isinstance(arguments, Mapping) else dict(arguments)
+    )
     args = localize_uris(typed, inputs_dir=run_dir / "inputs")
     artifacts = run_dir / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -401,15 +421,25 @@ def run_local(
 
     spec = next(yaml.safe_load_all((run_dir / "pipeline.yaml").read_text()))
     cache_root = run_dir.parent / ".kfp-cache"
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(artifacts),
-               raise_on_error=True, enable_caching=cache, cache_root=str(cache_root) if cache else None)
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(artifacts),
+        raise_on_error=True,
+        enable_caching=cache,
+        cache_root=str(cache_root) if cache else None,
+    )
     started = dt.datetime.now(dt.UTC)
     before = set(artifacts.iterdir())
     console.print(f"[bold]{name}[/]: running locally in {run_dir}", highlight=False)
     status, failed_task, error, failed_log = "succeeded", None, None, []
-    with open(run_dir / "run.log", "a", encoding="utf-8") as log, _ProgressTee(log, console, verbose) as tee, \
-            _root_logging_to(tee), _sigterm_as_interrupt(), warnings.catch_warnings(), \
-            contextlib.redirect_stdout(tee):
+    with (
+        open(run_dir / "run.log", "a", encoding="utf-8") as log,
+        _ProgressTee(log, console, verbose) as tee,
+        _root_logging_to(tee),
+        _sigterm_as_interrupt(),
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(tee),
+    ):
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
@@ -427,29 +457,40 @@ def run_local(
     tasks = _cached_outputs(tee.cache_hits, cache_root, spec)
     tasks.update(_collect_outputs(new_dirs[-1], spec) if new_dirs else {})
     if failed_task:
-        tasks[failed_task] = {"status": "failed", "outputs": (
-            _partial_outputs(new_dirs[-1], failed_task, spec) if new_dirs else {})}
+        tasks[failed_task] = {
+            "status": "failed",
+            "outputs": (_partial_outputs(new_dirs[-1], failed_task, spec) if new_dirs else {}),
+        }
     _read_metrics(tasks)
     reports = _write_reports(tasks, run_dir / "reports")
-    result = RunResult(run_dir=run_dir, status=status, failed_task=failed_task, tasks=tasks, reports=reports,
-                       failed_log=failed_log)
-    atomic_write_json(result.index_path, {
-        "pipeline": name,
-        "arguments": args,
-        "status": status,
-        "failed_task": failed_task,
-        "error": error,
-        "failed_log_tail": failed_log,
-        "started": started.isoformat(),
-        "finished": dt.datetime.now(dt.UTC).isoformat(),
-        "run_dir": str(run_dir),
-        "pipeline_root": str(new_dirs[-1]) if new_dirs else None,
-        "log": str(run_dir / "run.log"),
-        "reports": [str(p) for p in reports],
-        "tasks": tasks,
-        "python": sys.executable,
-        "cwd": os.getcwd(),
-    })
+    result = RunResult(
+        run_dir=run_dir,
+        status=status,
+        failed_task=failed_task,
+        tasks=tasks,
+        reports=reports,
+        failed_log=failed_log,
+    )
+    atomic_write_json(
+        result.index_path,
+        {
+            "pipeline": name,
+            "arguments": args,
+            "status": status,
+            "failed_task": failed_task,
+            "error": error,
+            "failed_log_tail": failed_log,
+            "started": started.isoformat(),
+            "finished": dt.datetime.now(dt.UTC).isoformat(),
+            "run_dir": str(run_dir),
+            "pipeline_root": str(new_dirs[-1]) if new_dirs else None,
+            "log": str(run_dir / "run.log"),
+            "reports": [str(p) for p in reports],
+            "tasks": tasks,
+            "python": sys.executable,
+            "cwd": os.getcwd(),
+        },
+    )
     if status == "interrupted":
         raise KeyboardInterrupt(f"interrupted; partial results indexed in {result.index_path}")
     return result

@@ -21,17 +21,32 @@ class PipelineEntry:
         return obj if hasattr(obj, "pipeline_spec") else obj()
 
 
-PIPELINES: dict[str, PipelineEntry] = {e.name: e for e in (
-    PipelineEntry("data-prep", "pipelines.data_prep:data_prep",
-                  "synthesize a task set from a repo/sdist → clean → validate"),
-    PipelineEntry("clean-only", "pipelines.data_prep:clean_only",
-                  "rerun cleaning alone on a task set imported by URI (tasks_uri)"),
-    PipelineEntry("validate-only", "pipelines.data_prep:validate_only",
-                  "rerun validation alone on a task set imported by URI (tasks_uri)"),
-    PipelineEntry("harnessrl-full", "pipelines.full:full_pipeline",
-                  "data-prep → difficulty → select → rounds of generate → verify → train",
-                  local_target="pipelines.full:full_pipeline_local"),
-)}
+PIPELINES: dict[str, PipelineEntry] = {
+    e.name: e
+    for e in (
+        PipelineEntry(
+            "data-prep",
+            "pipelines.data_prep:data_prep",
+            "synthesize a task set from a repo/sdist → clean → validate",
+        ),
+        PipelineEntry(
+            "clean-only",
+            "pipelines.data_prep:clean_only",
+            "rerun cleaning alone on a task set imported by URI (tasks_uri)",
+        ),
+        PipelineEntry(
+            "validate-only",
+            "pipelines.data_prep:validate_only",
+            "rerun validation alone on a task set imported by URI (tasks_uri)",
+        ),
+        PipelineEntry(
+            "harnessrl-full",
+            "pipelines.full:full_pipeline",
+            "data-prep → difficulty → select → rounds of generate → verify → train",
+            local_target="pipelines.full:full_pipeline_local",
+        ),
+    )
+}
 
 
 def get_entry(name: str) -> PipelineEntry:

@@ -24,10 +24,14 @@ class CompiledPipeline:
         path = Path(path)
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         if not docs or "pipelineInfo" not in docs[0]:
-            raise ValueError(f"{path}: not a compiled KFP pipeline (no pipelineInfo in the first YAML document)")
+            raise ValueError(
+                f"{path}: not a compiled KFP pipeline (no pipelineInfo in the first YAML document)"
+            )
         platform: dict = {}
         for doc in docs[1:]:
-            platform = doc.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
+            platform = (
+                doc.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
+            )
         return cls(path=path, spec=docs[0], platform=platform)
 
     @property
@@ -59,8 +63,9 @@ class CompiledPipeline:
         return [t for t in self.tasks() if self.resources(t[2]).get("accelerator")]
 
 
-def gpu_problems(compiled: CompiledPipeline, label: str, *, gpus: int | None = None,
-                 accelerator: str = "nvidia.com/gpu") -> list[str]:
+def gpu_problems(
+    compiled: CompiledPipeline, label: str, *, gpus: int | None = None, accelerator: str = "nvidia.com/gpu"
+) -> list[str]:
     """What is missing for executor `label` to land on a GPU node with its GPUs; [] when placement is complete."""
     problems: list[str] = []
     res = compiled.resources(label)

@@ -39,14 +39,21 @@ def check_reachable(host: str, token: str | None, timeout_s: float) -> None:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             response.read()
     except urllib.error.HTTPError as e:
-        hint = {401: "pass --token or set KF_PIPELINES_TOKEN", 403: "the token lacks access to this namespace",
-                404: "is this the KFP API (e.g. the ml-pipeline-ui service), not another service?"}
-        raise SubmitError(f"Kubeflow Pipelines at {host} answered HTTP {e.code} on {HEALTHZ}"
-                          f"{': ' + hint[e.code] if e.code in hint else ''}") from None
+        hint = {
+            401: "pass --token or set KF_PIPELINES_TOKEN",
+            403: "the token lacks access to this namespace",
+            404: "is this the KFP API (e.g. the ml-pipeline-ui service), not another service?",
+        }
+        raise SubmitError(
+            f"Kubeflow Pipelines at {host} answered HTTP {e.code} on {HEALTHZ}"
+            f"{': ' + hint[e.code] if e.code in hint else ''}"
+        ) from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise SubmitError(f"cannot reach Kubeflow Pipelines at {host}: {reason} (is the endpoint up? e.g. "
-                          "`kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`)") from None
+        raise SubmitError(
+            f"cannot reach Kubeflow Pipelines at {host}: {reason} (is the endpoint up? e.g. "
+            "`kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`)"
+        ) from None
 
 
 def resolve_package(pipeline: str, workdir: Path) -> tuple[str, Path]:
@@ -119,11 +126,21 @@ def submit(
         try:
             if not upload:
                 result = client.create_run_from_pipeline_package(
-                    str(package), arguments=args, run_name=run_name, experiment_name=experiment,
-                    namespace=namespace, pipeline_root=pipeline_root, service_account=service_account)
+                    str(package),
+                    arguments=args,
+                    run_name=run_name,
+                    experiment_name=experiment,
+                    namespace=namespace,
+                    pipeline_root=pipeline_root,
+                    service_account=service_account,
+                )
                 run = result.run_info
-                return Submitted(run_id=run.run_id, run_name=run_name, experiment_id=run.experiment_id,
-                                 url=f"{host.rstrip('/')}/#/runs/details/{run.run_id}")
+                return Submitted(
+                    run_id=run.run_id,
+                    run_name=run_name,
+                    experiment_id=run.experiment_id,
+                    url=f"{host.rstrip('/')}/#/runs/details/{run.run_id}",
+                )
             pipeline_id = client.get_pipeline_id(name)
             if pipeline_id is None:
                 created = client.upload_pipeline(str(package), pipeline_name=name, namespace=namespace)
@@ -133,15 +150,27 @@ def submit(
                     raise SubmitError(f"pipeline {name} ({pipeline_id}) was uploaded but has no version")
                 version_id = versions.pipeline_versions[0].pipeline_version_id
             else:
-                version = client.upload_pipeline_version(str(package), pipeline_version_name=f"{name}-{stamp}",
-                                                         pipeline_id=pipeline_id)
+                version = client.upload_pipeline_version(
+                    str(package), pipeline_version_name=f"{name}-{stamp}", pipeline_id=pipeline_id
+                )
                 version_id = version.pipeline_version_id
             exp = client.create_experiment(experiment, namespace=namespace)
-            run = client.run_pipeline(exp.experiment_id, run_name, params=args, pipeline_id=pipeline_id,
-                                      version_id=version_id, pipeline_root=pipeline_root,
-                                      service_account=service_account)
-            return Submitted(run_id=run.run_id, run_name=run_name, experiment_id=exp.experiment_id,
-                             pipeline_id=pipeline_id, pipeline_version_id=version_id,
-                             url=f"{host.rstrip('/')}/#/runs/details/{run.run_id}")
+            run = client.run_pipeline(
+                exp.experiment_id,
+                run_name,
+                params=args,
+                pipeline_id=pipeline_id,
+                version_id=version_id,
+                pipeline_root=pipeline_root,
+                service_account=service_account,
+            )
+            return Submitted(
+                run_id=run.run_id,
+                run_name=run_name,
+                experiment_id=exp.experiment_id,
+                pipeline_id=pipeline_id,
+                pipeline_version_id=version_id,
+                url=f"{host.rstrip('/')}/#/runs/details/{run.run_id}",
+            )
         except ApiException as e:
             raise _api_error(e, f"submitting {name} to {host}") from None

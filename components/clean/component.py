@@ -23,7 +23,14 @@ def clean(
     from components.clean.stage import run_clean
     from harnessrl.reports import publish
 
-    result = run_clean(Path(tasks.path), Path(kept.path), Path(rejected.path), max_tests=max_tests,
-                       require_f2p=require_f2p, require_problem_statement=require_problem_statement,
-                       check_branches=check_branches, drop_duplicates=drop_duplicates)
+    result = run_clean(
+        Path(tasks.path),
+        Path(kept.path),
+        Path(rejected.path),
+        max_tests=max_tests,
+        require_f2p=require_f2p,
+        require_problem_statement=require_problem_statement,
+        check_branches=check_branches,
+        drop_duplicates=drop_duplicates,
+    )
     publish(result.markdown, result.metrics, report, metrics)

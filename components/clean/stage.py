@@ -26,8 +26,18 @@ def run_clean(tasks: Path, kept_out: Path, rejected_out: Path, **params: Any) ->
     report = clean_taskset(Path(tasks), Path(kept_out), Path(rejected_out), clean_params(**params))
     markdown = report.markdown()
     counts = {"kept": report.n_kept, **{f"rejected: {k}": v for k, v in sorted(report.reasons.items()) if v}}
-    markdown += "\n" + embed_png(bar_chart_png(counts, "rows kept, and rejected per reason", "rows"),
-                                 "rows kept and rejected per reason") + "\n"
-    metrics = {"n_in": report.n_in, "n_kept": report.n_kept, "n_rejected": report.n_rejected,
-               **report.metrics()}
+    markdown += (
+        "\n"
+        + embed_png(
+            bar_chart_png(counts, "rows kept, and rejected per reason", "rows"),
+            "rows kept and rejected per reason",
+        )
+        + "\n"
+    )
+    metrics = {
+        "n_in": report.n_in,
+        "n_kept": report.n_kept,
+        "n_rejected": report.n_rejected,
+        **report.metrics(),
+    }
     return StageReport(markdown=markdown, metrics=metrics)

@@ -9,15 +9,25 @@ import json
 def register(commands, stages) -> None:
     from components.generate.cli import add_policy_args
 
-    p = stages.add_parser("estimate-difficulty", help="Best-of-N generate + verify per task → pass counts",
-                          description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = stages.add_parser(
+        "estimate-difficulty",
+        help="Best-of-N generate + verify per task → pass counts",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--tasks", required=True, help="task-set directory")
-    p.add_argument("--out", required=True, help="output directory (pass_counts.jsonl, history.jsonl, report.md, …)")
+    p.add_argument(
+        "--out", required=True, help="output directory (pass_counts.jsonl, history.jsonl, report.md, …)"
+    )
     p.add_argument("--n", type=int, default=4, help="rollouts per task (Best-of-N)")
     p.add_argument("--specs", help="harness spec JSON (see `harnessrl stage generate --help`)")
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--executor", choices=["threads", "ray"], default="threads",
-                   help="where rollouts run (see `harnessrl stage generate --help`)")
+    p.add_argument(
+        "--executor",
+        choices=["threads", "ray"],
+        default="threads",
+        help="where rollouts run (see `harnessrl stage generate --help`)",
+    )
     p.add_argument("--ray-cpus", type=float, default=0.5, help="ray: CPUs reserved per rollout task")
     p.add_argument("--verify-workers", type=int, default=2)
     p.add_argument("--max-tasks", type=int)
@@ -28,16 +38,24 @@ def register(commands, stages) -> None:
     p.set_defaults(func=_estimate)
 
 
-
 def _estimate(args) -> int:
     from components.estimate_difficulty.stage import run_estimate
     from components.generate.cli import policy_from_args
 
-    metrics = run_estimate(args.tasks, args.out, n=args.n, specs=args.specs, policy=policy_from_args(args),
-                           concurrency=args.concurrency, verify_workers=args.verify_workers,
-                           max_tasks=args.max_tasks, history_round=args.round, progress=not args.quiet,
-                           allow_unsandboxed=args.allow_unsandboxed, executor=args.executor,
-                           ray_cpus=args.ray_cpus)
+    metrics = run_estimate(
+        args.tasks,
+        args.out,
+        n=args.n,
+        specs=args.specs,
+        policy=policy_from_args(args),
+        concurrency=args.concurrency,
+        verify_workers=args.verify_workers,
+        max_tasks=args.max_tasks,
+        history_round=args.round,
+        progress=not args.quiet,
+        allow_unsandboxed=args.allow_unsandboxed,
+        executor=args.executor,
+        ray_cpus=args.ray_cpus,
+    )
     print(json.dumps(metrics))
     return 0
-

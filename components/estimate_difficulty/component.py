@@ -29,10 +29,21 @@ def estimate_difficulty(
     from harnessrl.rollout.specs import parse_specs
 
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
-    result = run_estimate(Path(tasks.path), Path(estimates.path), n=n, specs=specs,
-                          policy=PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
-                          concurrency=concurrency, verify_workers=verify_workers, progress=False,
-                          executor=executor)
-    publish((Path(estimates.path) / "report.md").read_text(),
-            {k: v for k, v in result.items() if not isinstance(v, dict)}, report, metrics)
+    result = run_estimate(
+        Path(tasks.path),
+        Path(estimates.path),
+        n=n,
+        specs=specs,
+        policy=PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
+        concurrency=concurrency,
+        verify_workers=verify_workers,
+        progress=False,
+        executor=executor,
+    )
+    publish(
+        (Path(estimates.path) / "report.md").read_text(),
+        {k: v for k, v in result.items() if not isinstance(v, dict)},
+        report,
+        metrics,
+    )
     estimates.metadata.update({"tasks": result["tasks"], "n": n})

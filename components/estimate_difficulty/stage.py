@@ -35,8 +35,17 @@ def count_passes(rollouts: list[dict], rewards: list[dict]) -> list[dict]:
     by_rollout = {r["rollout_id"]: r for r in rewards}
     tasks: dict[str, dict[str, Any]] = {}
     for r in rollouts:
-        t = tasks.setdefault(r["instance_id"], {"instance_id": r["instance_id"], "repo": r["repo"], "n": 0,
-                                                "n_valid": 0, "passes": 0, "excluded": Counter()})
+        t = tasks.setdefault(
+            r["instance_id"],
+            {
+                "instance_id": r["instance_id"],
+                "repo": r["repo"],
+                "n": 0,
+                "n_valid": 0,
+                "passes": 0,
+                "excluded": Counter(),
+            },
+        )
         t["n"] += 1
         verdict = by_rollout.get(r["rollout_id"])
         if r.get("rollout_status", "ok") != "ok":
@@ -56,10 +65,21 @@ def count_passes(rollouts: list[dict], rewards: list[dict]) -> list[dict]:
     return out
 
 
-def run_estimate(tasks: str | Path, out: str | Path, n: int = 4, specs: Any = None, policy: Any = None,
-                 concurrency: int = 4, verify_workers: int = 2, max_tasks: int | None = None,
-                 history_round: int = 0, progress: bool = True, allow_unsandboxed: bool = False,
-                 executor: str = "threads", ray_cpus: float = 0.5) -> dict[str, Any]:
+def run_estimate(
+    tasks: str | Path,
+    out: str | Path,
+    n: int = 4,
+    specs: Any = None,
+    policy: Any = None,
+    concurrency: int = 4,
+    verify_workers: int = 2,
+    max_tasks: int | None = None,
+    history_round: int = 0,
+    progress: bool = True,
+    allow_unsandboxed: bool = False,
+    executor: str = "threads",
+    ray_cpus: float = 0.5,
+) -> dict[str, Any]:
     from harnessrl.rollout.generate import GenerateConfig, run_generate
     from harnessrl.verify.rollouts import run_verify
 
@@ -67,31 +87,55 @@ def run_estimate(tasks: str | Path, out: str | Path, n: int = 4, specs: Any = No
         raise ValueError(f"n (rollouts per task) must be >= 1, got {n}")
     out = Path(out)
     with atomic_output(out) as tmp:
-        gen_metrics = run_generate(tasks, tmp / "rollouts", specs, policy,
-                                   GenerateConfig(group_size=n, concurrency=concurrency, max_tasks=max_tasks,
-                                                  allow_unsandboxed=allow_unsandboxed, executor=executor,
-                                                  ray_cpus=ray_cpus), progress=progress)
-        verify_summary = run_verify(Path(tasks), tmp / "rollouts", tmp / "verified", verify_workers,
-                                    show_progress=progress)
+        gen_metrics = run_generate(
+            tasks,
+            tmp / "rollouts",
+            specs,
+            policy,
+            GenerateConfig(
+                group_size=n,
+                concurrency=concurrency,
+                max_tasks=max_tasks,
+                allow_unsandboxed=allow_unsandboxed,
+                executor=executor,
+                ray_cpus=ray_cpus,
+            ),
+            progress=progress,
+        )
+        verify_summary = run_verify(
+            Path(tasks), tmp / "rollouts", tmp / "verified", verify_workers, show_progress=progress
+        )
         rollouts = list(read_jsonl(tmp / "rollouts" / "rollouts.jsonl"))
         rewards = list(read_jsonl(tmp / "verified" / "rewards.jsonl"))
         counts = count_passes(rollouts, rewards)
         write_jsonl(tmp / "pass_counts.jsonl", counts)
         PassRateHistory(tmp / "history.jsonl").record_round(
-            history_round, {c["instance_id"]: (c["n_valid"], c["passes"]) for c in counts})
+            history_round, {c["instance_id"]: (c["n_valid"], c["passes"]) for c in counts}
+        )
         plot_pass_rate_histogram(counts, tmp / "pass_rate_hist.png", title=f"Best-of-{n} pass rate per task")
         classes = Counter(classify(c["n_valid"], c["passes"]) for c in counts)
         excluded: Counter = Counter()
         for c in counts:
             excluded.update(c["excluded"])
-        metrics = {"tasks": len(counts), "n": n, "rollouts": len(rollouts),
-                   "valid_rollouts": sum(c["n_valid"] for c in counts),
-                   "passes": sum(c["passes"] for c in counts), ALL_PASS: classes[ALL_PASS], MIXED: classes[MIXED],
-                   ALL_FAIL: classes[ALL_FAIL], UNKNOWN: classes[UNKNOWN], "excluded": dict(excluded),
-                   "generate_wall_s": gen_metrics["wall_s"], "verify_wall_s": verify_summary.get("wall_s"),
-                   "rollouts_per_hour": gen_metrics["rollouts_per_hour"]}
+        metrics = {
+            "tasks": len(counts),
+            "n": n,
+            "rollouts": len(rollouts),
+            "valid_rollouts": sum(c["n_valid"] for c in counts),
+            "passes": sum(c["passes"] for c in counts),
+            ALL_PASS: classes[ALL_PASS],
+            MIXED: classes[MIXED],
+            ALL_FAIL: classes[ALL_FAIL],
+            UNKNOWN: classes[UNKNOWN],
+            "excluded": dict(excluded),
+            "generate_wall_s": gen_metrics["wall_s"],
+            "verify_wall_s": verify_summary.get("wall_s"),
+            "rollouts_per_hour": gen_metrics["rollouts_per_hour"],
+        }
         atomic_write_json(tmp / "metrics.json", metrics)
-        atomic_write_text(tmp / "report.md", _report(metrics, counts, (tmp / "pass_rate_hist.png").read_bytes()))
+        atomic_write_text(
+            tmp / "report.md", _report(metrics, counts, (tmp / "pass_rate_hist.png").read_bytes())
+        )
     return metrics
 
 
@@ -101,15 +145,24 @@ def _report(m: dict, counts: list[dict], png: bytes) -> str:
     per_repo: dict[str, Counter] = defaultdict(Counter)
     for c in counts:
         per_repo[c["repo"]][classify(c["n_valid"], c["passes"])] += 1
-    lines = ["# Difficulty estimation (Best-of-N)", "",
-             f"{m['tasks']} tasks × N={m['n']}: {m['rollouts']} rollouts, {m['valid_rollouts']} finished and graded, "
-             f"{m['passes']} passed. Tasks: {m[MIXED]} mixed, {m[ALL_PASS]} all-pass, {m[ALL_FAIL]} all-fail, "
-             f"{m[UNKNOWN]} without a valid rollout.", "",
-             f"Excluded rollouts (not counted as failures): {m['excluded'] or 'none'}.", "",
-             embed_png(png, "pass-rate histogram"), "",
-             "| repo | mixed | all-pass | all-fail | no valid rollout |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {repo} | {c[MIXED]} | {c[ALL_PASS]} | {c[ALL_FAIL]} | {c[UNKNOWN]} |"
-              for repo, c in sorted(per_repo.items())]
+    lines = [
+        "# Difficulty estimation (Best-of-N)",
+        "",
+        f"{m['tasks']} tasks × N={m['n']}: {m['rollouts']} rollouts, {m['valid_rollouts']} finished and graded, "
+        f"{m['passes']} passed. Tasks: {m[MIXED]} mixed, {m[ALL_PASS]} all-pass, {m[ALL_FAIL]} all-fail, "
+        f"{m[UNKNOWN]} without a valid rollout.",
+        "",
+        f"Excluded rollouts (not counted as failures): {m['excluded'] or 'none'}.",
+        "",
+        embed_png(png, "pass-rate histogram"),
+        "",
+        "| repo | mixed | all-pass | all-fail | no valid rollout |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {repo} | {c[MIXED]} | {c[ALL_PASS]} | {c[ALL_FAIL]} | {c[UNKNOWN]} |"
+        for repo, c in sorted(per_repo.items())
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -7,40 +7,66 @@ import json
 
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", help="HF model directory (checkpoint) served by the local engine "
-                                    "(default: the tiny embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--engine-url", help="use a remote token-level engine (vLLM pool / engine server) instead; "
-                                        "--policy then only supplies the tokenizer")
+    p.add_argument(
+        "--policy",
+        help="HF model directory (checkpoint) served by the local engine "
+        "(default: the tiny embedded SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--engine-url",
+        help="use a remote token-level engine (vLLM pool / engine server) instead; "
+        "--policy then only supplies the tokenizer",
+    )
     p.add_argument("--max-batch", type=int, default=16, help="local engine: requests decoded together")
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", required=True, help="task-set directory (tasks.jsonl + repos/)")
-    p.add_argument("--specs", help="JSON file: one HarnessSpec or a list (assigned round-robin per rollout); "
-                                   "default: the react harness in bubblewrap")
+    p.add_argument(
+        "--specs",
+        help="JSON file: one HarnessSpec or a list (assigned round-robin per rollout); "
+        "default: the react harness in bubblewrap",
+    )
     p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
-    p.add_argument("--executor", choices=["threads", "ray"], default="threads",
-                   help="where rollouts run: threads in this process, or Ray tasks (local Ray when RAY_ADDRESS "
-                        "is unset, else that cluster, e.g. ray://harnessrl-ray-head-svc.harnessrl:10001)")
+    p.add_argument(
+        "--executor",
+        choices=["threads", "ray"],
+        default="threads",
+        help="where rollouts run: threads in this process, or Ray tasks (local Ray when RAY_ADDRESS "
+        "is unset, else that cluster, e.g. ray://harnessrl-ray-head-svc.harnessrl:10001)",
+    )
     p.add_argument("--ray-cpus", type=float, default=0.5, help="ray: CPUs reserved per rollout task")
     p.add_argument("--max-tasks", type=int, help="only the first N tasks")
     p.add_argument("--instance-ids", nargs="+", help="only these tasks")
-    p.add_argument("--allow-unsandboxed", action="store_true",
-                   help="permit specs with sandbox 'local' (agent commands run unisolated; debugging only)")
-    p.add_argument("--keep-workspaces", action="store_true", help="keep final workspaces under OUT/workspaces")
+    p.add_argument(
+        "--allow-unsandboxed",
+        action="store_true",
+        help="permit specs with sandbox 'local' (agent commands run unisolated; debugging only)",
+    )
+    p.add_argument(
+        "--keep-workspaces", action="store_true", help="keep final workspaces under OUT/workspaces"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_policy_args(p)
 
 
 def register(commands, stages) -> None:
-    p = stages.add_parser("generate", help="rollouts: tasks × N through harness ↔ gateway ↔ engine",
-                          description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = stages.add_parser(
+        "generate",
+        help="rollouts: tasks × N through harness ↔ gateway ↔ engine",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_generate_args(p)
     p.add_argument("--group-size", type=int, default=4, help="rollouts per task (N)")
-    p.add_argument("--failed-samples", choices=["keep", "drop"], default="keep",
-                   help="samples of non-ok rollouts: keep them (with rollout_status; the trainer masks/drops) "
-                        "or leave them out of samples.parquet")
+    p.add_argument(
+        "--failed-samples",
+        choices=["keep", "drop"],
+        default="keep",
+        help="samples of non-ok rollouts: keep them (with rollout_status; the trainer masks/drops) "
+        "or leave them out of samples.parquet",
+    )
     p.add_argument("--out", required=True, help="output directory (replaced atomically)")
     p.set_defaults(func=_run)
 
@@ -54,19 +80,46 @@ def policy_from_args(args):
 def config_from_args(args, group_size: int):
     from harnessrl.rollout.generate import GenerateConfig
 
-    return GenerateConfig(group_size=group_size, concurrency=args.concurrency, max_tasks=args.max_tasks,
-                          instance_ids=args.instance_ids, allow_unsandboxed=args.allow_unsandboxed,
-                          keep_workspaces=args.keep_workspaces, seed=args.seed,
-                          executor=args.executor, ray_cpus=args.ray_cpus,
-                          failed_samples=getattr(args, "failed_samples", "keep"))
+    return GenerateConfig(
+        group_size=group_size,
+        concurrency=args.concurrency,
+        max_tasks=args.max_tasks,
+        instance_ids=args.instance_ids,
+        allow_unsandboxed=args.allow_unsandboxed,
+        keep_workspaces=args.keep_workspaces,
+        seed=args.seed,
+        executor=args.executor,
+        ray_cpus=args.ray_cpus,
+        failed_samples=getattr(args, "failed_samples", "keep"),
+    )
 
 
 def _run(args) -> int:
     from harnessrl.rollout.generate import run_generate
 
-    metrics = run_generate(args.tasks, args.out, args.specs, policy_from_args(args),
-                           config_from_args(args, args.group_size), progress=not args.quiet)
-    print(json.dumps({k: metrics[k] for k in ("rollouts", "tasks", "status", "finish_reasons", "records",
-                                              "samples", "rollouts_per_hour")}))
+    metrics = run_generate(
+        args.tasks,
+        args.out,
+        args.specs,
+        policy_from_args(args),
+        config_from_args(args, args.group_size),
+        progress=not args.quiet,
+    )
+    print(
+        json.dumps(
+            {
+                k: metrics[k]
+                for k in (
+                    "rollouts",
+                    "tasks",
+                    "status",
+                    "finish_reasons",
+                    "records",
+                    "samples",
+                    "rollouts_per_hour",
+                )
+            }
+        )
+    )
     print(f"wrote {args.out}/rollouts.jsonl, records.parquet, samples.parquet, report.md")
     return 0

@@ -36,10 +36,16 @@ def generate_rollouts(
 
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
     out = Path(rollouts.path)
-    result = run_generate(Path(tasks.path), out, specs,
-                          PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
-                          GenerateConfig(group_size=group_size, concurrency=concurrency, seed=seed,
-                                                         executor=executor, ray_cpus=ray_cpus), progress=False)
+    result = run_generate(
+        Path(tasks.path),
+        out,
+        specs,
+        PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
+        GenerateConfig(
+            group_size=group_size, concurrency=concurrency, seed=seed, executor=executor, ray_cpus=ray_cpus
+        ),
+        progress=False,
+    )
     Path(samples.path).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "samples.parquet", Path(samples.path) / "samples.parquet")
     flat = {k: v for k, v in result.items() if not isinstance(v, dict)}

@@ -8,11 +8,16 @@ from pathlib import Path
 
 
 def register(commands, stages) -> None:
-    s = stages.add_parser("select", help="drop all-pass, keep mixed, add K all-fail, split train/test",
-                          description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s = stages.add_parser(
+        "select",
+        help="drop all-pass, keep mixed, add K all-fail, split train/test",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("--tasks", required=True, help="the task set the estimates were made on")
-    s.add_argument("--estimates", required=True,
-                   help="estimate-difficulty output directory (or its pass_counts.jsonl)")
+    s.add_argument(
+        "--estimates", required=True, help="estimate-difficulty output directory (or its pass_counts.jsonl)"
+    )
     s.add_argument("--out", required=True, help="output directory: train/, test/, selection.jsonl, report.md")
     s.add_argument("--k-all-fail", type=int, default=0, help="all-fail tasks to keep (seeded sample)")
     s.add_argument("--test-fraction", type=float, default=0.1)
@@ -25,7 +30,13 @@ def _select(args) -> int:
 
     est = Path(args.estimates)
     counts = est / "pass_counts.jsonl" if est.is_dir() else est
-    metrics = run_select(args.tasks, counts, args.out, k_all_fail=args.k_all_fail,
-                         test_fraction=args.test_fraction, seed=args.seed)
+    metrics = run_select(
+        args.tasks,
+        counts,
+        args.out,
+        k_all_fail=args.k_all_fail,
+        test_fraction=args.test_fraction,
+        seed=args.seed,
+    )
     print(json.dumps(metrics))
     return 0

@@ -26,8 +26,14 @@ def select(
     from harnessrl.reports import publish
 
     work = Path(tempfile.mkdtemp(prefix="harnessrl-select-"))
-    result = run_select(Path(tasks.path), Path(difficulty.path) / "pass_counts.jsonl", work / "out",
-                        k_all_fail=k_all_fail, test_fraction=test_fraction, seed=seed)
+    result = run_select(
+        Path(tasks.path),
+        Path(difficulty.path) / "pass_counts.jsonl",
+        work / "out",
+        k_all_fail=k_all_fail,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     for split, artifact in (("train", selected), ("test", held_out)):
         if Path(artifact.path).exists():
             shutil.rmtree(artifact.path)

@@ -20,6 +20,7 @@ def synthesize(
     from components.synthesize.stage import run_synthesize
     from harnessrl.reports import publish
 
-    result = run_synthesize(Path(source.path), Path(tasks.path), max_tasks=max_tasks, seed=seed,
-                            timeout_s=timeout_s)
+    result = run_synthesize(
+        Path(source.path), Path(tasks.path), max_tasks=max_tasks, seed=seed, timeout_s=timeout_s
+    )
     publish(result.markdown, result.metrics, report, metrics)

@@ -18,16 +18,30 @@ def modifier_of(instance_id: str) -> str:
 def summarize_taskset(ts: TaskSet, title: str) -> StageReport:
     rows = ts.rows()
     by_modifier = Counter(modifier_of(r.get("instance_id", "")) for r in rows)
-    metrics: dict[str, float] = {"tasks": float(len(rows)), "repos": float(len(set(r.get("repo") for r in rows)))}
+    metrics: dict[str, float] = {
+        "tasks": float(len(rows)),
+        "repos": float(len(set(r.get("repo") for r in rows))),
+    }
     for key, value in ts.manifest.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in metrics:
             metrics[f"manifest_{key}"] = float(value)
-    lines = [f"# {title}", "", f"**{len(rows)} tasks** from `{ts.manifest.get('source', '?')}`", "",
-             "| bug modifier | tasks |", "|---|---|"]
+    lines = [
+        f"# {title}",
+        "",
+        f"**{len(rows)} tasks** from `{ts.manifest.get('source', '?')}`",
+        "",
+        "| bug modifier | tasks |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {n} |" for name, n in sorted(by_modifier.items())]
     if by_modifier:
-        lines += ["", embed_png(bar_chart_png(dict(sorted(by_modifier.items())), "tasks per bug modifier"),
-                                "tasks per bug modifier")]
+        lines += [
+            "",
+            embed_png(
+                bar_chart_png(dict(sorted(by_modifier.items())), "tasks per bug modifier"),
+                "tasks per bug modifier",
+            ),
+        ]
     return StageReport(markdown="\n".join(lines) + "\n", metrics=metrics)
 
 

@@ -7,20 +7,42 @@ import json
 
 
 def register(commands, stages) -> None:
-    p = stages.add_parser("train", help="GRPO update: samples + rewards + policy → new checkpoint, metrics, report",
-                          description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = stages.add_parser(
+        "train",
+        help="GRPO update: samples + rewards + policy → new checkpoint, metrics, report",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--samples", required=True, help="Parquet file or directory of Sample rows")
-    p.add_argument("--rewards", help="verify's JSONL (rollout_id, reward, status) file or directory; "
-                                     "without it each sample's own reward/rollout_status is used")
+    p.add_argument(
+        "--rewards",
+        help="verify's JSONL (rollout_id, reward, status) file or directory; "
+        "without it each sample's own reward/rollout_status is used",
+    )
     p.add_argument("--policy", help="HF model directory to start from (default: the tiny embedded model)")
-    p.add_argument("--out", required=True, help="output directory (model/, checkpoints/, metrics.json, report.md)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT/checkpoints")
+    p.add_argument(
+        "--out", required=True, help="output directory (model/, checkpoints/, metrics.json, report.md)"
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in OUT/checkpoints"
+    )
     p.add_argument("--config", help="JSON file with StageConfig fields (flags below override it)")
     p.add_argument("--estimator", choices=["grpo", "drgrpo", "rloo"])
     p.add_argument("--advantage-level", choices=["rollout", "sample"])
-    p.add_argument("--loss-mode", choices=["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-                                           "seq-mean-token-sum-norm", "rollout-token-mean"])
-    p.add_argument("--nonok", choices=["drop", "mask"], help="what to do with rollouts whose status is not ok")
+    p.add_argument(
+        "--loss-mode",
+        choices=[
+            "token-mean",
+            "token-sum",
+            "seq-mean-token-sum",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum-norm",
+            "rollout-token-mean",
+        ],
+    )
+    p.add_argument(
+        "--nonok", choices=["drop", "mask"], help="what to do with rollouts whose status is not ok"
+    )
     p.add_argument("--lr", type=float)
     p.add_argument("--groups-per-step", type=int)
     p.add_argument("--epochs", type=int)
@@ -34,7 +56,9 @@ def register(commands, stages) -> None:
     p.add_argument("--record-round", type=int, help="append this round's pass counts to --history")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--model-out", help="where to write the final model (default: OUT/model)")
-    p.add_argument("--upload-to", help="s3://bucket/prefix to upload the final model to (via harnessrl.store)")
+    p.add_argument(
+        "--upload-to", help="s3://bucket/prefix to upload the final model to (via harnessrl.store)"
+    )
     p.set_defaults(func=_run)
 
 
@@ -47,14 +71,26 @@ def build_config(args):
             base = json.load(f)
     train = dict(base.get("train", {}))
     optim = dict(train.get("optim", {}))
-    for flag, key in (("estimator", "estimator"), ("advantage_level", "advantage_level"), ("nonok", "nonok"),
-                      ("groups_per_step", "groups_per_step"), ("epochs", "epochs"), ("max_steps", "max_steps"),
-                      ("save_every", "save_every"), ("history", "history"), ("record_round", "record_round"),
-                      ("device", "device")):
+    for flag, key in (
+        ("estimator", "estimator"),
+        ("advantage_level", "advantage_level"),
+        ("nonok", "nonok"),
+        ("groups_per_step", "groups_per_step"),
+        ("epochs", "epochs"),
+        ("max_steps", "max_steps"),
+        ("save_every", "save_every"),
+        ("history", "history"),
+        ("record_round", "record_round"),
+        ("device", "device"),
+    ):
         if getattr(args, flag) is not None:
             base[key] = getattr(args, flag)
-    for flag, key in (("loss_mode", "loss_mode"), ("seed", "seed"), ("precision", "precision"),
-                      ("max_tokens_per_micro_batch", "max_tokens_per_micro_batch")):
+    for flag, key in (
+        ("loss_mode", "loss_mode"),
+        ("seed", "seed"),
+        ("precision", "precision"),
+        ("max_tokens_per_micro_batch", "max_tokens_per_micro_batch"),
+    ):
         if getattr(args, flag) is not None:
             train[key] = getattr(args, flag)
     if args.no_packing:
@@ -81,10 +117,28 @@ def _run(args) -> int:
     from harnessrl.train.round import run
 
     cfg = build_config(args)
-    summary = run(args.samples, args.rewards, args.policy or tiny_model_dir(), args.out, cfg, resume=args.resume,
-                  model_out=args.model_out, upload_to=args.upload_to, progress=not _is_worker_rank())
+    summary = run(
+        args.samples,
+        args.rewards,
+        args.policy or tiny_model_dir(),
+        args.out,
+        cfg,
+        resume=args.resume,
+        model_out=args.model_out,
+        upload_to=args.upload_to,
+        progress=not _is_worker_rank(),
+    )
     if _is_worker_rank():
         return 0
-    keys = ("steps", "loss", "reward_mean", "entropy", "clip_frac", "grad_norm", "tokens_per_s", "padding_fraction")
+    keys = (
+        "steps",
+        "loss",
+        "reward_mean",
+        "entropy",
+        "clip_frac",
+        "grad_norm",
+        "tokens_per_s",
+        "padding_fraction",
+    )
     print(json.dumps({k: summary.get(k) for k in keys}))
     return 0

@@ -38,14 +38,28 @@ def train_grpo(
     work = Path(model.path).parent / (Path(model.path).name + ".work")
     gpus = torch.cuda.device_count() if cfg.device in ("auto", "cuda") else 0
     if gpus > 1:
-        summary = run_multiprocess(gpus, samples.path, verified.path, policy.path, work, cfg, resume=resume,
-                                   model_out=model.path)
+        summary = run_multiprocess(
+            gpus, samples.path, verified.path, policy.path, work, cfg, resume=resume, model_out=model.path
+        )
     else:
-        summary = run(samples.path, verified.path, policy.path, work, cfg, resume=resume, model_out=model.path,
-                      progress=False)
+        summary = run(
+            samples.path,
+            verified.path,
+            policy.path,
+            work,
+            cfg,
+            resume=resume,
+            model_out=model.path,
+            progress=False,
+        )
     for key, value in summary.items():
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             metrics.log_metric(key, float(value))
     shutil.copyfile(work / "report.md", report.path)
-    model.metadata.update({"framework": "transformers", "steps": summary.get("steps", 0),
-                           "fingerprint": summary.get("fingerprint", "")})
+    model.metadata.update(
+        {
+            "framework": "transformers",
+            "steps": summary.get("steps", 0),
+            "fingerprint": summary.get("fingerprint", ""),
+        }
+    )

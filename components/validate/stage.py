@@ -26,7 +26,10 @@ def run_validate(tasks: Path, out_dir: Path) -> ValidateOutcome:
     evaluated = metrics.get("expectations_evaluated")
     failed = metrics.get("expectations_failed")
     if isinstance(evaluated, (int, float)) and isinstance(failed, (int, float)):
-        chart = bar_chart_png({"passed": evaluated - failed, "failed": failed}, "expectations", "expectations")
+        chart = bar_chart_png(
+            {"passed": evaluated - failed, "failed": failed}, "expectations", "expectations"
+        )
         markdown += "\n" + embed_png(chart, "expectations passed and failed") + "\n"
-    return ValidateOutcome(StageReport(markdown=markdown, metrics=metrics), success,
-                           "" if success else markdown)
+    return ValidateOutcome(
+        StageReport(markdown=markdown, metrics=metrics), success, "" if success else markdown
+    )

@@ -9,13 +9,17 @@ from pathlib import Path
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds for the test run (default 300)")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="wall-clock seconds for the test run (default 300)"
+    )
     p.add_argument("--memory-mb", type=int, default=2048, help="memory limit of the test run (default 2048)")
     p.add_argument("--processes", type=int, default=256, help="process limit of the test run (default 256)")
 
 
 def register(commands, stages) -> None:
-    v = commands.add_parser("verify", help="grade one patch or workspace against a task (prints a JSON report)")
+    v = commands.add_parser(
+        "verify", help="grade one patch or workspace against a task (prints a JSON report)"
+    )
     v.add_argument("--tasks", required=True, type=Path, help="task-set directory")
     v.add_argument("--instance", required=True, help="instance_id of the task")
     src = v.add_mutually_exclusive_group(required=True)
@@ -26,9 +30,13 @@ def register(commands, stages) -> None:
 
     s = stages.add_parser("verify", help="grade every rollout: rewards.jsonl, logs, summary, report")
     s.add_argument("--tasks", required=True, type=Path, help="task-set directory")
-    s.add_argument("--rollouts", required=True, type=Path,
-                   help="rollouts JSONL (or a directory with rollouts.jsonl): rollout_id, instance_id, "
-                        "workspace | model_patch | patch")
+    s.add_argument(
+        "--rollouts",
+        required=True,
+        type=Path,
+        help="rollouts JSONL (or a directory with rollouts.jsonl): rollout_id, instance_id, "
+        "workspace | model_patch | patch",
+    )
     s.add_argument("--out", required=True, type=Path, help="output directory (replaced)")
     s.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -52,8 +60,13 @@ def _verify_one(args: argparse.Namespace) -> int:
     if args.patch is not None:
         if not args.patch.is_file():
             raise UserError(f"--patch {args.patch}: no such file")
-        result = verify_patch(taskset, row, args.patch.read_text(errors="surrogateescape"), timeout_s=args.timeout,
-                              limits=_limits(args))
+        result = verify_patch(
+            taskset,
+            row,
+            args.patch.read_text(errors="surrogateescape"),
+            timeout_s=args.timeout,
+            limits=_limits(args),
+        )
     else:
         if not args.workspace.is_dir():
             raise UserError(f"--workspace {args.workspace}: not a directory")
@@ -69,7 +82,14 @@ def _verify_one(args: argparse.Namespace) -> int:
 def _stage(args: argparse.Namespace) -> int:
     from harnessrl.verify.rollouts import run_verify
 
-    summary = run_verify(args.tasks, args.rollouts, args.out, args.workers, timeout_s=args.timeout,
-                         limits=_limits(args), show_progress=not args.no_progress)
+    summary = run_verify(
+        args.tasks,
+        args.rollouts,
+        args.out,
+        args.workers,
+        timeout_s=args.timeout,
+        limits=_limits(args),
+        show_progress=not args.no_progress,
+    )
     print(json.dumps(summary, sort_keys=True))
     return 0

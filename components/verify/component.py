@@ -23,8 +23,25 @@ def verify(
     from harnessrl.sandbox.base import Limits
     from harnessrl.verify.rollouts import run_verify
 
-    summary = run_verify(Path(tasks.path), Path(rollouts.path), Path(verified.path), workers, timeout_s=timeout_s,
-                         limits=Limits(memory_mb=memory_mb), show_progress=False)
-    keys = ("rollouts", "graded", "resolved", "infra_errors", "flagged", "reward_mean", "verifications_per_min")
-    publish((Path(verified.path) / "report.md").read_text(), {k: summary.get(k) for k in keys}, report, metrics)
+    summary = run_verify(
+        Path(tasks.path),
+        Path(rollouts.path),
+        Path(verified.path),
+        workers,
+        timeout_s=timeout_s,
+        limits=Limits(memory_mb=memory_mb),
+        show_progress=False,
+    )
+    keys = (
+        "rollouts",
+        "graded",
+        "resolved",
+        "infra_errors",
+        "flagged",
+        "reward_mean",
+        "verifications_per_min",
+    )
+    publish(
+        (Path(verified.path) / "report.md").read_text(), {k: summary.get(k) for k in keys}, report, metrics
+    )
     verified.metadata.update({"rollouts": summary["rollouts"], "resolved": summary["resolved"]})

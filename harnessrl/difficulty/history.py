@@ -49,8 +49,10 @@ class PassRateHistory:
                 parsed = _parse(row, f"{self.path}: row {lineno}")
                 key = (parsed.round, parsed.group_id)
                 if key in seen:
-                    raise ValueError(f"{self.path}: row {lineno}: duplicate (round={parsed.round}, "
-                                     f"group_id={parsed.group_id!r}); each round has one row per group")
+                    raise ValueError(
+                        f"{self.path}: row {lineno}: duplicate (round={parsed.round}, "
+                        f"group_id={parsed.group_id!r}); each round has one row per group"
+                    )
                 seen.add(key)
                 self.rows.append(parsed)
 

@@ -33,8 +33,10 @@ def read_pass_counts(path: str | Path) -> list[dict]:
     for i, row in enumerate(read_jsonl(path), 1):
         for key in ("instance_id", "repo", "n_valid", "passes"):
             if key not in row:
-                raise ValueError(f"{path}: row {i}: missing field {key!r} (pass counts come from "
-                                 "`harnessrl stage estimate-difficulty`)")
+                raise ValueError(
+                    f"{path}: row {i}: missing field {key!r} (pass counts come from "
+                    "`harnessrl stage estimate-difficulty`)"
+                )
         if not 0 <= int(row["passes"]) <= int(row["n_valid"]):
             raise ValueError(f"{path}: row {i} ({row['instance_id']}): need 0 <= passes <= n_valid")
         rows.append(row)
@@ -45,14 +47,21 @@ def read_pass_counts(path: str | Path) -> list[dict]:
 class Selection:
     train: list[str] = field(default_factory=list)
     test: list[str] = field(default_factory=list)
-    decisions: dict[str, dict] = field(default_factory=dict)  # instance_id -> {class, pass_rate, kept, split|reason}
+    decisions: dict[str, dict] = field(
+        default_factory=dict
+    )  # instance_id -> {class, pass_rate, kept, split|reason}
 
     def counts(self) -> dict[str, int]:
         classes = Counter(d["class"] for d in self.decisions.values())
-        return {ALL_PASS: classes[ALL_PASS], MIXED: classes[MIXED], ALL_FAIL: classes[ALL_FAIL],
-                UNKNOWN: classes[UNKNOWN], "all_fail_kept": sum(1 for d in self.decisions.values()
-                                                               if d["class"] == ALL_FAIL and d["kept"]),
-                "train": len(self.train), "test": len(self.test)}
+        return {
+            ALL_PASS: classes[ALL_PASS],
+            MIXED: classes[MIXED],
+            ALL_FAIL: classes[ALL_FAIL],
+            UNKNOWN: classes[UNKNOWN],
+            "all_fail_kept": sum(1 for d in self.decisions.values() if d["class"] == ALL_FAIL and d["kept"]),
+            "train": len(self.train),
+            "test": len(self.test),
+        }
 
 
 def select_tasks(pass_counts: list[dict], k_all_fail: int, test_fraction: float, seed: int) -> Selection:
@@ -69,13 +78,23 @@ def select_tasks(pass_counts: list[dict], k_all_fail: int, test_fraction: float,
         cls = classify(n_valid, passes)
         repo_of[iid] = row["repo"]
         by_class[cls].append(iid)
-        sel.decisions[iid] = {"instance_id": iid, "repo": row["repo"], "class": cls, "n_valid": n_valid,
-                              "passes": passes, "pass_rate": passes / n_valid if n_valid else None, "kept": False}
+        sel.decisions[iid] = {
+            "instance_id": iid,
+            "repo": row["repo"],
+            "class": cls,
+            "n_valid": n_valid,
+            "passes": passes,
+            "pass_rate": passes / n_valid if n_valid else None,
+            "kept": False,
+        }
     all_fail = by_class[ALL_FAIL]
     fail_kept = set(rng.sample(all_fail, min(k_all_fail, len(all_fail))))
     kept = by_class[MIXED] + sorted(fail_kept)
-    reasons = {ALL_PASS: "all rollouts passed: no learning signal", UNKNOWN: "no finished rollouts to judge",
-               ALL_FAIL: f"all rollouts failed and not among the {k_all_fail} all-fail tasks kept"}
+    reasons = {
+        ALL_PASS: "all rollouts passed: no learning signal",
+        UNKNOWN: "no finished rollouts to judge",
+        ALL_FAIL: f"all rollouts failed and not among the {k_all_fail} all-fail tasks kept",
+    }
     for iid, d in sel.decisions.items():
         if iid not in kept:
             d["reason"] = reasons[d["class"]]
@@ -95,7 +114,9 @@ def select_tasks(pass_counts: list[dict], k_all_fail: int, test_fraction: float,
     return sel
 
 
-def plot_pass_rate_histogram(pass_counts: list[dict], path: Path, title: str = "Best-of-N pass rate per task") -> None:
+def plot_pass_rate_histogram(
+    pass_counts: list[dict], path: Path, title: str = "Best-of-N pass rate per task"
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

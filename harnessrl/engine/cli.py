@@ -11,13 +11,21 @@ def register(commands, stages) -> None:  # noqa: ARG001 - the engine is a servic
     engine = commands.add_parser("engine", help="inference engine: serve the local engine over HTTP")
     sub = engine.add_subparsers(dest="engine_command", metavar="SUBCOMMAND")
     serve = sub.add_parser("serve", help="serve a model with a vLLM-compatible token API (/v1/completions)")
-    serve.add_argument("--model", default=None,
-                       help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
+    serve.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     serve.add_argument("--served-model-name", default=None, help="name in /v1/models (default: dir name)")
     serve.add_argument("--max-batch", type=int, default=32, help="most requests decoded together")
-    serve.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: half the cores; 0 = torch's default)")
+    serve.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: half the cores; 0 = torch's default)",
+    )
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     serve.add_argument("--policy-version", type=int, default=0, help="weight version of the initial model")
@@ -35,9 +43,16 @@ def _serve(args: argparse.Namespace) -> int:
     from harnessrl.engine.base import EngineError
     from harnessrl.engine.local import LocalEngine
     from harnessrl.engine.server import serve
+
     try:
-        engine = LocalEngine(args.model, max_batch=args.max_batch, dtype=args.dtype, device=args.device,
-                             threads=args.threads, policy_version=args.policy_version)
+        engine = LocalEngine(
+            args.model,
+            max_batch=args.max_batch,
+            dtype=args.dtype,
+            device=args.device,
+            threads=args.threads,
+            policy_version=args.policy_version,
+        )
     except EngineError as e:
         raise UserError(str(e)) from e
     try:

@@ -66,8 +66,10 @@ def _first_choice(body: Any, bad, *, streamed: bool) -> tuple[dict, list[int], l
     choice = choices[0]
     token_ids = choice.get("token_ids")
     if token_ids is None:
-        raise bad(f"choices[0].token_ids is missing: the server must support `return_token_ids` "
-                  f"(vLLM >= {MIN_VLLM_VERSION})")
+        raise bad(
+            f"choices[0].token_ids is missing: the server must support `return_token_ids` "
+            f"(vLLM >= {MIN_VLLM_VERSION})"
+        )
     if not isinstance(token_ids, list) or not all(isinstance(t, int) for t in token_ids):
         raise bad("choices[0].token_ids is not a list of integers")
     logprobs_obj = choice.get("logprobs")
@@ -93,6 +95,7 @@ def _token_versions(choice: dict, n_tokens: int, default_version: int) -> tuple[
 
 def parse_stream_chunk(body: Any, source: str, default_version: int = 0) -> GenerationDelta:
     """Reads one streamed CompletionStreamResponse chunk into a GenerationDelta, or raises EngineError."""
+
     def bad(what: str) -> EngineError:
         return EngineError(f"{source}: malformed /v1/completions stream chunk: {what}")
 
@@ -116,8 +119,12 @@ def build_stream_chunk(
     """One vLLM-shaped CompletionStreamResponse; `prompt_ids` only for the first chunk."""
     logprobs = None
     if request.get("logprobs") is not None:
-        logprobs = {"text_offset": [], "token_logprobs": [max(lp, -9999.0) for lp in delta.logprobs],
-                    "tokens": [f"token_id:{t}" for t in delta.token_ids], "top_logprobs": None}
+        logprobs = {
+            "text_offset": [],
+            "token_logprobs": [max(lp, -9999.0) for lp in delta.logprobs],
+            "tokens": [f"token_id:{t}" for t in delta.token_ids],
+            "top_logprobs": None,
+        }
     return_ids = bool(request.get("return_token_ids"))
     choice: dict[str, Any] = {
         "index": 0,
@@ -130,13 +137,20 @@ def build_stream_chunk(
         "policy_version": delta.token_policy_versions[-1] if delta.token_policy_versions else policy_version,
         "token_policy_versions": delta.token_policy_versions,
     }
-    return {"id": chunk_id, "object": "text_completion", "created": created, "model": model,
-            "choices": [choice], "usage": None}
+    return {
+        "id": chunk_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": None,
+    }
 
 
 def parse_response(body: Any, source: str, default_version: int = 0) -> Generation:
     """Reads the first choice of a completions reply into a Generation, or raises EngineError saying what
     is wrong with the reply."""
+
     def bad(what: str) -> EngineError:
         return EngineError(f"{source}: malformed /v1/completions reply: {what}")
 
@@ -176,7 +190,9 @@ def build_response(
             pos += len(text)
         top = None
         if generation.top_logprobs is not None:
-            top = [{tokenizer.decode([i]): max(lp, -9999.0) for i, lp in row} for row in generation.top_logprobs]
+            top = [
+                {tokenizer.decode([i]): max(lp, -9999.0) for i, lp in row} for row in generation.top_logprobs
+            ]
         else:
             top = [{text: max(lp, -9999.0)} for text, lp in zip(tokens, generation.logprobs, strict=True)]
         logprobs = {

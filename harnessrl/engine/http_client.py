@@ -25,8 +25,15 @@ from harnessrl.engine.completions_api import build_request, parse_response, pars
 
 
 class HTTPEngine:
-    def __init__(self, base_url: str, model: str | None = None, *, timeout_s: float = 900.0,
-                 api_key: str | None = None, policy_version: int = 0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        timeout_s: float = 900.0,
+        api_key: str | None = None,
+        policy_version: int = 0,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[: -len("/v1")]
@@ -54,8 +61,13 @@ class HTTPEngine:
         if session is not None:
             await session.close()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-                    headers: dict[str, str] | None = None) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         url = self.base_url + path
         try:
             async with self._session().request(method, url, json=body, headers=headers) as response:
@@ -115,7 +127,11 @@ class HTTPEngine:
                 if response.status >= 400:
                     text = await response.text()
                     status = response.status
-                    kind = EngineRequestError if 400 <= status < 500 and status not in (408, 429) else EngineError
+                    kind = (
+                        EngineRequestError
+                        if 400 <= status < 500 and status not in (408, 429)
+                        else EngineError
+                    )
                     raise kind(f"{url}: engine answered HTTP {status}: {_error_message(text)}")
                 async for raw in response.content:
                     line = raw.strip()

@@ -149,8 +149,9 @@ class LocalEngine:
         request_id: str | None = None,
         top_logprobs: int = 0,
     ) -> Generation:
-        request = self.submit(prompt_ids, sampling, max_tokens, stop_token_ids,
-                              request_id=request_id, top_logprobs=top_logprobs)
+        request = self.submit(
+            prompt_ids, sampling, max_tokens, stop_token_ids, request_id=request_id, top_logprobs=top_logprobs
+        )
         try:
             return await asyncio.wrap_future(request.result)
         except asyncio.CancelledError:
@@ -175,8 +176,9 @@ class LocalEngine:
             with contextlib.suppress(RuntimeError):  # the consumer's event loop is closed
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        request = self.submit(prompt_ids, sampling, max_tokens, stop_token_ids, request_id=request_id,
-                              listener=listener)
+        request = self.submit(
+            prompt_ids, sampling, max_tokens, stop_token_ids, request_id=request_id, listener=listener
+        )
         try:
             while True:
                 item = await queue.get()
@@ -229,11 +231,15 @@ class LocalEngine:
             raise EngineRequestError("prompt_ids is empty: send at least one token id")
         bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
-            raise EngineRequestError(f"prompt_ids holds {len(bad)} id(s) outside the vocabulary [0, {self.vocab_size}), "
-                              f"e.g. {bad[0]!r}")
+            raise EngineRequestError(
+                f"prompt_ids holds {len(bad)} id(s) outside the vocabulary [0, {self.vocab_size}), "
+                f"e.g. {bad[0]!r}"
+            )
         if len(prompt_ids) >= self.max_context:
-            raise EngineRequestError(f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}: "
-                              "shorten the history (compaction) before calling the engine")
+            raise EngineRequestError(
+                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}: "
+                "shorten the history (compaction) before calling the engine"
+            )
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise EngineRequestError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
@@ -265,7 +271,9 @@ class LocalEngine:
         sync.done.result()
 
     async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.load_weights_sync, checkpoint_dir, version)
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.load_weights_sync, checkpoint_dir, version
+        )
 
     def inflight(self) -> int:
         with self._lock:
@@ -292,8 +300,10 @@ class LocalEngine:
 
         files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
         if not files:
-            raise EngineError(f"{directory}: no *.safetensors files; expected a Hugging Face checkpoint "
-                              "directory written by save_pretrained")
+            raise EngineError(
+                f"{directory}: no *.safetensors files; expected a Hugging Face checkpoint "
+                "directory written by save_pretrained"
+            )
         state: dict[str, torch.Tensor] = {}
         for file in files:
             try:
@@ -305,13 +315,17 @@ class LocalEngine:
         missing = sorted(set(params) - set(state) - tied)
         unexpected = sorted(set(state) - set(params) - tied)
         if missing or unexpected:
-            raise EngineError(f"{directory}: checkpoint does not match the served model "
-                              f"({len(missing)} missing, e.g. {missing[:3]}; "
-                              f"{len(unexpected)} unexpected, e.g. {unexpected[:3]})")
+            raise EngineError(
+                f"{directory}: checkpoint does not match the served model "
+                f"({len(missing)} missing, e.g. {missing[:3]}; "
+                f"{len(unexpected)} unexpected, e.g. {unexpected[:3]})"
+            )
         for name, tensor in state.items():
             if name in params and tensor.shape != params[name].shape:
-                raise EngineError(f"{directory}: {name} has shape {tuple(tensor.shape)}, "
-                                  f"the served model has {tuple(params[name].shape)}")
+                raise EngineError(
+                    f"{directory}: {name} has shape {tuple(tensor.shape)}, "
+                    f"the served model has {tuple(params[name].shape)}"
+                )
         return state
 
     def _apply_weights(self, sync: _WeightSync) -> None:
@@ -328,8 +342,14 @@ class LocalEngine:
         with torch.inference_mode():
             while True:
                 with self._lock:
-                    while not (self._closed or self._waiting or self._syncs or self._active
-                               or self._abort_ids or self._abort_all):
+                    while not (
+                        self._closed
+                        or self._waiting
+                        or self._syncs
+                        or self._active
+                        or self._abort_ids
+                        or self._abort_all
+                    ):
                         self._lock.wait()
                     syncs = list(self._syncs)
                     self._syncs.clear()
@@ -399,8 +419,13 @@ class LocalEngine:
         mask = (columns[None, :] >= pads[:, None]).to(torch.long)
         ids = torch.tensor([[r.pending_token] for r in rows], device=self.device)
         positions = torch.tensor([[r.cached] for r in rows], device=self.device)
-        out = self.model(input_ids=ids, attention_mask=mask.to(self.device), position_ids=positions,
-                         cache=self._cache, use_cache=True)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask.to(self.device),
+            position_ids=positions,
+            cache=self._cache,
+            use_cache=True,
+        )
         self.steps += 1
         for request in rows:
             request.cached += 1

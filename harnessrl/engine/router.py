@@ -35,6 +35,7 @@ def prefix_hash(tokens: list[int], length: int) -> bytes:
 @dataclass
 class Residency:
     """What a replica (probably) still holds of one session: prefixes by (length, hash)."""
+
     prefixes: list[tuple[int, bytes]]
 
     @property
@@ -132,7 +133,9 @@ class CacheAwareTokenLoad:
     def choose(self, replicas: list[ReplicaState], request: RouteRequest) -> int:
         cached = [r.cached_prefix(request.session_id, request.prompt_ids) for r in replicas]
         costs = [len(request.prompt_ids) - c + request.max_tokens for c in cached]
-        utilization = [(r.token_load + cost) / r.capacity_tokens for r, cost in zip(replicas, costs, strict=True)]
+        utilization = [
+            (r.token_load + cost) / r.capacity_tokens for r, cost in zip(replicas, costs, strict=True)
+        ]
         if max(cached) > 0:
             home = max(range(len(replicas)), key=lambda i: (cached[i], -i))
             if utilization[home] <= self.threshold:
@@ -140,8 +143,10 @@ class CacheAwareTokenLoad:
                 return home
             self.sticky_breaks += 1
         # ties: fewer requests in flight, then fewer resident tokens (spread sessions over the caches)
-        return min(range(len(replicas)),
-                   key=lambda i: (utilization[i], replicas[i].inflight, replicas[i].resident_tokens, i))
+        return min(
+            range(len(replicas)),
+            key=lambda i: (utilization[i], replicas[i].inflight, replicas[i].resident_tokens, i),
+        )
 
 
 def make_policy(name: str, **options: Any) -> RoutingPolicy:
@@ -160,11 +165,19 @@ class Router:
     `capacity_tokens`: per replica, the KV tokens it can hold (one int, or one per replica).
     """
 
-    def __init__(self, engines: list[Engine], policy: str | RoutingPolicy = "cache_aware_token_load", *,
-                 capacity_tokens: int | list[int] = 65536, **policy_options: Any) -> None:
+    def __init__(
+        self,
+        engines: list[Engine],
+        policy: str | RoutingPolicy = "cache_aware_token_load",
+        *,
+        capacity_tokens: int | list[int] = 65536,
+        **policy_options: Any,
+    ) -> None:
         if not engines:
             raise ValueError("Router needs at least one engine")
-        capacities = capacity_tokens if isinstance(capacity_tokens, list) else [capacity_tokens] * len(engines)
+        capacities = (
+            capacity_tokens if isinstance(capacity_tokens, list) else [capacity_tokens] * len(engines)
+        )
         if len(capacities) != len(engines):
             raise ValueError(f"{len(capacities)} capacities for {len(engines)} engines")
         self.engines = list(engines)
@@ -193,15 +206,21 @@ class Router:
         replica.token_load += cost
         self.dispatched[index] += 1
         try:
-            generation = await self.engines[index].generate(prompt_ids, sampling, max_tokens, stop_token_ids,
-                                                            **options)
+            generation = await self.engines[index].generate(
+                prompt_ids, sampling, max_tokens, stop_token_ids, **options
+            )
         finally:
             replica.inflight -= 1
             replica.token_load -= cost
         if session_id is not None:
             full = request.prompt_ids + generation.token_ids
-            replica.remember(session_id, [(len(request.prompt_ids), prefix_hash(full, len(request.prompt_ids))),
-                                          (len(full), prefix_hash(full, len(full)))])
+            replica.remember(
+                session_id,
+                [
+                    (len(request.prompt_ids), prefix_hash(full, len(request.prompt_ids))),
+                    (len(full), prefix_hash(full, len(full))),
+                ],
+            )
         return generation
 
     def reset_residency(self) -> None:

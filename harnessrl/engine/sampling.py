@@ -71,8 +71,11 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     for i, r in enumerate(rows):
         top = None
         if r.top_logprobs > 0 and top_ids is not None:
-            top = list(zip(top_ids[i, : r.top_logprobs].tolist(), top_vals[i, : r.top_logprobs].tolist(),
-                           strict=True))
+            top = list(
+                zip(
+                    top_ids[i, : r.top_logprobs].tolist(), top_vals[i, : r.top_logprobs].tolist(), strict=True
+                )
+            )
         out.append(SampledToken(ids[i], lps[i], top))
     return out
 

@@ -38,11 +38,15 @@ async def _json(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise web.HTTPBadRequest(text=json.dumps(error_body(f"request body is not JSON: {e}", 400)),
-                                 content_type="application/json") from e
+        raise web.HTTPBadRequest(
+            text=json.dumps(error_body(f"request body is not JSON: {e}", 400)),
+            content_type="application/json",
+        ) from e
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text=json.dumps(error_body("request body must be a JSON object", 400)),
-                                 content_type="application/json")
+        raise web.HTTPBadRequest(
+            text=json.dumps(error_body("request body must be a JSON object", 400)),
+            content_type="application/json",
+        )
     return body
 
 
@@ -52,10 +56,16 @@ def _prompt_ids(body: dict[str, Any], tokenizer) -> list[int]:
         return tokenizer.encode(prompt, add_special_tokens=False)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]  # a batch of one prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
         return prompt
-    raise ValueError("`prompt` must be a non-empty list of token ids (or a string); batches of several "
-                     "prompts are not supported: send one request per prompt")
+    raise ValueError(
+        "`prompt` must be a non-empty list of token ids (or a string); batches of several "
+        "prompts are not supported: send one request per prompt"
+    )
 
 
 def _number(body: dict[str, Any], name: str, default, kind=float):
@@ -94,8 +104,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         return await _stream(request, engine, body, prompt, sampling, max_tokens, stop, request_id)
     try:
-        generation = await engine.generate(prompt, sampling, max_tokens, stop, request_id=request_id,
-                                           top_logprobs=top_k or 0)
+        generation = await engine.generate(
+            prompt, sampling, max_tokens, stop, request_id=request_id, top_logprobs=top_k or 0
+        )
     except EngineRequestError as e:
         return _error(str(e), 400)
     except EngineError as e:
@@ -108,8 +119,16 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-async def _stream(request: web.Request, engine: LocalEngine, body: dict[str, Any], prompt: list[int],
-                  sampling: SamplingParams, max_tokens: int, stop: list[int], request_id: str) -> web.StreamResponse:
+async def _stream(
+    request: web.Request,
+    engine: LocalEngine,
+    body: dict[str, Any],
+    prompt: list[int],
+    sampling: SamplingParams,
+    max_tokens: int,
+    stop: list[int],
+    request_id: str,
+) -> web.StreamResponse:
     """vLLM-style SSE: one chunk per decode step, text decoded incrementally (an incomplete UTF-8 character
     is held back until its last token arrives), then `data: [DONE]`. Errors after the headers went out are
     sent as a `data: {"error": ...}` chunk, as vLLM does."""
@@ -133,10 +152,18 @@ async def _stream(request: web.Request, engine: LocalEngine, body: dict[str, Any
             text = engine.tokenizer.decode(ids, skip_special_tokens=skip_special)
             if delta.finish_reason is None and text.endswith("\ufffd"):
                 text = text.rstrip("\ufffd")
-            piece = text[len(sent):] if text.startswith(sent) else ""
+            piece = text[len(sent) :] if text.startswith(sent) else ""
             sent = text if text.startswith(sent) else sent
-            chunk = build_stream_chunk(delta, piece, request_id, created, model, body,
-                                       None if first is None else prompt, engine.policy_version)
+            chunk = build_stream_chunk(
+                delta,
+                piece,
+                request_id,
+                created,
+                model,
+                body,
+                None if first is None else prompt,
+                engine.policy_version,
+            )
             first = None
             await resp.write(_sse(chunk))
             if delta.finish_reason is not None:
@@ -153,16 +180,29 @@ async def _stream(request: web.Request, engine: LocalEngine, body: dict[str, Any
 
 async def health(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    return web.json_response({"status": "ok", "policy_version": engine.policy_version,
-                              "inflight": engine.inflight()})
+    return web.json_response(
+        {"status": "ok", "policy_version": engine.policy_version, "inflight": engine.inflight()}
+    )
 
 
 async def models(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     name = request.app[MODEL_NAME_KEY]
-    return web.json_response({"object": "list", "data": [{
-        "id": name, "object": "model", "owned_by": "harnessrl", "root": str(engine.model_dir),
-        "max_model_len": engine.max_context, "policy_version": engine.policy_version}]})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "owned_by": "harnessrl",
+                    "root": str(engine.model_dir),
+                    "max_model_len": engine.max_context,
+                    "policy_version": engine.policy_version,
+                }
+            ],
+        }
+    )
 
 
 async def load_weights(request: web.Request) -> web.Response:
@@ -200,8 +240,13 @@ def build_app(engine: LocalEngine, model_name: str | None = None) -> web.Applica
     return app
 
 
-async def serve(engine: LocalEngine, host: str, port: int, model_name: str | None = None,
-                ready: asyncio.Future | None = None) -> None:
+async def serve(
+    engine: LocalEngine,
+    host: str,
+    port: int,
+    model_name: str | None = None,
+    ready: asyncio.Future | None = None,
+) -> None:
     """Runs until cancelled. Prints the listening URL (the real port when `port` is 0)."""
     runner = web.AppRunner(build_app(engine, model_name), access_log=None)
     await runner.setup()

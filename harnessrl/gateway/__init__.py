@@ -19,7 +19,12 @@ from typing import Any
 
 # Lazy: `harnessrl --help` and every CLI command import this package (its cli module); the server pulls in
 # aiohttp and pyarrow (~0.6 s), which only `gateway serve`/export and the rollout stage need.
-_EXPORTS = {"GatewayAdmin": ".client", "SessionInfo": ".client", "GatewayConfig": ".server", "GatewayServer": ".server"}
+_EXPORTS = {
+    "GatewayAdmin": ".client",
+    "SessionInfo": ".client",
+    "GatewayConfig": ".server",
+    "GatewayServer": ".server",
+}
 __all__ = sorted(_EXPORTS)
 
 

@@ -51,14 +51,24 @@ class Chain:
     def truncate(self, token_len: int, node_count: int) -> int:
         """Cuts back to a boundary; returns how many trainable (mask-1) tokens were dropped."""
         dropped = sum(self.mask[token_len:])
-        del self.tokens[token_len:], self.mask[token_len:], self.logprobs[token_len:], self.versions[token_len:]
+        del (
+            self.tokens[token_len:],
+            self.mask[token_len:],
+            self.logprobs[token_len:],
+            self.versions[token_len:],
+        )
         del self.nodes[node_count:]
         if self.last_prompt_node is not None and self.last_prompt_node >= node_count:
             self.last_prompt_node = None
         return dropped
 
-    def append(self, ids: list[int], trainable: bool, logprobs: list[float] | None = None,
-               versions: list[int] | None = None) -> None:
+    def append(
+        self,
+        ids: list[int],
+        trainable: bool,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
         self.tokens.extend(ids)
         self.mask.extend([1 if trainable else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
@@ -99,8 +109,12 @@ def apply_call(chains: dict[str, Chain], rec: dict[str, Any]) -> Chain:
     new_nodes = [Node.from_json(n) for n in rec["new_nodes"]]
     chain.nodes.extend(new_nodes)
     chain.last_prompt_node = len(chain.nodes) - 1
-    chain.append(rec["completion_ids"], trainable=True, logprobs=rec["completion_logprobs"],
-                 versions=rec["completion_versions"])
+    chain.append(
+        rec["completion_ids"],
+        trainable=True,
+        logprobs=rec["completion_logprobs"],
+        versions=rec["completion_versions"],
+    )
     chain.append(rec["close_ids"], trainable=False)
     chain.nodes.append(Node(bytes.fromhex(rec["assistant_cum"]), len(chain.tokens), "assistant"))
     chain.calls += 1
@@ -110,7 +124,9 @@ def apply_call(chains: dict[str, Chain], rec: dict[str, Any]) -> Chain:
 class ChainSet:
     """The chains of one session and the hash index used to match requests to them."""
 
-    def __init__(self, renderer: ChatRenderer, hasher: MessageHasher, rollback_any_depth: bool = False) -> None:
+    def __init__(
+        self, renderer: ChatRenderer, hasher: MessageHasher, rollback_any_depth: bool = False
+    ) -> None:
         self.renderer = renderer
         self.hasher = hasher
         self.rollback_any_depth = rollback_any_depth
@@ -171,8 +187,9 @@ class ChainSet:
         parent, i = cands[0]
         return self._fork(parent, i, msgs[k:], tools, cums, k)
 
-    def _render_delta(self, new_msgs: list[Msg], tools: list[dict], start_len: int, cums: list[bytes],
-                      k: int) -> tuple[list[int], list[Node]]:
+    def _render_delta(
+        self, new_msgs: list[Msg], tools: list[dict], start_len: int, cums: list[bytes], k: int
+    ) -> tuple[list[int], list[Node]]:
         delta: list[int] = []
         nodes: list[Node] = []
         for j, m in enumerate(new_msgs):
@@ -181,28 +198,55 @@ class ChainSet:
         delta.extend(self.renderer.generation_prompt_ids)
         return delta, nodes
 
-    def _continue(self, chain: Chain, op: str, i: int, new_msgs: list[Msg], tools: list[dict],
-                  cums: list[bytes], k: int) -> CallPlan:
+    def _continue(
+        self, chain: Chain, op: str, i: int, new_msgs: list[Msg], tools: list[dict], cums: list[bytes], k: int
+    ) -> CallPlan:
         base_len = chain.nodes[i].token_len
         delta, nodes = self._render_delta(new_msgs, tools, base_len, cums, k)
         chain.busy = True
         if op == "extend" and base_len == len(chain.tokens):
             chain.tokens.extend(delta)
-            return CallPlan(op, chain, None, base_len, i + 1, [], [], delta, nodes, chain.tokens, cums[-1], 0,
-                            tentative=True)
+            return CallPlan(
+                op,
+                chain,
+                None,
+                base_len,
+                i + 1,
+                [],
+                [],
+                delta,
+                nodes,
+                chain.tokens,
+                cums[-1],
+                0,
+                tentative=True,
+            )
         dropped = sum(chain.mask[base_len:]) if op == "rollback" else 0
         prompt = chain.tokens[:base_len] + delta
         return CallPlan(op, chain, None, base_len, i + 1, [], [], delta, nodes, prompt, cums[-1], dropped)
 
-    def _fork(self, parent: Chain, i: int, new_msgs: list[Msg], tools: list[dict], cums: list[bytes],
-              k: int) -> CallPlan:
+    def _fork(
+        self, parent: Chain, i: int, new_msgs: list[Msg], tools: list[dict], cums: list[bytes], k: int
+    ) -> CallPlan:
         base_len = parent.nodes[i].token_len
         inherited = parent.tokens[:base_len]
         inherited_nodes = [Node(nd.cum, nd.token_len, nd.kind) for nd in parent.nodes[: i + 1]]
         delta, nodes = self._render_delta(new_msgs, tools, base_len, cums, k)
         chain = Chain(new_chain_id(), busy=True)
-        return CallPlan("fork", chain, parent.chain_id, base_len, 0, inherited, inherited_nodes, delta, nodes,
-                        inherited + delta, cums[-1], 0)
+        return CallPlan(
+            "fork",
+            chain,
+            parent.chain_id,
+            base_len,
+            0,
+            inherited,
+            inherited_nodes,
+            delta,
+            nodes,
+            inherited + delta,
+            cums[-1],
+            0,
+        )
 
     def _new_chain(self, msgs: list[Msg], tools: list[dict], cums: list[bytes]) -> CallPlan:
         base = self.renderer.full_prompt(msgs, tools, add_generation_prompt=False)

@@ -14,19 +14,31 @@ from harnessrl.cli import UserError
 
 
 def register(commands, stages) -> None:
-    gw = commands.add_parser("gateway", help="token-exact recording gateway (OpenAI/Anthropic APIs -> engine)")
+    gw = commands.add_parser(
+        "gateway", help="token-exact recording gateway (OpenAI/Anthropic APIs -> engine)"
+    )
     sub = gw.add_subparsers(dest="gateway_command", metavar="SUBCOMMAND")
 
     serve = sub.add_parser("serve", help="run the gateway (prints 'READY <base_url>' when listening)")
     engine = serve.add_mutually_exclusive_group(required=True)
-    engine.add_argument("--engine-url", help="vLLM-compatible token API base URL (vLLM or `harnessrl engine serve`)")
-    engine.add_argument("--local-engine", action="store_true", help="run the local transformers engine in-process")
+    engine.add_argument(
+        "--engine-url", help="vLLM-compatible token API base URL (vLLM or `harnessrl engine serve`)"
+    )
+    engine.add_argument(
+        "--local-engine", action="store_true", help="run the local transformers engine in-process"
+    )
     serve.add_argument("--model-dir", help="model/tokenizer directory (default: the tiny SmolLM2 model)")
-    serve.add_argument("--hf-tokenizer", action="store_true",
-                       help="use the transformers tokenizer (default: the light tokenizers+jinja2 one, same ids)")
+    serve.add_argument(
+        "--hf-tokenizer",
+        action="store_true",
+        help="use the transformers tokenizer (default: the light tokenizers+jinja2 one, same ids)",
+    )
     serve.add_argument("--journal", required=True, help="journal directory (recovered on start)")
-    serve.add_argument("--admin-token", default=os.environ.get("HARNESSRL_GATEWAY_ADMIN_TOKEN"),
-                       help="admin bearer token (or env HARNESSRL_GATEWAY_ADMIN_TOKEN)")
+    serve.add_argument(
+        "--admin-token",
+        default=os.environ.get("HARNESSRL_GATEWAY_ADMIN_TOKEN"),
+        help="admin bearer token (or env HARNESSRL_GATEWAY_ADMIN_TOKEN)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0)
     serve.add_argument("--max-model-len", type=int, default=32768)
@@ -44,7 +56,9 @@ def register(commands, stages) -> None:
     exp.set_defaults(func=_export)
 
     adm = sub.add_parser("admin", help="admin calls against a running gateway")
-    adm.add_argument("action", choices=["create-session", "end-session", "pause", "resume", "metrics", "session"])
+    adm.add_argument(
+        "action", choices=["create-session", "end-session", "pause", "resume", "metrics", "session"]
+    )
     adm.add_argument("--url", required=True)
     adm.add_argument("--admin-token", default=os.environ.get("HARNESSRL_GATEWAY_ADMIN_TOKEN"))
     adm.add_argument("--rollout-id")
@@ -75,8 +89,12 @@ def _serve(args: argparse.Namespace) -> int:
             from .light_tokenizer import load_gateway_tokenizer
 
             tokenizer = load_gateway_tokenizer(args.model_dir)
-    config = GatewayConfig(max_model_len=args.max_model_len, tool_format=args.tool_format,
-                           drift_check_every=args.drift_check_every, rollback_any_depth=args.rollback_any_depth)
+    config = GatewayConfig(
+        max_model_len=args.max_model_len,
+        tool_format=args.tool_format,
+        drift_check_every=args.drift_check_every,
+        rollback_any_depth=args.rollback_any_depth,
+    )
     server = GatewayServer(engine, tokenizer, args.journal, args.admin_token, args.host, args.port, config)
 
     async def run() -> None:
@@ -125,7 +143,11 @@ def _admin(args: argparse.Namespace) -> int:
     if not args.admin_token:
         raise UserError("--admin-token (or HARNESSRL_GATEWAY_ADMIN_TOKEN) is required")
     admin = GatewayAdmin(args.url, args.admin_token)
-    need = {"create-session": ("rollout_id", "group_id"), "end-session": ("session_id",), "session": ("session_id",)}
+    need = {
+        "create-session": ("rollout_id", "group_id"),
+        "end-session": ("session_id",),
+        "session": ("session_id",),
+    }
     for k in need.get(args.action, ()):
         if not getattr(args, k):
             raise UserError(f"admin {args.action} needs --{k.replace('_', '-')}")

@@ -1,10 +1,10 @@
 """Python helpers for the gateway's admin API (what the rollout stage calls). Blocking, stdlib only.
 
-    admin = GatewayAdmin(base_url, admin_token)
-    s = admin.create_session(rollout_id="r1", group_id="task-1")
-    # harness: OpenAI base URL s.openai_base_url, Anthropic base URL s.anthropic_base_url, key s.api_key
-    admin.end_session(s.session_id)                   # or status="failed", reason="..."
-    admin.export(out_dir, rollout_id="r1")            # records.parquet + samples.parquet
+admin = GatewayAdmin(base_url, admin_token)
+s = admin.create_session(rollout_id="r1", group_id="task-1")
+# harness: OpenAI base URL s.openai_base_url, Anthropic base URL s.anthropic_base_url, key s.api_key
+admin.end_session(s.session_id)                   # or status="failed", reason="..."
+admin.export(out_dir, rollout_id="r1")            # records.parquet + samples.parquet
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ class SessionInfo:
     anthropic_base_url: str
 
 
-def request_json(method: str, url: str, token: str | None = None, body: dict | None = None,
-                 timeout_s: float = 600.0) -> dict[str, Any]:
+def request_json(
+    method: str, url: str, token: str | None = None, body: dict | None = None, timeout_s: float = 600.0
+) -> dict[str, Any]:
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     if token:
@@ -60,7 +61,9 @@ class GatewayAdmin:
 
     def create_session(self, rollout_id: str, group_id: str) -> SessionInfo:
         d = self._call("POST", "/admin/sessions", {"rollout_id": rollout_id, "group_id": group_id})
-        return SessionInfo(d["session_id"], d["api_key"], d["base_url"], d["openai_base_url"], d["anthropic_base_url"])
+        return SessionInfo(
+            d["session_id"], d["api_key"], d["base_url"], d["openai_base_url"], d["anthropic_base_url"]
+        )
 
     def session(self, session_id: str) -> dict:
         return self._call("GET", f"/admin/sessions/{session_id}")
@@ -77,8 +80,21 @@ class GatewayAdmin:
     def metrics(self) -> dict:
         return self._call("GET", "/admin/metrics")
 
-    def export(self, out_dir: str, session_id: str | None = None, rollout_id: str | None = None,
-               selection: str = "all") -> dict:
+    def export(
+        self,
+        out_dir: str,
+        session_id: str | None = None,
+        rollout_id: str | None = None,
+        selection: str = "all",
+    ) -> dict:
         """Writes records.parquet and samples.parquet to out_dir on the gateway's file system."""
-        return self._call("POST", "/admin/export", {"out_dir": str(out_dir), "session_id": session_id,
-                                                    "rollout_id": rollout_id, "selection": selection})
+        return self._call(
+            "POST",
+            "/admin/export",
+            {
+                "out_dir": str(out_dir),
+                "session_id": session_id,
+                "rollout_id": rollout_id,
+                "selection": selection,
+            },
+        )

@@ -42,8 +42,10 @@ def read_journal(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
             try:
                 yield loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{lineno}: corrupt journal line ({e.msg}); "
-                                 "only the last line may be torn — restore this file from a backup") from None
+                raise ValueError(
+                    f"{p}:{lineno}: corrupt journal line ({e.msg}); "
+                    "only the last line may be torn — restore this file from a backup"
+                ) from None
 
 
 def loads(data: bytes | str) -> Any:
@@ -76,7 +78,9 @@ class Journal:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock.close()
-            raise JournalLockedError(f"{self.dir}: another gateway process is using this journal directory") from None
+            raise JournalLockedError(
+                f"{self.dir}: another gateway process is using this journal directory"
+            ) from None
         self._cut_torn_tail()
         self._f = open(self.path, "ab")  # noqa: SIM115
         self._q: queue.SimpleQueue = queue.SimpleQueue()

@@ -31,23 +31,39 @@ class LightTokenizer:
     def __init__(self, model_dir: str | os.PathLike) -> None:
         d = Path(model_dir)
         if not (d / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"{d}: no tokenizer.json (a Hugging Face fast-tokenizer directory is needed)")
+            raise FileNotFoundError(
+                f"{d}: no tokenizer.json (a Hugging Face fast-tokenizer directory is needed)"
+            )
         self._tok = Tokenizer.from_file(str(d / "tokenizer.json"))
-        self._encode_fast = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch  # tokenizers < 0.21
-        cfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
+        self._encode_fast = (
+            getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
+        )  # tokenizers < 0.21
+        cfg = (
+            json.loads((d / "tokenizer_config.json").read_text())
+            if (d / "tokenizer_config.json").is_file()
+            else {}
+        )
         template = cfg.get("chat_template")
         if (d / "chat_template.jinja").is_file():
             template = (d / "chat_template.jinja").read_text()
         if not isinstance(template, str):
-            raise ValueError(f"{d}: no chat template (chat_template.jinja or a string chat_template in tokenizer_config.json)")
+            raise ValueError(
+                f"{d}: no chat template (chat_template.jinja or a string chat_template in tokenizer_config.json)"
+            )
         self.chat_template = template
-        self.special = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        self.special = {
+            k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")
+        }
         self.eos_token = self.special["eos_token"]
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
-            json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: (
+            json.dumps(
+                x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+            )
+        )
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self._template = env.from_string(template)
@@ -70,12 +86,23 @@ class LightTokenizer:
     def convert_tokens_to_ids(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict], tokenize: bool = False, add_generation_prompt: bool = False,
-                            tools: list[dict] | None = None, **kwargs: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+        **kwargs: Any,
+    ) -> str:
         if tokenize:
             raise ValueError("LightTokenizer.apply_chat_template renders text only (tokenize=False)")
-        return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                     **{k: v for k, v in self.special.items() if v is not None}, **kwargs)
+        return self._template.render(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **{k: v for k, v in self.special.items() if v is not None},
+            **kwargs,
+        )
 
 
 def _raise(message: str) -> None:

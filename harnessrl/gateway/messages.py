@@ -28,7 +28,9 @@ class Msg:
     name: str | None = None  # tool name on tool-result messages (informational, not hashed)
 
     def canonical_key(self) -> tuple:
-        calls = tuple((c.name, json.dumps(c.arguments, sort_keys=True, ensure_ascii=False)) for c in self.tool_calls)
+        calls = tuple(
+            (c.name, json.dumps(c.arguments, sort_keys=True, ensure_ascii=False)) for c in self.tool_calls
+        )
         return (self.role, self.content, calls)
 
     @cached_property
@@ -54,7 +56,9 @@ def _text(content: Any, where: str) -> str:
             else:
                 raise RequestError(f"{where}.content[{j}]: only text parts are supported, got {part!r:.80}")
         return "".join(parts)
-    raise RequestError(f"{where}.content: expected a string or a list of text parts, got {type(content).__name__}")
+    raise RequestError(
+        f"{where}.content: expected a string or a list of text parts, got {type(content).__name__}"
+    )
 
 
 def _arguments(raw: Any, where: str) -> dict[str, Any]:
@@ -159,7 +163,9 @@ def from_anthropic(system: Any, messages: Any) -> list[Msg]:
             elif kind == "thinking":
                 continue  # not rendered by ChatML templates
             else:
-                raise RequestError(f"{where}.content[{j}]: unsupported block type {kind!r} for role {m['role']}")
+                raise RequestError(
+                    f"{where}.content[{j}]: unsupported block type {kind!r} for role {m['role']}"
+                )
         if texts or calls or m["role"] == "assistant":
             out.append(Msg(m["role"], "".join(texts), tuple(calls)))
     return out
@@ -174,8 +180,16 @@ def anthropic_tools_to_openai(tools: Any) -> list[dict]:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise RequestError(f"tools[{i}]: expected an object with a name")
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                                     "parameters": t.get("input_schema", {})}})
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": t["name"],
+                    "description": t.get("description", ""),
+                    "parameters": t.get("input_schema", {}),
+                },
+            }
+        )
     return out
 
 

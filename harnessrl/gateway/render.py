@@ -53,8 +53,13 @@ class SegmentEncoder:
         if isinstance(added, dict) and added and backend is not None:
             toks = list(added.values())
             normalizer = getattr(backend, "normalizer", None)
-            if all(not (t.lstrip or t.rstrip or t.single_word) and isinstance(t.content, str) and t.content
-                   and not (t.normalized and normalizer is not None) for t in toks):
+            if all(
+                not (t.lstrip or t.rstrip or t.single_word)
+                and isinstance(t.content, str)
+                and t.content
+                and not (t.normalized and normalizer is not None)
+                for t in toks
+            ):
                 # longest first: the tokenizer matches added tokens leftmost-longest
                 alts = sorted({t.content for t in toks}, key=len, reverse=True)
                 self._split = re.compile("(" + "|".join(map(re.escape, alts)) + ")")
@@ -105,15 +110,25 @@ class ChatRenderer:
         self.segments = SegmentEncoder(tokenizer)
         if not segment_memo:  # plain tokenization of every render (benchmark baselines)
             self.segments.disable()
-        probe = [{"role": "system", "content": "probe  system\n\n"}, {"role": "user", "content": " héllo\t x"},
-                 {"role": "assistant", "content": "\n<tool_call>\n{}\n</tool_call> "}]
-        self.segments.check([self._render_text(_SYNTH, False), self._render_text(probe, True),
-                             "a<|im_end|>b " + "".join(self.segments._specials) if self.segments.enabled else ""])
+        probe = [
+            {"role": "system", "content": "probe  system\n\n"},
+            {"role": "user", "content": " héllo\t x"},
+            {"role": "assistant", "content": "\n<tool_call>\n{}\n</tool_call> "},
+        ]
+        self.segments.check(
+            [
+                self._render_text(_SYNTH, False),
+                self._render_text(probe, True),
+                "a<|im_end|>b " + "".join(self.segments._specials) if self.segments.enabled else "",
+            ]
+        )
         template = getattr(tokenizer, "chat_template", None) or ""
         self.native_tools = "tools" in template
         synth_ids = self._encode(self._render_text(_SYNTH, add_generation_prompt=False))
         self._synth_ids = synth_ids
-        self.generation_prompt_ids = self._suffix(synth_ids, self._encode(self._render_text(_SYNTH, True)), "generation prompt")
+        self.generation_prompt_ids = self._suffix(
+            synth_ids, self._encode(self._render_text(_SYNTH, True)), "generation prompt"
+        )
         self.end_of_turn_ids = self._assistant_close()
         # Sampling stops at the first token the template puts after an assistant message's content.
         self.stop_token_ids = sorted({self.end_of_turn_ids[0]} | ({tokenizer.eos_token_id} - {None}))
@@ -122,7 +137,9 @@ class ChatRenderer:
     def _encode(self, text: str) -> list[int]:
         return self.segments.encode(text)
 
-    def _render_text(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+    def _render_text(
+        self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None
+    ) -> str:
         kwargs: dict[str, Any] = {}
         if tools and self.native_tools:
             kwargs["tools"] = tools
@@ -150,8 +167,10 @@ class ChatRenderer:
         if self.native_tools:
             d: dict[str, Any] = {"role": msg.role, "content": msg.content}
             if msg.tool_calls:
-                d["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                   for c in msg.tool_calls]
+                d["tool_calls"] = [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in msg.tool_calls
+                ]
             return d
         if msg.role == "assistant":
             text = msg.content
@@ -161,7 +180,10 @@ class ChatRenderer:
         if msg.role == "tool":
             return {"role": "tool", "content": f"<tool_response>\n{msg.content}\n</tool_response>"}
         if msg.role == "system" and first and tools:
-            return {"role": "system", "content": (msg.content + "\n\n" if msg.content else "") + self.tools_block(tools)}
+            return {
+                "role": "system",
+                "content": (msg.content + "\n\n" if msg.content else "") + self.tools_block(tools),
+            }
         return {"role": msg.role, "content": msg.content}
 
     def tools_block(self, tools: list[dict]) -> str:
@@ -175,9 +197,13 @@ class ChatRenderer:
         return out
 
     # -- renders ---------------------------------------------------------------------------------------
-    def full_prompt(self, msgs: list[Msg], tools: list[dict] | None, add_generation_prompt: bool = True) -> list[int]:
+    def full_prompt(
+        self, msgs: list[Msg], tools: list[dict] | None, add_generation_prompt: bool = True
+    ) -> list[int]:
         """The template's whole rendering, tokenized at once (what a re-tokenizing gateway would send)."""
-        return self._encode(self._render_text(self.template_messages(msgs, tools), add_generation_prompt, tools))
+        return self._encode(
+            self._render_text(self.template_messages(msgs, tools), add_generation_prompt, tools)
+        )
 
     def message_delta(self, msg: Msg, tools: list[dict] | None = None) -> list[int]:
         """Tokens the template adds for `msg` after a complete turn: diff against the synthetic prefix."""

@@ -42,11 +42,13 @@ def _sessions(records: Iterable[dict[str, Any]]) -> tuple[dict[str, dict], list[
 
 def _keep(rec: dict, session_id: str | None, rollout_id: str | None) -> bool:
     return (session_id is None or rec.get("session_id") == session_id) and (
-        rollout_id is None or rec.get("rollout_id") == rollout_id)
+        rollout_id is None or rec.get("rollout_id") == rollout_id
+    )
 
 
-def call_rows(records: Iterable[dict[str, Any]], session_id: str | None = None,
-              rollout_id: str | None = None) -> list[dict[str, Any]]:
+def call_rows(
+    records: Iterable[dict[str, Any]], session_id: str | None = None, rollout_id: str | None = None
+) -> list[dict[str, Any]]:
     """One row per model call with its full prompt ids reconstructed from the chain deltas."""
     _, calls = _sessions(records)
     chains: dict[str, Chain] = {}
@@ -59,22 +61,39 @@ def call_rows(records: Iterable[dict[str, Any]], session_id: str | None = None,
         apply_call(chains, rec)
         if not _keep(rec, session_id, rollout_id):
             continue
-        rows.append({
-            "call_id": rec["call_id"], "session_id": rec["session_id"], "rollout_id": rec["rollout_id"],
-            "group_id": rec["group_id"], "chain_id": rec["chain_id"], "op": rec["op"],
-            "parent_chain_id": rec.get("parent_chain_id"),
-            "prompt_ids": prompt, "completion_ids": rec["completion_ids"],
-            "completion_logprobs": rec["completion_logprobs"], "policy_versions": rec["completion_versions"],
-            "loss_mask": [1] * len(rec["completion_ids"]), "finish_reason": rec["finish_reason"],
-            "discarded_trainable": rec["discarded_trainable"], "drift": rec.get("drift"),
-            "api": rec.get("api"), "started_at": rec["timings"].get("started_at"),
-            "engine_s": rec["timings"].get("engine_s"), "gateway_cpu_s": rec["timings"].get("gateway_cpu_s"),
-        })
+        rows.append(
+            {
+                "call_id": rec["call_id"],
+                "session_id": rec["session_id"],
+                "rollout_id": rec["rollout_id"],
+                "group_id": rec["group_id"],
+                "chain_id": rec["chain_id"],
+                "op": rec["op"],
+                "parent_chain_id": rec.get("parent_chain_id"),
+                "prompt_ids": prompt,
+                "completion_ids": rec["completion_ids"],
+                "completion_logprobs": rec["completion_logprobs"],
+                "policy_versions": rec["completion_versions"],
+                "loss_mask": [1] * len(rec["completion_ids"]),
+                "finish_reason": rec["finish_reason"],
+                "discarded_trainable": rec["discarded_trainable"],
+                "drift": rec.get("drift"),
+                "api": rec.get("api"),
+                "started_at": rec["timings"].get("started_at"),
+                "engine_s": rec["timings"].get("engine_s"),
+                "gateway_cpu_s": rec["timings"].get("gateway_cpu_s"),
+            }
+        )
     return rows
 
 
-def build_samples(records: Iterable[dict[str, Any]], selection: str = "all", session_id: str | None = None,
-                  rollout_id: str | None = None, rewards: dict[str, float] | None = None) -> list[Sample]:
+def build_samples(
+    records: Iterable[dict[str, Any]],
+    selection: str = "all",
+    session_id: str | None = None,
+    rollout_id: str | None = None,
+    rewards: dict[str, float] | None = None,
+) -> list[Sample]:
     if selection not in SELECTIONS:
         raise ValueError(f"selection {selection!r}: choose one of {SELECTIONS}")
     records = list(records)
@@ -95,12 +114,19 @@ def build_samples(records: Iterable[dict[str, Any]], selection: str = "all", ses
             items = [max(items, key=lambda it: len(it[0].tokens))]
         for chain, rec in items:
             status = sessions.get(rec["session_id"], {}).get("status", "active")
-            samples.append(Sample(
-                sample_id=f"{rid}/{chain.chain_id}", rollout_id=rid, group_id=rec["group_id"],
-                input_ids=list(chain.tokens), loss_mask=list(chain.mask),
-                behavior_logprobs=list(chain.logprobs), policy_version=list(chain.versions),
-                reward=(rewards or {}).get(rid), rollout_status="failed" if status == "failed" else "ok",
-            ))
+            samples.append(
+                Sample(
+                    sample_id=f"{rid}/{chain.chain_id}",
+                    rollout_id=rid,
+                    group_id=rec["group_id"],
+                    input_ids=list(chain.tokens),
+                    loss_mask=list(chain.mask),
+                    behavior_logprobs=list(chain.logprobs),
+                    policy_version=list(chain.versions),
+                    reward=(rewards or {}).get(rid),
+                    rollout_status="failed" if status == "failed" else "ok",
+                )
+            )
     return samples
 
 
@@ -112,8 +138,13 @@ def write_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> Path:
     return path
 
 
-def export(records: Iterable[dict[str, Any]], out_dir: str | os.PathLike, selection: str = "all",
-           session_id: str | None = None, rollout_id: str | None = None) -> dict[str, Any]:
+def export(
+    records: Iterable[dict[str, Any]],
+    out_dir: str | os.PathLike,
+    selection: str = "all",
+    session_id: str | None = None,
+    rollout_id: str | None = None,
+) -> dict[str, Any]:
     """Writes `records.parquet` (one row per call) and `samples.parquet` (Sample rows) under out_dir."""
     records = list(records)
     out = Path(out_dir)

@@ -62,10 +62,14 @@ from .streaming import SSEReply, stream_options
 @dataclass
 class GatewayConfig:
     max_model_len: int = 32768  # prompt + completion tokens the engine accepts
-    min_new_tokens: int = 1  # below this much room the call ends with finish_reason "length" (never silently 1)
+    min_new_tokens: int = (
+        1  # below this much room the call ends with finish_reason "length" (never silently 1)
+    )
     default_max_tokens: int = 1024
     drift_check_every: int = 10  # re-render the whole prompt every N-th call of a chain (0: never)
-    rollback_any_depth: bool = False  # rewinds deeper than the last assistant turn: False = split, True = truncate
+    rollback_any_depth: bool = (
+        False  # rewinds deeper than the last assistant turn: False = split, True = truncate
+    )
     tool_format: str = "hermes"
     retry_after_s: int = 2
     model_name: str = "harnessrl-policy"
@@ -100,8 +104,16 @@ def _sha(s: str) -> str:
 
 
 class GatewayServer:
-    def __init__(self, engine: Engine, tokenizer: Any, journal_dir: str | Path, admin_token: str,
-                 host: str = "127.0.0.1", port: int = 0, config: GatewayConfig | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        journal_dir: str | Path,
+        admin_token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        config: GatewayConfig | None = None,
+    ) -> None:
         if not admin_token:
             raise ValueError("admin_token must be a non-empty string")
         self.engine = engine
@@ -111,10 +123,26 @@ class GatewayServer:
         self.admin_token = admin_token
         self.host, self.port = host, port
         self.sessions: dict[str, Session] = {}
-        self.metrics: dict[str, float] = {k: 0 for k in (
-            "calls", "calls_failed", "rejected_paused", "context_exhausted", "op_new", "op_extend", "op_rollback",
-            "op_fork", "discarded_trainable_tokens", "drift_clean", "drift_realigned", "drift_forked",
-            "aborted_generations", "recovered_calls", "gateway_cpu_s")}
+        self.metrics: dict[str, float] = {
+            k: 0
+            for k in (
+                "calls",
+                "calls_failed",
+                "rejected_paused",
+                "context_exhausted",
+                "op_new",
+                "op_extend",
+                "op_rollback",
+                "op_fork",
+                "discarded_trainable_tokens",
+                "drift_clean",
+                "drift_realigned",
+                "drift_forked",
+                "aborted_generations",
+                "recovered_calls",
+                "gateway_cpu_s",
+            )
+        }
         self._journal: Journal | None = None
         self._paused = False
         self._resumed: asyncio.Event | None = None
@@ -136,9 +164,14 @@ class GatewayServer:
         for rec in self._journal.replay():
             t = rec.get("type")
             if t == "session":
-                self.sessions[rec["session_id"]] = Session(rec["session_id"], rec["rollout_id"], rec["group_id"],
-                                                           rec["key_sha256"], self._new_session_state(),
-                                                           created_at=rec.get("created_at", 0.0))
+                self.sessions[rec["session_id"]] = Session(
+                    rec["session_id"],
+                    rec["rollout_id"],
+                    rec["group_id"],
+                    rec["key_sha256"],
+                    self._new_session_state(),
+                    created_at=rec.get("created_at", 0.0),
+                )
             elif t == "session_end" and rec["session_id"] in self.sessions:
                 s = self.sessions[rec["session_id"]]
                 if s.status != "failed":
@@ -167,7 +200,9 @@ class GatewayServer:
         if self._runner:
             await self._runner.cleanup()
         close = getattr(self.engine, "close", None)
-        if inspect.iscoroutinefunction(close):  # an HTTP client's connections on this loop; the engine stays up
+        if inspect.iscoroutinefunction(
+            close
+        ):  # an HTTP client's connections on this loop; the engine stays up
             with contextlib.suppress(Exception):
                 await close()
         if self._journal:
@@ -228,10 +263,13 @@ class GatewayServer:
         try:
             return await handler(request)
         except _HTTPError as e:
-            return web.json_response({"error": {"type": e.kind, "message": e.message}}, status=e.status,
-                                     headers=e.headers)
+            return web.json_response(
+                {"error": {"type": e.kind, "message": e.message}}, status=e.status, headers=e.headers
+            )
         except RequestError as e:
-            return web.json_response({"error": {"type": "invalid_request_error", "message": str(e)}}, status=400)
+            return web.json_response(
+                {"error": {"type": "invalid_request_error", "message": str(e)}}, status=400
+            )
         except (DiffError, TemplateError) as e:
             msg = f"the model's chat template cannot render these messages: {e}"
             return web.json_response({"error": {"type": "invalid_request_error", "message": msg}}, status=400)
@@ -246,7 +284,9 @@ class GatewayServer:
 
     def _admin(self, request: web.Request) -> None:
         if not secrets.compare_digest(self._bearer(request), self.admin_token):
-            raise _HTTPError(401, "authentication_error", "admin endpoints need 'Authorization: Bearer <admin token>'")
+            raise _HTTPError(
+                401, "authentication_error", "admin endpoints need 'Authorization: Bearer <admin token>'"
+            )
 
     def _session_for(self, request: web.Request) -> Session:
         sid = request.match_info["sid"]
@@ -281,18 +321,39 @@ class GatewayServer:
                 raise RequestError(f"{k}: required non-empty string")
         sid = "s-" + uuid.uuid4().hex[:16]
         key = "hk-" + secrets.token_urlsafe(24)
-        rec = {"type": "session", "session_id": sid, "rollout_id": body["rollout_id"],
-               "group_id": body["group_id"], "key_sha256": _sha(key), "created_at": time.time()}
+        rec = {
+            "type": "session",
+            "session_id": sid,
+            "rollout_id": body["rollout_id"],
+            "group_id": body["group_id"],
+            "key_sha256": _sha(key),
+            "created_at": time.time(),
+        }
         await self._journal.append(rec)
-        self.sessions[sid] = Session(sid, body["rollout_id"], body["group_id"], rec["key_sha256"],
-                                     self._new_session_state())
+        self.sessions[sid] = Session(
+            sid, body["rollout_id"], body["group_id"], rec["key_sha256"], self._new_session_state()
+        )
         base = f"{self.base_url}/sessions/{sid}"
-        return web.json_response({"session_id": sid, "api_key": key, "base_url": self.base_url,
-                                  "openai_base_url": f"{base}/v1", "anthropic_base_url": base})
+        return web.json_response(
+            {
+                "session_id": sid,
+                "api_key": key,
+                "base_url": self.base_url,
+                "openai_base_url": f"{base}/v1",
+                "anthropic_base_url": base,
+            }
+        )
 
     def _session_view(self, s: Session) -> dict:
-        return {"session_id": s.session_id, "rollout_id": s.rollout_id, "group_id": s.group_id,
-                "status": s.status, "reason": s.reason, "calls": s.calls, "chains": len(s.chains.chains)}
+        return {
+            "session_id": s.session_id,
+            "rollout_id": s.rollout_id,
+            "group_id": s.group_id,
+            "status": s.status,
+            "reason": s.reason,
+            "calls": s.calls,
+            "chains": len(s.chains.chains),
+        }
 
     async def _get_session(self, request: web.Request) -> web.Response:
         self._admin(request)
@@ -316,9 +377,15 @@ class GatewayServer:
     async def _finish_session(self, s: Session, status: str, reason: str | None) -> None:
         if s.status == "failed":
             return
-        await self._journal.append({"type": "session_end", "session_id": s.session_id,
-                                    "status": "failed" if status == "failed" else "ended",
-                                    "reason": reason, "at": time.time()})
+        await self._journal.append(
+            {
+                "type": "session_end",
+                "session_id": s.session_id,
+                "status": "failed" if status == "failed" else "ended",
+                "reason": reason,
+                "at": time.time(),
+            }
+        )
         s.status, s.reason = status, reason
 
     async def _pause(self, request: web.Request) -> web.Response:
@@ -326,7 +393,9 @@ class GatewayServer:
         body = await self._json(request) if request.can_read_body else {}
         mode = body.get("mode", "finish")
         if mode not in ("finish", "abort"):
-            raise RequestError("mode: 'finish' (wait for in-flight calls) or 'abort' (abort and resume later)")
+            raise RequestError(
+                "mode: 'finish' (wait for in-flight calls) or 'abort' (abort and resume later)"
+            )
         self._paused = True
         self._resumed.clear()
         if mode == "abort" and self._in_flight:
@@ -364,8 +433,13 @@ class GatewayServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         self._admin(request)
         m = dict(self.metrics)
-        m.update(sessions=len(self.sessions), in_flight=len(self._in_flight), paused=self._paused,
-                 journal_fsyncs=self._journal.fsyncs, journal_records=self._journal.records_written)
+        m.update(
+            sessions=len(self.sessions),
+            in_flight=len(self._in_flight),
+            paused=self._paused,
+            journal_fsyncs=self._journal.fsyncs,
+            journal_records=self._journal.records_written,
+        )
         return web.json_response(m)
 
     async def _export(self, request: web.Request) -> web.Response:
@@ -374,13 +448,20 @@ class GatewayServer:
         if not isinstance(body.get("out_dir"), str):
             raise RequestError("out_dir: required path (on the gateway's file system)")
         result = await asyncio.to_thread(
-            export_samples, list(self._journal.replay()), body["out_dir"], body.get("selection", "all"),
-            body.get("session_id"), body.get("rollout_id"))
+            export_samples,
+            list(self._journal.replay()),
+            body["out_dir"],
+            body.get("selection", "all"),
+            body.get("session_id"),
+            body.get("rollout_id"),
+        )
         return web.json_response(result)
 
     async def _models(self, request: web.Request) -> web.Response:
         self._session_for(request)
-        return web.json_response({"object": "list", "data": [{"id": self.config.model_name, "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.config.model_name, "object": "model"}]}
+        )
 
     # -- calls ------------------------------------------------------------------------------------------
     async def _openai_chat(self, request: web.Request) -> web.StreamResponse:
@@ -392,19 +473,30 @@ class GatewayServer:
         msgs = from_openai(body.get("messages"), s.message_cache)
         tools = validate_openai_tools(body.get("tools"))
         parse_cpu = json_cpu + time.thread_time() - cpu0
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or self.config.default_max_tokens
+        max_tokens = (
+            body.get("max_completion_tokens") or body.get("max_tokens") or self.config.default_max_tokens
+        )
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else stop or []
         if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
             raise RequestError("stop: expected a string or a list of strings")
         if body.get("stream"):
-            sink = SSEReply(request, "openai", self.config.model_name, self.renderer.completion_text, stops,
-                            stream_options(body))
+            sink = SSEReply(
+                request,
+                "openai",
+                self.config.model_name,
+                self.renderer.completion_text,
+                stops,
+                stream_options(body),
+            )
             return await self._streamed(sink, s, msgs, tools, body, int(max_tokens), parse_cpu, stops)
         call_id, content, calls, finish, n_prompt, n_out = await self._call(
-            s, msgs, tools, body, int(max_tokens), "openai", parse_cpu, stops)
-        return web.json_response(fmt.openai_response(call_id, self.config.model_name, content, calls, finish,
-                                                      n_prompt, n_out), dumps=_dumps)
+            s, msgs, tools, body, int(max_tokens), "openai", parse_cpu, stops
+        )
+        return web.json_response(
+            fmt.openai_response(call_id, self.config.model_name, content, calls, finish, n_prompt, n_out),
+            dumps=_dumps,
+        )
 
     async def _anthropic_messages(self, request: web.Request) -> web.StreamResponse:
         s = self._session_for(request)
@@ -419,20 +511,35 @@ class GatewayServer:
         if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
             raise RequestError("stop_sequences: expected a list of strings")
         if body.get("stream"):
-            sink = SSEReply(request, "anthropic", self.config.model_name, self.renderer.completion_text, stops)
+            sink = SSEReply(
+                request, "anthropic", self.config.model_name, self.renderer.completion_text, stops
+            )
             return await self._streamed(sink, s, msgs, tools, body, body["max_tokens"], parse_cpu, stops)
         call_id, content, calls, finish, n_prompt, n_out = await self._call(
-            s, msgs, tools, body, body["max_tokens"], "anthropic", parse_cpu, stops)
-        return web.json_response(fmt.anthropic_response(call_id, self.config.model_name, content, calls, finish,
-                                                        n_prompt, n_out), dumps=_dumps)
+            s, msgs, tools, body, body["max_tokens"], "anthropic", parse_cpu, stops
+        )
+        return web.json_response(
+            fmt.anthropic_response(call_id, self.config.model_name, content, calls, finish, n_prompt, n_out),
+            dumps=_dumps,
+        )
 
-    async def _streamed(self, sink: SSEReply, s: Session, msgs: list[Msg], tools: list[dict], body: dict,
-                        max_tokens: int, parse_cpu: float, stops: list[str]) -> web.StreamResponse:
+    async def _streamed(
+        self,
+        sink: SSEReply,
+        s: Session,
+        msgs: list[Msg],
+        tools: list[dict],
+        body: dict,
+        max_tokens: int,
+        parse_cpu: float,
+        stops: list[str],
+    ) -> web.StreamResponse:
         """Text deltas reach the harness while the engine generates; tool calls and the end events follow
         once the call's record is durable. Errors before the first text are plain HTTP errors."""
         try:
-            _, content, calls, finish, _, n_out = await self._call(s, msgs, tools, body, max_tokens, sink.api,
-                                                                   parse_cpu, stops, sink)
+            _, content, calls, finish, _, n_out = await self._call(
+                s, msgs, tools, body, max_tokens, sink.api, parse_cpu, stops, sink
+            )
         except (_HTTPError, RequestError) as e:
             if not sink.opened:
                 raise
@@ -444,22 +551,40 @@ class GatewayServer:
 
     def _sampling(self, body: dict) -> SamplingParams:
         try:
-            return SamplingParams(temperature=float(body.get("temperature", 1.0)),
-                                  top_p=float(body.get("top_p", 1.0)),
-                                  seed=None if body.get("seed") is None else int(body["seed"]))
+            return SamplingParams(
+                temperature=float(body.get("temperature", 1.0)),
+                top_p=float(body.get("top_p", 1.0)),
+                seed=None if body.get("seed") is None else int(body["seed"]),
+            )
         except (TypeError, ValueError):
             raise RequestError("temperature/top_p/seed: expected numbers") from None
 
-    async def _call(self, s: Session, msgs: list[Msg], tools: list[dict], body: dict, max_tokens: int,
-                    api: str, parse_cpu: float = 0.0, stops: list[str] | None = None,
-                    sink: SSEReply | None = None) -> tuple:
+    async def _call(
+        self,
+        s: Session,
+        msgs: list[Msg],
+        tools: list[dict],
+        body: dict,
+        max_tokens: int,
+        api: str,
+        parse_cpu: float = 0.0,
+        stops: list[str] | None = None,
+        sink: SSEReply | None = None,
+    ) -> tuple:
         if s.status != "active":
-            raise _HTTPError(409, "session_closed", f"session {s.session_id} is {s.status}"
-                             + (f": {s.reason}" if s.reason else ""))
+            raise _HTTPError(
+                409,
+                "session_closed",
+                f"session {s.session_id} is {s.status}" + (f": {s.reason}" if s.reason else ""),
+            )
         if self._paused:
             self.metrics["rejected_paused"] += 1
-            raise _HTTPError(429, "paused", "gateway paused for a weight update; retry later",
-                             {"Retry-After": str(self.config.retry_after_s)})
+            raise _HTTPError(
+                429,
+                "paused",
+                "gateway paused for a weight update; retry later",
+                {"Retry-After": str(self.config.retry_after_s)},
+            )
         if max_tokens < 1:
             raise RequestError("max_tokens: must be >= 1")
         sampling = self._sampling(body)
@@ -473,8 +598,15 @@ class GatewayServer:
             room = self.config.max_model_len - len(plan.prompt_ids)
             if room < max(self.config.min_new_tokens, 1):
                 self.metrics["context_exhausted"] += 1
-                await self._journal.append({"type": "notice", "session_id": s.session_id, "kind": "context_exhausted",
-                                            "prompt_tokens": len(plan.prompt_ids), "at": time.time()})
+                await self._journal.append(
+                    {
+                        "type": "notice",
+                        "session_id": s.session_id,
+                        "kind": "context_exhausted",
+                        "prompt_tokens": len(plan.prompt_ids),
+                        "at": time.time(),
+                    }
+                )
                 call_id = "ctx-" + uuid.uuid4().hex[:12]
                 if sink is not None:
                     sink.begin(call_id, len(plan.prompt_ids))
@@ -483,18 +615,22 @@ class GatewayServer:
             if sink is not None:
                 sink.begin(call_id, len(plan.prompt_ids))
             t_engine = time.perf_counter()
-            ids, lps, versions, finish = await self._generate(s, plan, sampling, min(max_tokens, room),
-                                                              sink.on_tokens if sink is not None else None)
+            ids, lps, versions, finish = await self._generate(
+                s, plan, sampling, min(max_tokens, room), sink.on_tokens if sink is not None else None
+            )
             engine_s = time.perf_counter() - t_engine
             cpu1 = time.thread_time()
             text = self.renderer.completion_text(ids)
             if stops and any(x and x in text for x in stops):
                 ids, lps, versions, text = self._cut_at_stop(ids, lps, versions, text, stops)
                 finish = "stop"
-            rec, content, calls = self._record(s, plan, msgs, tools, ids, lps, versions, finish, api, started,
-                                               engine_s, text, call_id)
+            rec, content, calls = self._record(
+                s, plan, msgs, tools, ids, lps, versions, finish, api, started, engine_s, text, call_id
+            )
             # prompt building + record, without the sampled full re-render of the drift check (timed apart)
-            rec["timings"]["gateway_cpu_s"] = cpu_plan + time.thread_time() - cpu1 - rec["timings"]["drift_cpu_s"]
+            rec["timings"]["gateway_cpu_s"] = (
+                cpu_plan + time.thread_time() - cpu1 - rec["timings"]["drift_cpu_s"]
+            )
             rec["timings"]["parse_cpu_s"] = parse_cpu  # JSON body + message conversion (O(request size))
             await self._journal.append(rec)  # durable before the harness sees the reply
             s.chains.commit(rec, plan)
@@ -505,8 +641,17 @@ class GatewayServer:
             self._set_working(me, False)
         return rec["call_id"], content, calls, finish, rec["timings"]["prompt_tokens"], len(ids)
 
-    async def _stream_into(self, prompt: list[int], sampling: SamplingParams, max_tokens: int, stop: list[int],
-                           ids: list[int], lps: list[float], versions: list[int], on_tokens) -> Generation:
+    async def _stream_into(
+        self,
+        prompt: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop: list[int],
+        ids: list[int],
+        lps: list[float],
+        versions: list[int],
+        on_tokens,
+    ) -> Generation:
         """Consumes the engine's token stream into the call's lists (so tokens already shown to the harness
         survive a cancelling pause) and hands each step to `on_tokens`; returns an empty Generation holding
         the finish reason."""
@@ -524,8 +669,9 @@ class GatewayServer:
             raise EngineError("the engine's token stream ended without a finish_reason")
         return Generation(token_ids=[], logprobs=[], finish_reason=finish)
 
-    async def _generate(self, s: Session, plan: CallPlan, sampling: SamplingParams, max_tokens: int,
-                        on_tokens=None):
+    async def _generate(
+        self, s: Session, plan: CallPlan, sampling: SamplingParams, max_tokens: int, on_tokens=None
+    ):
         """Runs the engine; across an aborting pause it resumes with the tokens sampled so far. With
         `on_tokens` (a streamed reply) the engine streams and each step is handed over as it arrives."""
         ids: list[int] = []
@@ -540,10 +686,15 @@ class GatewayServer:
                 self._set_working(me, True)
             prompt = plan.prompt_ids + ids if ids else plan.prompt_ids
             if on_tokens is None:
-                task = asyncio.ensure_future(self.engine.generate(prompt, sampling, max_tokens - len(ids), stop))
+                task = asyncio.ensure_future(
+                    self.engine.generate(prompt, sampling, max_tokens - len(ids), stop)
+                )
             else:
-                task = asyncio.ensure_future(self._stream_into(prompt, sampling, max_tokens - len(ids), stop,
-                                                               ids, lps, versions, on_tokens))
+                task = asyncio.ensure_future(
+                    self._stream_into(
+                        prompt, sampling, max_tokens - len(ids), stop, ids, lps, versions, on_tokens
+                    )
+                )
             self._in_flight.add(task)
             try:
                 gen: Generation = await task
@@ -557,13 +708,17 @@ class GatewayServer:
                 raise _HTTPError(status, "engine_error", f"inference engine failed: {e}") from None
             except Exception as e:  # an engine bug is still an engine failure for the harness
                 await self._fail(s, f"{type(e).__name__}: {e}")
-                raise _HTTPError(502, "engine_error", f"inference engine failed: {type(e).__name__}: {e}") from None
+                raise _HTTPError(
+                    502, "engine_error", f"inference engine failed: {type(e).__name__}: {e}"
+                ) from None
             finally:
                 self._in_flight.discard(task)
                 self._aborting.discard(task)
             ids += gen.token_ids
             lps += gen.logprobs
-            versions += list(getattr(gen, "token_policy_versions", None) or [gen.policy_version] * len(gen.token_ids))
+            versions += list(
+                getattr(gen, "token_policy_versions", None) or [gen.policy_version] * len(gen.token_ids)
+            )
             if gen.finish_reason == "abort" and len(ids) < max_tokens:
                 self.metrics["aborted_generations"] += 1
                 continue  # engine-side abort (weight sync): keep the partial tokens and continue after resume
@@ -583,7 +738,9 @@ class GatewayServer:
         self.metrics["calls_failed"] += 1
         await self._finish_session(s, "failed", f"engine error: {reason}")
 
-    def _cut_at_stop(self, ids: list[int], lps: list[float], versions: list[int], text: str, stops: list[str]):
+    def _cut_at_stop(
+        self, ids: list[int], lps: list[float], versions: list[int], text: str, stops: list[str]
+    ):
         """Stop strings: keep the sampled tokens up to the one that completes the first stop string (they
         were sampled and stay in the chain); the harness gets the text before the stop string."""
         lo, hi = 1, len(ids)
@@ -597,9 +754,22 @@ class GatewayServer:
         cut = min(shown.find(x) for x in stops if x and x in shown)
         return ids[:lo], lps[:lo], versions[:lo], shown[:cut]
 
-    def _record(self, s: Session, plan: CallPlan, msgs: list[Msg], tools: list[dict], ids: list[int], lps: list[float],
-                versions: list[int], finish: str, api: str, started: float, engine_s: float, text: str,
-                call_id: str):
+    def _record(
+        self,
+        s: Session,
+        plan: CallPlan,
+        msgs: list[Msg],
+        tools: list[dict],
+        ids: list[int],
+        lps: list[float],
+        versions: list[int],
+        finish: str,
+        api: str,
+        started: float,
+        engine_s: float,
+        text: str,
+        call_id: str,
+    ):
         content, calls = self.renderer.parse_completion(text)
         assistant = Msg("assistant", content, tuple(calls))
         close = self.renderer.close_assistant(ids)
@@ -611,16 +781,35 @@ class GatewayServer:
             drift = self._drift(plan, msgs, tools)
         drift_cpu = time.thread_time() - cpu0
         rec = {
-            "type": "call", "call_id": call_id, "session_id": s.session_id,
-            "rollout_id": s.rollout_id, "group_id": s.group_id, "chain_id": chain.chain_id, "op": plan.op,
-            "parent_chain_id": plan.parent_chain_id, "base_len": plan.base_len, "base_nodes": plan.base_nodes,
-            "inherited_ids": plan.inherited_ids, "inherited_nodes": [n.to_json() for n in plan.inherited_nodes],
-            "delta_ids": plan.delta_ids, "new_nodes": [n.to_json() for n in plan.new_nodes],
-            "completion_ids": ids, "completion_logprobs": lps, "completion_versions": versions,
-            "close_ids": close, "assistant_cum": s.chains.hasher.extend(plan.prompt_cum, assistant).hex(),
-            "finish_reason": finish, "discarded_trainable": plan.discarded_trainable, "drift": drift, "api": api,
-            "timings": {"started_at": started, "engine_s": engine_s, "prompt_tokens": len(plan.prompt_ids),
-                        "drift_cpu_s": drift_cpu},
+            "type": "call",
+            "call_id": call_id,
+            "session_id": s.session_id,
+            "rollout_id": s.rollout_id,
+            "group_id": s.group_id,
+            "chain_id": chain.chain_id,
+            "op": plan.op,
+            "parent_chain_id": plan.parent_chain_id,
+            "base_len": plan.base_len,
+            "base_nodes": plan.base_nodes,
+            "inherited_ids": plan.inherited_ids,
+            "inherited_nodes": [n.to_json() for n in plan.inherited_nodes],
+            "delta_ids": plan.delta_ids,
+            "new_nodes": [n.to_json() for n in plan.new_nodes],
+            "completion_ids": ids,
+            "completion_logprobs": lps,
+            "completion_versions": versions,
+            "close_ids": close,
+            "assistant_cum": s.chains.hasher.extend(plan.prompt_cum, assistant).hex(),
+            "finish_reason": finish,
+            "discarded_trainable": plan.discarded_trainable,
+            "drift": drift,
+            "api": api,
+            "timings": {
+                "started_at": started,
+                "engine_s": engine_s,
+                "prompt_tokens": len(plan.prompt_ids),
+                "drift_cpu_s": drift_cpu,
+            },
         }
         return rec, content, calls
 

@@ -48,8 +48,15 @@ def safe_prefix(text: str, stops: list[str]) -> str:
 class SSEReply:
     """One streamed chat reply (OpenAI chunks or Anthropic events); the response opens with the first text."""
 
-    def __init__(self, request: web.Request, api: str, model: str, decode, stops: list[str],
-                 include_usage: bool = False) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        api: str,
+        model: str,
+        decode,
+        stops: list[str],
+        include_usage: bool = False,
+    ) -> None:
         self.request, self.api, self.model = request, api, model
         self.decode = decode  # sampled ids -> completion text (stop token dropped)
         self.stops = stops
@@ -70,8 +77,9 @@ class SSEReply:
 
     async def _write(self, data: bytes) -> None:
         if self.response is None:
-            self.response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                        "Cache-Control": "no-cache"})
+            self.response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
             await self.response.prepare(self.request)
             if self.api == "openai":
                 data = fmt.openai_stream_head(self.call_id, self.model) + data
@@ -95,18 +103,27 @@ class SSEReply:
         """Called with all ids sampled so far, after each engine delta."""
         safe = safe_prefix(self.decode(ids), self.stops)
         if len(safe) > len(self.sent) and safe.startswith(self.sent):
-            await self._text(safe[len(self.sent):])
+            await self._text(safe[len(self.sent) :])
 
-    async def finish(self, content: str, calls: list[ToolCall], finish: str, completion_tokens: int) -> web.StreamResponse:
+    async def finish(
+        self, content: str, calls: list[ToolCall], finish: str, completion_tokens: int
+    ) -> web.StreamResponse:
         """The rest of the content, the tool calls, the end events. Call after the record is durable."""
         if content.startswith(self.sent):
-            rest = content[len(self.sent):]
+            rest = content[len(self.sent) :]
         else:  # cannot happen for the parsers we ship; the harness keeps what it already got
             rest, self.mismatch = "", True
         if self.api == "openai":
             await self._write(fmt.openai_stream_text(self.call_id, self.model, rest) if rest else b"")
-            tail = fmt.openai_stream_tail(self.call_id, self.model, calls, finish, self.prompt_tokens,
-                                          completion_tokens, self.include_usage)
+            tail = fmt.openai_stream_tail(
+                self.call_id,
+                self.model,
+                calls,
+                finish,
+                self.prompt_tokens,
+                completion_tokens,
+                self.include_usage,
+            )
         else:
             if rest or (not calls and not self.text_block_open):
                 if not self.text_block_open:
@@ -114,7 +131,9 @@ class SSEReply:
                     self.text_block_open = True
                 if rest:
                     await self._write(fmt.anthropic_text_delta(rest))
-            tail = fmt.anthropic_stream_tail(self.call_id, calls, finish, completion_tokens, self.text_block_open)
+            tail = fmt.anthropic_stream_tail(
+                self.call_id, calls, finish, completion_tokens, self.text_block_open
+            )
         await self._write(b"".join(tail))
         await self.response.write_eof()
         return self.response
@@ -122,7 +141,9 @@ class SSEReply:
     async def fail(self, message: str) -> web.StreamResponse:
         """An error after the stream has opened: an error event, then the stream ends."""
         assert self.response is not None
-        data = fmt.openai_stream_error(message) if self.api == "openai" else fmt.anthropic_stream_error(message)
+        data = (
+            fmt.openai_stream_error(message) if self.api == "openai" else fmt.anthropic_stream_error(message)
+        )
         await self.response.write(data)
         await self.response.write_eof()
         return self.response

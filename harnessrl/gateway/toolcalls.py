@@ -57,14 +57,18 @@ class HermesParser:
 
     def render(self, calls: list[ToolCall]) -> str:
         return "\n".join(
-            "<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) + "\n</tool_call>"
+            "<tool_call>\n"
+            + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+            + "\n</tool_call>"
             for c in calls
         )
 
 
 _CODER_FUNC = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.DOTALL)
 _CODER_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-_CODER_BLOCK = re.compile(r"(?:<tool_call>\s*)?<function=[^>\s]+>.*?</function>(?:\s*</tool_call>)?", re.DOTALL)
+_CODER_BLOCK = re.compile(
+    r"(?:<tool_call>\s*)?<function=[^>\s]+>.*?</function>(?:\s*</tool_call>)?", re.DOTALL
+)
 
 
 class Qwen3CoderParser:

@@ -34,7 +34,9 @@ class HarnessResult:
     turns: int = 0  # model calls made for the agent loop (summaries excluded)
     failed_turns: int = 0
     tool_calls: int = 0
-    errors: dict[str, int] = field(default_factory=dict)  # no_tool_call, malformed_args, tool_timeout, sandbox_failure
+    errors: dict[str, int] = field(
+        default_factory=dict
+    )  # no_tool_call, malformed_args, tool_timeout, sandbox_failure
     compactions: int = 0  # context rewrites (trims that changed history, summaries)
     prompt_tokens_last: int = 0
     completion_tokens: int = 0

@@ -28,8 +28,12 @@ from harnessrl.harness.base import (
 from harnessrl.harness.runtime import TIMEOUT, SandboxFailure, ToolRuntime
 
 # offline operation: no cost-map download, no cost errors for our unregistered model, no first-run wizard
-OFFLINE_ENV = {"MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-               "MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1"}
+OFFLINE_ENV = {
+    "MSWEA_COST_TRACKING": "ignore_errors",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "MSWEA_CONFIGURED": "true",
+    "MSWEA_SILENT_STARTUP": "1",
+}
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 EXIT_STATUS_TO_RESULT = {  # mini-swe-agent exit_status -> (rollout_status, finish_reason)
@@ -68,24 +72,41 @@ class SandboxEnvironment:
             self.stats["tool_calls"] = self.stats.get("tool_calls", 0) + 1
         if res.outcome == TIMEOUT:
             self.stats["tool_timeout"] = self.stats.get("tool_timeout", 0) + 1
-            output = {"output": res.output, "returncode": -1,
-                      "exception_info": f"The command timed out after {self.config['timeout']}s and was killed."}
+            output = {
+                "output": res.output,
+                "returncode": -1,
+                "exception_info": f"The command timed out after {self.config['timeout']}s and was killed.",
+            }
         else:
-            output = {"output": res.output, "returncode": res.exit_code if res.exit_code is not None else -1,
-                      "exception_info": "" if res.outcome in ("ok", "nonzero") else f"outcome: {res.outcome}"}
+            output = {
+                "output": res.output,
+                "returncode": res.exit_code if res.exit_code is not None else -1,
+                "exception_info": "" if res.outcome in ("ok", "nonzero") else f"outcome: {res.outcome}",
+            }
         lines = output["output"].lstrip().splitlines(keepends=True)
         if lines and lines[0].strip() == SUBMIT_MARKER and output["returncode"] == 0:
             submission = "".join(lines[1:])
-            raise Submitted({"role": "exit", "content": submission,
-                             "extra": {"exit_status": "Submitted", "submission": submission}})
+            raise Submitted(
+                {
+                    "role": "exit",
+                    "content": submission,
+                    "extra": {"exit_status": "Submitted", "submission": submission},
+                }
+            )
         return output
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
         return {**self.config, **platform.uname()._asdict(), **kwargs}
 
     def serialize(self) -> dict:
-        return {"info": {"config": {"environment": dict(self.config),
-                                    "environment_type": f"{type(self).__module__}.{type(self).__name__}"}}}
+        return {
+            "info": {
+                "config": {
+                    "environment": dict(self.config),
+                    "environment_type": f"{type(self).__module__}.{type(self).__name__}",
+                }
+            }
+        }
 
 
 @dataclass
@@ -142,19 +163,31 @@ class MiniSweAgentHarness:
 
             model_cfg = {k: v for k, v in full.get("model", {}).items() if k != "model_kwargs"}
             model = LitellmTextbasedModel(
-                model_name=f"openai/{endpoint.model}", cost_tracking="ignore_errors",
-                model_kwargs={**full.get("model", {}).get("model_kwargs", {}), "api_base": endpoint.base_url,
-                              "api_key": endpoint.api_key, "max_tokens": cfg.max_tokens_per_turn,
-                              "temperature": cfg.temperature, "timeout": cfg.wall_s,
-                              **({"seed": cfg.seed} if cfg.seed is not None else {})},
-                **model_cfg)
+                model_name=f"openai/{endpoint.model}",
+                cost_tracking="ignore_errors",
+                model_kwargs={
+                    **full.get("model", {}).get("model_kwargs", {}),
+                    "api_base": endpoint.base_url,
+                    "api_key": endpoint.api_key,
+                    "max_tokens": cfg.max_tokens_per_turn,
+                    "temperature": cfg.temperature,
+                    "timeout": cfg.wall_s,
+                    **({"seed": cfg.seed} if cfg.seed is not None else {}),
+                },
+                **model_cfg,
+            )
             env = SandboxEnvironment(runtime, timeout=cfg.tool_timeout_s, stats=stats)
-            agent_cfg = {**full.get("agent", {}), "step_limit": cfg.step_limit, "cost_limit": 0,
-                         "wall_time_limit_seconds": int(cfg.wall_s)}
+            agent_cfg = {
+                **full.get("agent", {}),
+                "step_limit": cfg.step_limit,
+                "cost_limit": 0,
+                "wall_time_limit_seconds": int(cfg.wall_s),
+            }
             agent = DefaultAgent(model, env, **agent_cfg)
             info = agent.run(task.problem_statement)
-            status, finish = EXIT_STATUS_TO_RESULT.get(info.get("exit_status", ""),
-                                                       (STATUS_FAILED, info.get("exit_status") or "harness_error"))
+            status, finish = EXIT_STATUS_TO_RESULT.get(
+                info.get("exit_status", ""), (STATUS_FAILED, info.get("exit_status") or "harness_error")
+            )
             res.status, res.finish_reason = status, finish
         except SandboxFailure as e:
             res.status, res.finish_reason, res.error = STATUS_INFRA, "sandbox_error", str(e)
@@ -164,8 +197,9 @@ class MiniSweAgentHarness:
         if agent is not None:
             res.turns = agent.n_calls
             res.transcript = [{k: v for k, v in m.items() if k != "extra"} for m in agent.messages]
-            format_errors = sum(1 for m in agent.messages
-                                if m.get("extra", {}).get("interrupt_type") == "FormatError")
+            format_errors = sum(
+                1 for m in agent.messages if m.get("extra", {}).get("interrupt_type") == "FormatError"
+            )
             if format_errors:
                 res.errors["no_tool_call"] = format_errors
         res.tool_calls = int(stats.get("tool_calls", 0))
@@ -183,8 +217,15 @@ def _classify_exception(e: Exception) -> tuple[str, str, str]:
     msg = f"{type(e).__name__}: {e}"[:1000]
     if isinstance(e, litellm.exceptions.Timeout):
         return STATUS_TIMEOUT, "wall_time", msg
-    if isinstance(e, (litellm.exceptions.APIConnectionError, litellm.exceptions.ServiceUnavailableError,
-                      litellm.exceptions.InternalServerError, litellm.exceptions.RateLimitError)):
+    if isinstance(
+        e,
+        (
+            litellm.exceptions.APIConnectionError,
+            litellm.exceptions.ServiceUnavailableError,
+            litellm.exceptions.InternalServerError,
+            litellm.exceptions.RateLimitError,
+        ),
+    ):
         return STATUS_INFRA, "model_error", msg
     if isinstance(e, litellm.exceptions.ContextWindowExceededError):
         return STATUS_OK, "token_budget", msg

@@ -24,8 +24,10 @@ SANDBOX_FAILURE_POLICIES = ("retry", "report", "end")
 CONTEXT_POLICIES = ("keep_all", "trim_oldest", "summarize")
 
 TRIMMED = "[earlier output trimmed to save context]"
-SUMMARY_REQUEST = ("Summarize your progress on the task so far: what you learned about the code, what you "
-                   "changed, and what remains. Reply with the summary only.")
+SUMMARY_REQUEST = (
+    "Summarize your progress on the task so far: what you learned about the code, what you "
+    "changed, and what remains. Reply with the summary only."
+)
 
 
 class ContextPolicy(Protocol):

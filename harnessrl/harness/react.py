@@ -46,8 +46,9 @@ NUDGE = "You did not call a tool. Call one of the tools ({tools}); call submit w
 
 
 class _EndEpisode(Exception):
-    def __init__(self, finish_reason: str, status: str = STATUS_OK, error: str = "",
-                 history: list[dict] | None = None):
+    def __init__(
+        self, finish_reason: str, status: str = STATUS_OK, error: str = "", history: list[dict] | None = None
+    ):
         super().__init__(finish_reason)
         self.finish_reason, self.status, self.error = finish_reason, status, error
         self.history = history  # the final history, when the ending turn added messages
@@ -94,7 +95,9 @@ class ReActConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
-            raise ValueError(f"unknown react harness option(s) {unknown}; allowed: {sorted(names - {'tools'})}")
+            raise ValueError(
+                f"unknown react harness option(s) {unknown}; allowed: {sorted(names - {'tools'})}"
+            )
         kw: dict[str, Any] = dict(options)
         if "turns" in limits:
             kw["max_turns"] = int(limits["turns"])
@@ -106,15 +109,21 @@ class ReActConfig:
 
     def context_policy(self) -> ContextPolicy:
         return CONTEXT_POLICY_FACTORIES[self.context](
-            keep_last_observations=self.keep_last_observations, summarize_at_tokens=self.summarize_at_tokens)
+            keep_last_observations=self.keep_last_observations, summarize_at_tokens=self.summarize_at_tokens
+        )
 
 
 def _assistant_message(msg: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "assistant", "content": msg.content or ""}
     if msg.tool_calls:
-        out["tool_calls"] = [{"id": tc.id, "type": "function",
-                              "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
-                             for tc in msg.tool_calls]
+        out["tool_calls"] = [
+            {
+                "id": tc.id,
+                "type": "function",
+                "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+            }
+            for tc in msg.tool_calls
+        ]
     return out
 
 
@@ -130,10 +139,14 @@ class ReActHarness:
         start = time.monotonic()
         self._deadline = start + cfg.wall_s
         self._calls = 0
-        client = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=cfg.http_retries)
+        client = openai.OpenAI(
+            base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=cfg.http_retries
+        )
         policy = cfg.context_policy()
-        head = [{"role": "system", "content": cfg.system_prompt},
-                {"role": "user", "content": task.problem_statement}]
+        head = [
+            {"role": "system", "content": cfg.system_prompt},
+            {"role": "user", "content": task.problem_statement},
+        ]
         history: list[dict] = list(head)
         last_sent: list[dict] | None = None
         try:
@@ -159,7 +172,11 @@ class ReActHarness:
             res.finish_reason, res.status, res.error = end.finish_reason, end.status, end.error
             history = end.history or history
         except Exception as e:  # a harness bug: recorded as failed, never as reward 0
-            res.finish_reason, res.status, res.error = "harness_error", STATUS_FAILED, f"{type(e).__name__}: {e}"
+            res.finish_reason, res.status, res.error = (
+                "harness_error",
+                STATUS_FAILED,
+                f"{type(e).__name__}: {e}",
+            )
         res.wall_s = time.monotonic() - start
         res.transcript = history
         return res
@@ -168,8 +185,14 @@ class ReActHarness:
     def _remaining(self) -> float:
         return self._deadline - time.monotonic()
 
-    def _call(self, client: openai.OpenAI, endpoint: Endpoint, messages: list[dict], res: HarnessResult,
-              with_tools: bool) -> Any:
+    def _call(
+        self,
+        client: openai.OpenAI,
+        endpoint: Endpoint,
+        messages: list[dict],
+        res: HarnessResult,
+        with_tools: bool,
+    ) -> Any:
         cfg = self.config
         max_tokens = min(cfg.max_tokens_per_turn, cfg.max_context_tokens - res.prompt_tokens_last)
         if max_tokens < min(cfg.min_tokens_per_turn, cfg.max_tokens_per_turn):
@@ -184,13 +207,22 @@ class ReActHarness:
         t0 = time.monotonic()
         try:
             completion = client.chat.completions.create(
-                model=endpoint.model, messages=messages, max_tokens=max_tokens, temperature=cfg.temperature,
-                timeout=remaining, **kwargs)
+                model=endpoint.model,
+                messages=messages,
+                max_tokens=max_tokens,
+                temperature=cfg.temperature,
+                timeout=remaining,
+                **kwargs,
+            )
         except openai.APITimeoutError:
-            raise _EndEpisode("wall_time", STATUS_TIMEOUT, "model call outlived the wall-clock limit") from None
+            raise _EndEpisode(
+                "wall_time", STATUS_TIMEOUT, "model call outlived the wall-clock limit"
+            ) from None
         except openai.APIStatusError as e:
             status = STATUS_INFRA if e.status_code >= 500 or e.status_code == 429 else STATUS_FAILED
-            raise _EndEpisode("model_error", status, f"model endpoint answered {e.status_code}: {e.message}") from None
+            raise _EndEpisode(
+                "model_error", status, f"model endpoint answered {e.status_code}: {e.message}"
+            ) from None
         except openai.APIConnectionError as e:
             raise _EndEpisode("model_error", STATUS_INFRA, f"model endpoint unreachable: {e}") from None
         finally:
@@ -204,11 +236,18 @@ class ReActHarness:
             res.prompt_tokens_last = chars // 4 + len(completion.choices[0].message.content or "") // 4
         return completion
 
-    def _summarize(self, client: openai.OpenAI, endpoint: Endpoint, view: list[dict], head: list[dict],
-                   res: HarnessResult) -> list[dict]:
+    def _summarize(
+        self,
+        client: openai.OpenAI,
+        endpoint: Endpoint,
+        view: list[dict],
+        head: list[dict],
+        res: HarnessResult,
+    ) -> list[dict]:
         # the summary request extends the current chain; the compacted history then starts a new one (split)
-        completion = self._call(client, endpoint, [*view, {"role": "user", "content": SUMMARY_REQUEST}], res,
-                                with_tools=False)
+        completion = self._call(
+            client, endpoint, [*view, {"role": "user", "content": SUMMARY_REQUEST}], res, with_tools=False
+        )
         res.compactions += 1
         summary = completion.choices[0].message.content or ""
         res.prompt_tokens_last = 0  # unknown until the next call reports usage; the history is now short
@@ -232,7 +271,9 @@ class ReActHarness:
         nudge = NUDGE.format(tools=", ".join(self.tools))
         return [*history, assistant, {"role": "user", "content": nudge}]
 
-    def _act(self, history: list[dict], assistant: dict, runtime: ToolRuntime, res: HarnessResult) -> list[dict]:
+    def _act(
+        self, history: list[dict], assistant: dict, runtime: ToolRuntime, res: HarnessResult
+    ) -> list[dict]:
         cfg = self.config
         observations: list[dict] = []
         submitted = False
@@ -262,7 +303,9 @@ class ReActHarness:
             raise _EndEpisode("submitted", history=history)
         return history
 
-    def _execute(self, tool: Tool, args: dict[str, Any], runtime: ToolRuntime, res: HarnessResult) -> Observation:
+    def _execute(
+        self, tool: Tool, args: dict[str, Any], runtime: ToolRuntime, res: HarnessResult
+    ) -> Observation:
         cfg = self.config
         attempts = 1 + (cfg.sandbox_retries if cfg.on_sandbox_failure == "retry" else 0)
         for attempt in range(attempts):
@@ -288,4 +331,7 @@ def _rewrote_prefix(previous: list[dict], current: list[dict]) -> bool:
     """True when `current` does not extend `previous` message-for-message (trim/summary → gateway split)."""
     if len(current) < len(previous):
         return True
-    return any(json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True) for a, b in zip(previous, current, strict=False))
+    return any(
+        json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True)
+        for a, b in zip(previous, current, strict=False)
+    )

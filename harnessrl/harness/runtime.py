@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 # outcome values follow the sandbox's RunResult
-OK, NONZERO, TIMEOUT, RESOURCE_LIMIT, SANDBOX_ERROR = "ok", "nonzero", "timeout", "resource_limit", "sandbox_error"
+OK, NONZERO, TIMEOUT, RESOURCE_LIMIT, SANDBOX_ERROR = (
+    "ok",
+    "nonzero",
+    "timeout",
+    "resource_limit",
+    "sandbox_error",
+)
 MAX_OUTPUT_CHARS = 20_000
 
 
@@ -68,7 +74,9 @@ class WorkspaceFiles:
                     raw = raw.relative_to(prefix)
                     break
             else:
-                raise PathOutsideWorkspace(f"{path}: outside the workspace; use a path relative to the repo root")
+                raise PathOutsideWorkspace(
+                    f"{path}: outside the workspace; use a path relative to the repo root"
+                )
         resolved = (root / raw).resolve()
         if resolved != root and root not in resolved.parents:
             raise PathOutsideWorkspace(f"{path}: resolves outside the workspace")
@@ -91,14 +99,25 @@ class LocalSubprocessRuntime(WorkspaceFiles):
 
     def __init__(self, workspace: str | Path, env: dict[str, str] | None = None):
         self.workspace = Path(workspace)
-        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workspace),
-                    "LANG": "C.UTF-8", **(env or {})}
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.workspace),
+            "LANG": "C.UTF-8",
+            **(env or {}),
+        }
 
     def run_shell(self, command: str, timeout: float) -> ShellResult:
         start = time.monotonic()
-        proc = subprocess.Popen(["bash", "-c", command], cwd=self.workspace, env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, errors="replace",
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=self.workspace,
+            env=self.env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            errors="replace",
+            start_new_session=True,
+        )
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -131,4 +150,6 @@ class SandboxRuntime(WorkspaceFiles):
         out = (res.stdout or "") + (res.stderr or "")
         if outcome == RESOURCE_LIMIT and getattr(res, "detail", ""):
             out += f"\n[resource limit: {res.detail}]"
-        return ShellResult(outcome, res.exit_code, truncate(out), getattr(res, "wall_s", time.monotonic() - start))
+        return ShellResult(
+            outcome, res.exit_code, truncate(out), getattr(res, "wall_s", time.monotonic() - start)
+        )

@@ -41,8 +41,10 @@ class Tool:
     execute: Callable[[dict[str, Any], ToolRuntime, float], Observation]
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 def parse_arguments(tool: Tool, raw: str | dict | None) -> dict[str, Any]:
@@ -102,11 +104,15 @@ def _editor(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Obser
             return Observation(f"File created: {path}")
         if cmd == "str_replace":
             if "old_str" not in args:
-                raise MalformedArguments("str_replace_editor str_replace: missing required argument 'old_str'")
+                raise MalformedArguments(
+                    "str_replace_editor str_replace: missing required argument 'old_str'"
+                )
             text = runtime.read_file(path)
             count = text.count(args["old_str"])
             if count != 1:
-                return Observation(f"Error: old_str occurs {count} times in {path}; it must occur exactly once.")
+                return Observation(
+                    f"Error: old_str occurs {count} times in {path}; it must occur exactly once."
+                )
             runtime.write_file(path, text.replace(args["old_str"], args.get("new_str", ""), 1))
             return Observation(f"Edited {path}: replaced 1 occurrence.")
     except (FileNotFoundError, PathOutsideWorkspace, IsADirectoryError) as e:
@@ -119,29 +125,48 @@ def _submit(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Obser
 
 
 BASH = Tool(
-    "bash", "Run a bash command in the repository root. Each call runs in a fresh shell.",
-    {"type": "object", "properties": {"command": {"type": "string", "description": "the command"}},
-     "required": ["command"]},
+    "bash",
+    "Run a bash command in the repository root. Each call runs in a fresh shell.",
+    {
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "the command"}},
+        "required": ["command"],
+    },
     _bash,
 )
 EDITOR = Tool(
     "str_replace_editor",
     "View a file (with line numbers), create a file, or replace exactly one occurrence of old_str with new_str.",
-    {"type": "object", "properties": {
-        "command": {"type": "string", "enum": ["view", "create", "str_replace"]},
-        "path": {"type": "string", "description": "path relative to the repository root"},
-        "file_text": {"type": "string"}, "old_str": {"type": "string"}, "new_str": {"type": "string"}},
-     "required": ["command", "path"]},
+    {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "enum": ["view", "create", "str_replace"]},
+            "path": {"type": "string", "description": "path relative to the repository root"},
+            "file_text": {"type": "string"},
+            "old_str": {"type": "string"},
+            "new_str": {"type": "string"},
+        },
+        "required": ["command", "path"],
+    },
     _editor,
 )
-SUBMIT = Tool("submit", "Submit your changes and end the task.", {"type": "object", "properties": {}}, _submit)
+SUBMIT = Tool(
+    "submit", "Submit your changes and end the task.", {"type": "object", "properties": {}}, _submit
+)
 
-TOOLS_BY_SPEC_NAME: dict[str, Tool] = {"bash": BASH, "edit": EDITOR, "str_replace_editor": EDITOR, "submit": SUBMIT}
+TOOLS_BY_SPEC_NAME: dict[str, Tool] = {
+    "bash": BASH,
+    "edit": EDITOR,
+    "str_replace_editor": EDITOR,
+    "submit": SUBMIT,
+}
 
 
 def toolset(names: list[str]) -> dict[str, Tool]:
     unknown = [n for n in names if n not in TOOLS_BY_SPEC_NAME]
     if unknown:
-        raise ValueError(f"unknown tool(s) {unknown} in harness spec; choose from {sorted(TOOLS_BY_SPEC_NAME)}")
+        raise ValueError(
+            f"unknown tool(s) {unknown} in harness spec; choose from {sorted(TOOLS_BY_SPEC_NAME)}"
+        )
     tools = [TOOLS_BY_SPEC_NAME[n] for n in names]
     return {t.name: t for t in tools}

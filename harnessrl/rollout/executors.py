@@ -57,7 +57,9 @@ class ThreadExecutor:
     def gateway_host(self) -> str:
         return "127.0.0.1"
 
-    def run(self, jobs: list[RolloutJob], fn: Callable[..., RolloutOutcome], ctx: Any) -> Iterator[RolloutOutcome]:
+    def run(
+        self, jobs: list[RolloutJob], fn: Callable[..., RolloutOutcome], ctx: Any
+    ) -> Iterator[RolloutOutcome]:
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="rollout") as pool:
             futures = {pool.submit(fn, ctx, j.row, j.spec, j.task, j.seed): j for j in jobs}
             for fut in as_completed(futures):
@@ -84,8 +86,9 @@ class RayExecutor:
         self.address = os.environ.get("RAY_ADDRESS") or None
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            ray.init(
+                address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False
+            )
 
     def gateway_host(self) -> str:
         """Local Ray: loopback. A cluster: an address the worker pods reach (HARNESSRL_GATEWAY_HOST, or the
@@ -94,7 +97,9 @@ class RayExecutor:
             return "127.0.0.1"
         return os.environ.get("HARNESSRL_GATEWAY_HOST") or _routable_ip()
 
-    def run(self, jobs: list[RolloutJob], fn: Callable[..., RolloutOutcome], ctx: Any) -> Iterator[RolloutOutcome]:
+    def run(
+        self, jobs: list[RolloutJob], fn: Callable[..., RolloutOutcome], ctx: Any
+    ) -> Iterator[RolloutOutcome]:
         ray = self.ray
         remote = ray.remote(fn).options(num_cpus=self.ray_cpus, max_retries=0, name="rollout")
         pending = list(reversed(jobs))

@@ -120,8 +120,10 @@ class _Sandboxes:
         kind = spec.spec.sandbox
         if kind == "local":
             if not self.allow_unsandboxed:
-                raise ValueError(f"spec {spec.name!r}: sandbox 'local' runs agent commands unisolated on this host; "
-                                 "pass --allow-unsandboxed to permit it (debugging only)")
+                raise ValueError(
+                    f"spec {spec.name!r}: sandbox 'local' runs agent commands unisolated on this host; "
+                    "pass --allow-unsandboxed to permit it (debugging only)"
+                )
             return LocalSubprocessRuntime(workspace)
         from harnessrl.sandbox.base import Limits
         from harnessrl.sandbox.bwrap import BubblewrapSandbox
@@ -155,7 +157,9 @@ def _sandboxes_for(ctx: RolloutContext) -> _Sandboxes:
         return _SANDBOXES[key]
 
 
-def run_rollout(ctx: RolloutContext, row: RolloutRow, spec: NamedSpec, task: dict, seed: int) -> RolloutOutcome:
+def run_rollout(
+    ctx: RolloutContext, row: RolloutRow, spec: NamedSpec, task: dict, seed: int
+) -> RolloutOutcome:
     """One rollout, start to end; errors are caught and kept in the row. Runs in a thread or a Ray worker."""
     from harnessrl.gateway import GatewayAdmin
     from harnessrl.sandbox.workspace import RepoCache, materialize
@@ -178,8 +182,11 @@ def run_rollout(ctx: RolloutContext, row: RolloutRow, spec: NamedSpec, task: dic
         row.session_id = session.session_id
         row.setup_s = time.monotonic() - t0
         harness = build_harness(spec.spec, seed=seed)
-        result = harness.run(TaskPrompt(row.instance_id, task["problem_statement"]),
-                             Endpoint(session.openai_base_url, session.api_key), runtime)
+        result = harness.run(
+            TaskPrompt(row.instance_id, task["problem_statement"]),
+            Endpoint(session.openai_base_url, session.api_key),
+            runtime,
+        )
         row.rollout_status, row.finish_reason, row.error = result.status, result.finish_reason, result.error
         row.turns, row.failed_turns, row.tool_calls = result.turns, result.failed_turns, result.tool_calls
         row.harness_errors, row.compactions = dict(result.errors), result.compactions
@@ -187,7 +194,8 @@ def run_rollout(ctx: RolloutContext, row: RolloutRow, spec: NamedSpec, task: dic
         t1 = time.monotonic()
         cache = RepoCache.for_repo(taskset, row.repo)
         row.model_patch = cache.diff_worktree(cache.task_tip(row.instance_id), workspace).decode(
-            "utf-8", errors="replace")
+            "utf-8", errors="replace"
+        )
         row.teardown_s = time.monotonic() - t1
     except Exception as e:  # setup / infrastructure: the rollout is kept with its reason
         row.rollout_status = STATUS_INFRA if result is None else STATUS_FAILED
@@ -198,19 +206,26 @@ def run_rollout(ctx: RolloutContext, row: RolloutRow, spec: NamedSpec, task: dic
         if session is not None:
             try:
                 ok = row.rollout_status == STATUS_OK
-                admin.end_session(session.session_id, "ok" if ok else "failed",
-                                  None if ok else f"{row.rollout_status}: {row.finish_reason} {row.error}"[:500])
+                admin.end_session(
+                    session.session_id,
+                    "ok" if ok else "failed",
+                    None if ok else f"{row.rollout_status}: {row.finish_reason} {row.error}"[:500],
+                )
             except Exception as e:  # the rollout row already says what happened
                 row.error = (row.error + f"; ending the gateway session failed: {e}").strip("; ")
         if result is not None:
-            files[f"{row.rollout_id}.json"] = json.dumps(result.transcript, indent=2, sort_keys=True, default=str) + "\n"
+            files[f"{row.rollout_id}.json"] = (
+                json.dumps(result.transcript, indent=2, sort_keys=True, default=str) + "\n"
+            )
         if not ctx.keep_workspace:
             shutil.rmtree(workspace if not own_work else work, ignore_errors=True)
     row.wall_s = time.monotonic() - t0
     return RolloutOutcome(row, files)
 
 
-def plan_rollouts(taskset: TaskSet, specs: list[NamedSpec], cfg: GenerateConfig) -> list[tuple[RolloutRow, NamedSpec, dict]]:
+def plan_rollouts(
+    taskset: TaskSet, specs: list[NamedSpec], cfg: GenerateConfig
+) -> list[tuple[RolloutRow, NamedSpec, dict]]:
     tasks = taskset.rows()
     if cfg.instance_ids:
         wanted = set(cfg.instance_ids)
@@ -226,16 +241,30 @@ def plan_rollouts(taskset: TaskSet, specs: list[NamedSpec], cfg: GenerateConfig)
     for i, task in enumerate(tasks):
         for k in range(cfg.group_size):
             spec = assign(specs, i, k, cfg.group_size)
-            row = RolloutRow(_rollout_id(task["instance_id"], k), task["instance_id"], task["instance_id"],
-                             task["repo"], k, spec.name, spec.spec.harness, spec.spec.sandbox, spec.spec.reward,
-                             spec=spec.to_row())
+            row = RolloutRow(
+                _rollout_id(task["instance_id"], k),
+                task["instance_id"],
+                task["instance_id"],
+                task["repo"],
+                k,
+                spec.name,
+                spec.spec.harness,
+                spec.spec.sandbox,
+                spec.spec.reward,
+                spec=spec.to_row(),
+            )
             plan.append((row, spec, task))
     return plan
 
 
-def run_generate(tasks: str | Path, out: str | Path, specs: list[NamedSpec] | str | Path | None = None,
-                 policy: PolicySource | None = None, config: GenerateConfig | None = None,
-                 progress: bool = True) -> dict[str, Any]:
+def run_generate(
+    tasks: str | Path,
+    out: str | Path,
+    specs: list[NamedSpec] | str | Path | None = None,
+    policy: PolicySource | None = None,
+    config: GenerateConfig | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Generates rollouts into `out` (replaced atomically); returns the metrics dict."""
     from harnessrl.rollout.report import export_and_summarize
 
@@ -269,9 +298,17 @@ def run_generate(tasks: str | Path, out: str | Path, specs: list[NamedSpec] | st
             else:  # threads share one temp dir; Ray workers (maybe on other machines) make their own
                 work = work_dir if executor.name == "threads" else None
             rows: list[RolloutRow] = []
-            with PolicyServer(policy or PolicySource(), tmp / "journal", host=executor.gateway_host()) as server:
-                ctx = RolloutContext(str(taskset.root.resolve()), server.admin.base_url, server.admin_token,
-                                     cfg.allow_unsandboxed, work, cfg.keep_workspaces)
+            with PolicyServer(
+                policy or PolicySource(), tmp / "journal", host=executor.gateway_host()
+            ) as server:
+                ctx = RolloutContext(
+                    str(taskset.root.resolve()),
+                    server.admin.base_url,
+                    server.admin_token,
+                    cfg.allow_unsandboxed,
+                    work,
+                    cfg.keep_workspaces,
+                )
                 for outcome in _progress(executor.run(jobs, run_rollout, ctx), len(jobs), progress):
                     for name, text in outcome.files.items():
                         atomic_write_text(transcripts / name, text)

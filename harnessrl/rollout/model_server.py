@@ -55,8 +55,14 @@ class PolicyServer:
             self.engine = LocalEngine(model_dir, max_batch=self.source.max_batch)
             tokenizer = self.engine.tokenizer
             max_len = self.source.max_model_len or self.engine.max_context
-        self.gateway = GatewayServer(self.engine, tokenizer, self.journal_dir, self.admin_token,
-                                     host=self.host, config=GatewayConfig(max_model_len=max_len))
+        self.gateway = GatewayServer(
+            self.engine,
+            tokenizer,
+            self.journal_dir,
+            self.admin_token,
+            host=self.host,
+            config=GatewayConfig(max_model_len=max_len),
+        )
         base = self.gateway.start()
         self.admin = GatewayAdmin(base, self.admin_token)
         return self
@@ -65,5 +71,7 @@ class PolicyServer:
         if self.gateway is not None:
             self.gateway.stop()
         close = getattr(self.engine, "close", None)
-        if close is not None and not inspect.iscoroutinefunction(close):  # remote clients close with the gateway
+        if close is not None and not inspect.iscoroutinefunction(
+            close
+        ):  # remote clients close with the gateway
             close()

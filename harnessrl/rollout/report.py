@@ -15,13 +15,21 @@ from harnessrl.io import atomic_write_text
 
 
 def _gateway_stats(records: pa.Table) -> dict[str, dict[str, int]]:
-    stats: dict[str, dict[str, Any]] = defaultdict(lambda: {"calls": 0, "chains": set(), "rollbacks": 0,
-                                                            "prompt_tokens_max": 0, "completion_tokens": 0,
-                                                            "discarded_trainable": 0})
+    stats: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {
+            "calls": 0,
+            "chains": set(),
+            "rollbacks": 0,
+            "prompt_tokens_max": 0,
+            "completion_tokens": 0,
+            "discarded_trainable": 0,
+        }
+    )
     if records.num_rows == 0:
         return {}
-    cols = records.select(["rollout_id", "chain_id", "op", "prompt_ids", "completion_ids",
-                           "discarded_trainable"]).to_pylist()
+    cols = records.select(
+        ["rollout_id", "chain_id", "op", "prompt_ids", "completion_ids", "discarded_trainable"]
+    ).to_pylist()
     for r in cols:
         s = stats[r["rollout_id"]]
         s["calls"] += 1
@@ -45,11 +53,16 @@ def export_and_summarize(out: Path, rows: list[dict], gateway_metrics: dict, wal
     status = {r["rollout_id"]: r["rollout_status"] for r in rows}
     unknown = set(records.column("rollout_id").to_pylist()) - set(status) if records.num_rows else set()
     if unknown:
-        raise RuntimeError(f"gateway records for unknown rollouts {sorted(unknown)[:3]}: journal not from this run")
+        raise RuntimeError(
+            f"gateway records for unknown rollouts {sorted(unknown)[:3]}: journal not from this run"
+        )
     if samples.num_rows:
         ids = samples.column("rollout_id").to_pylist()
-        samples = samples.set_column(samples.schema.get_field_index("rollout_status"), "rollout_status",
-                                     pa.array([status[i] for i in ids], pa.string()))
+        samples = samples.set_column(
+            samples.schema.get_field_index("rollout_status"),
+            "rollout_status",
+            pa.array([status[i] for i in ids], pa.string()),
+        )
         if cfg.failed_samples == "drop":
             keep = pa.array([status[i] == "ok" for i in ids])
             samples = samples.filter(keep)
@@ -58,9 +71,18 @@ def export_and_summarize(out: Path, rows: list[dict], gateway_metrics: dict, wal
     shutil.rmtree(export)
     per_rollout = _gateway_stats(records)
     for r in rows:
-        r["gateway"] = per_rollout.get(r["rollout_id"], {"calls": 0, "chains": 0, "splits": 0, "rollbacks": 0,
-                                                         "prompt_tokens_max": 0, "completion_tokens": 0,
-                                                         "discarded_trainable": 0})
+        r["gateway"] = per_rollout.get(
+            r["rollout_id"],
+            {
+                "calls": 0,
+                "chains": 0,
+                "splits": 0,
+                "rollbacks": 0,
+                "prompt_tokens_max": 0,
+                "completion_tokens": 0,
+                "discarded_trainable": 0,
+            },
+        )
     metrics = summarize(rows, gateway_metrics, wall_s, records.num_rows, samples.num_rows)
     plot_all(rows, out)
     atomic_write_text(out / "report.md", report_markdown(metrics, (out / "rollouts.png").read_bytes()))
@@ -82,37 +104,61 @@ def summarize(rows: list[dict], gateway_metrics: dict, wall_s: float, n_records:
 
     def group(rs: list[dict]) -> dict[str, Any]:
         return {
-            "rollouts": len(rs), "harness": rs[0]["harness"], "sandbox": rs[0]["sandbox"],
+            "rollouts": len(rs),
+            "harness": rs[0]["harness"],
+            "sandbox": rs[0]["sandbox"],
             "status": dict(Counter(r["rollout_status"] for r in rs)),
             "finish_reasons": dict(Counter(r["finish_reason"] for r in rs)),
-            "turns_mean": mean(r["turns"] for r in rs), "calls": sum(r["gateway"]["calls"] for r in rs),
-            "splits": sum(r["gateway"]["splits"] for r in rs), "rollbacks": sum(r["gateway"]["rollbacks"] for r in rs),
+            "turns_mean": mean(r["turns"] for r in rs),
+            "calls": sum(r["gateway"]["calls"] for r in rs),
+            "splits": sum(r["gateway"]["splits"] for r in rs),
+            "rollbacks": sum(r["gateway"]["rollbacks"] for r in rs),
             "completion_tokens": sum(r["gateway"]["completion_tokens"] for r in rs),
-            "model_s_per_turn": _per_turn(rs, "model_s"), "tool_s_per_turn": _per_turn(rs, "tool_s"),
-            "setup_s_mean": mean(r["setup_s"] for r in rs), "wall_s_mean": mean(r["wall_s"] for r in rs),
+            "model_s_per_turn": _per_turn(rs, "model_s"),
+            "tool_s_per_turn": _per_turn(rs, "tool_s"),
+            "setup_s_mean": mean(r["setup_s"] for r in rs),
+            "wall_s_mean": mean(r["wall_s"] for r in rs),
         }
 
     turns = sum(r["turns"] for r in rows)
     harness_overhead = sum(max(0.0, r["harness_wall_s"] - r["model_s"] - r["tool_s"]) for r in rows)
     return {
-        "rollouts": len(rows), "tasks": len({r["group_id"] for r in rows}),
+        "rollouts": len(rows),
+        "tasks": len({r["group_id"] for r in rows}),
         "status": dict(Counter(r["rollout_status"] for r in rows)),
         "finish_reasons": dict(Counter(r["finish_reason"] for r in rows)),
-        "turns": turns, "turns_mean": turns / len(rows),
-        "records": n_records, "samples": n_samples,
+        "turns": turns,
+        "turns_mean": turns / len(rows),
+        "records": n_records,
+        "samples": n_samples,
         "prompt_tokens_max": max((r["gateway"]["prompt_tokens_max"] for r in rows), default=0),
         "completion_tokens": sum(r["gateway"]["completion_tokens"] for r in rows),
         "splits": sum(r["gateway"]["splits"] for r in rows),
         "rollbacks": sum(r["gateway"]["rollbacks"] for r in rows),
         "harness_errors": dict(errors),
-        "wall_s": wall_s, "rollouts_per_hour": len(rows) / wall_s * 3600 if wall_s else 0.0,
-        "model_s_per_turn": _per_turn(rows, "model_s"), "tool_s_per_turn": _per_turn(rows, "tool_s"),
+        "wall_s": wall_s,
+        "rollouts_per_hour": len(rows) / wall_s * 3600 if wall_s else 0.0,
+        "model_s_per_turn": _per_turn(rows, "model_s"),
+        "tool_s_per_turn": _per_turn(rows, "tool_s"),
         "harness_overhead_s_per_turn": harness_overhead / turns if turns else 0.0,
-        "setup_s_mean": mean(r["setup_s"] for r in rows), "teardown_s_mean": mean(r["teardown_s"] for r in rows),
+        "setup_s_mean": mean(r["setup_s"] for r in rows),
+        "teardown_s_mean": mean(r["teardown_s"] for r in rows),
         "by_spec": {name: group(rs) for name, rs in sorted(by_harness.items())},
-        "gateway": {k: gateway_metrics.get(k) for k in ("calls", "calls_failed", "op_new", "op_extend",
-                                                        "op_rollback", "op_fork", "drift_clean",
-                                                        "drift_realigned", "drift_forked", "context_exhausted")},
+        "gateway": {
+            k: gateway_metrics.get(k)
+            for k in (
+                "calls",
+                "calls_failed",
+                "op_new",
+                "op_extend",
+                "op_rollback",
+                "op_fork",
+                "drift_clean",
+                "drift_realigned",
+                "drift_forked",
+                "context_exhausted",
+            )
+        },
     }
 
 
@@ -126,8 +172,12 @@ def plot_all(rows: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     ax = axes[0]
     for name in specs:
-        ax.hist([r["turns"] for r in rows if r["spec_name"] == name], alpha=0.6, label=name,
-                bins=range(0, max(r["turns"] for r in rows) + 2))
+        ax.hist(
+            [r["turns"] for r in rows if r["spec_name"] == name],
+            alpha=0.6,
+            label=name,
+            bins=range(0, max(r["turns"] for r in rows) + 2),
+        )
     ax.set_title("turns per rollout")
     ax.set_xlabel("turns")
     ax.legend(fontsize=7)
@@ -138,8 +188,10 @@ def plot_all(rows: list[dict], out: Path) -> None:
         vals = [mean(r[part] for r in rows if r["spec_name"] == n) for n in specs]
         ax.bar(specs, vals, bottom=bottoms, label=part)
         bottoms = [b + v for b, v in zip(bottoms, vals, strict=False)]
-    other = [mean(max(0.0, r["wall_s"] - sum(r[p] for p in parts)) for r in rows if r["spec_name"] == n)
-             for n in specs]
+    other = [
+        mean(max(0.0, r["wall_s"] - sum(r[p] for p in parts)) for r in rows if r["spec_name"] == n)
+        for n in specs
+    ]
     ax.bar(specs, other, bottom=bottoms, label="other")
     ax.set_title("mean seconds per rollout")
     ax.tick_params(axis="x", labelsize=7, rotation=15)
@@ -158,23 +210,34 @@ def report_markdown(m: dict, png: bytes) -> str:
     from harnessrl.reports import embed_png
 
     lines = [
-        "# Rollout generation", "",
+        "# Rollout generation",
+        "",
         f"{m['rollouts']} rollouts over {m['tasks']} tasks in {m['wall_s']:.1f} s "
-        f"({m['rollouts_per_hour']:.0f} rollouts/hour); status {m['status']}.", "",
+        f"({m['rollouts_per_hour']:.0f} rollouts/hour); status {m['status']}.",
+        "",
         f"{m['records']} gateway records, {m['samples']} samples; {m['splits']} splits, {m['rollbacks']} rollbacks; "
-        f"{m['completion_tokens']} sampled tokens; longest prompt {m['prompt_tokens_max']} tokens.", "",
+        f"{m['completion_tokens']} sampled tokens; longest prompt {m['prompt_tokens_max']} tokens.",
+        "",
         f"Per turn: model {m['model_s_per_turn']:.3f} s, tools {m['tool_s_per_turn']:.3f} s, harness overhead "
         f"{m['harness_overhead_s_per_turn']:.4f} s. Setup (workspace + sandbox + session) {m['setup_s_mean']:.2f} s "
-        f"per rollout.", "",
-        embed_png(png, "turns, time per rollout, finish reasons"), "",
+        f"per rollout.",
+        "",
+        embed_png(png, "turns, time per rollout, finish reasons"),
+        "",
         "| spec | harness | sandbox | rollouts | status | mean turns | calls | splits | rollbacks | model s/turn | tool s/turn |",
         "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, g in m["by_spec"].items():
-        lines.append(f"| {name} | {g['harness']} | {g['sandbox']} | {g['rollouts']} | {g['status']} | "
-                     f"{g['turns_mean']:.1f} | {g['calls']} | {g['splits']} | {g['rollbacks']} | "
-                     f"{g['model_s_per_turn']:.3f} | {g['tool_s_per_turn']:.3f} |")
-    lines += ["", f"Finish reasons: {m['finish_reasons']}. Harness errors: {m['harness_errors'] or 'none'}.", "",
-              "Non-ok rollouts (failed / timeout / infra_error) keep their rows and reasons in rollouts.jsonl; their "
-              "samples carry that rollout_status and are excluded from training statistics by the trainer's policy."]
+        lines.append(
+            f"| {name} | {g['harness']} | {g['sandbox']} | {g['rollouts']} | {g['status']} | "
+            f"{g['turns_mean']:.1f} | {g['calls']} | {g['splits']} | {g['rollbacks']} | "
+            f"{g['model_s_per_turn']:.3f} | {g['tool_s_per_turn']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Finish reasons: {m['finish_reasons']}. Harness errors: {m['harness_errors'] or 'none'}.",
+        "",
+        "Non-ok rollouts (failed / timeout / infra_error) keep their rows and reasons in rollouts.jsonl; their "
+        "samples carry that rollout_status and are excluded from training statistics by the trainer's policy.",
+    ]
     return "\n".join(lines) + "\n"

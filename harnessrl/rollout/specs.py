@@ -68,8 +68,9 @@ def validate_spec(spec: HarnessSpec, where: str) -> None:
         raise ValueError(f"{where}.reward: {spec.reward!r} is not one of {list(REWARDS)}")
     unknown = sorted(set(spec.limits) - set(HARNESS_LIMITS) - set(SANDBOX_LIMITS))
     if unknown:
-        raise ValueError(f"{where}.limits: unknown key(s) {unknown}; allowed: "
-                         f"{list(HARNESS_LIMITS + SANDBOX_LIMITS)}")
+        raise ValueError(
+            f"{where}.limits: unknown key(s) {unknown}; allowed: {list(HARNESS_LIMITS + SANDBOX_LIMITS)}"
+        )
     try:
         build_harness(spec)  # option names and values are checked by the harness's own config
     except (TypeError, ValueError) as e:

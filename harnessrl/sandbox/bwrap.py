@@ -42,8 +42,21 @@ from harnessrl.sandbox.base import (
 # /etc entries a shell, git and Python need; everything else in the host's /etc (credentials, pip/apt
 # configs with tokens) stays outside.
 ETC_WHITELIST = (
-    "passwd", "group", "hostname", "hosts", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "alternatives", "ssl", "ca-certificates", "localtime", "mime.types", "services", "protocols",
+    "passwd",
+    "group",
+    "hostname",
+    "hosts",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "localtime",
+    "mime.types",
+    "services",
+    "protocols",
 )
 TOP_LEVEL_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 MAX_OUTPUT_BYTES = 2 << 20  # per stream kept in the result: head + tail around a truncation marker
@@ -124,7 +137,11 @@ class BubblewrapSandbox(Sandbox):
                 paths.extend(Path(p) for p in json.loads(manifest.read_text()).get("ro_paths", []))
         out: list[Path] = []
         for p in paths:
-            if p.exists() and not any(p == q or q in p.parents for q in out) and Path("/usr") not in [p, *p.parents]:
+            if (
+                p.exists()
+                and not any(p == q or q in p.parents for q in out)
+                and Path("/usr") not in [p, *p.parents]
+            ):
                 out.append(p)
         return out
 
@@ -149,11 +166,25 @@ class BubblewrapSandbox(Sandbox):
         a = [self.bwrap]
         if self.is_root:
             # As root, a user namespace would map us to uid 0 anyway; drop every capability instead.
-            a += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                  "--cap-drop", "ALL"]
+            a += [
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                "--cap-drop",
+                "ALL",
+            ]
         else:
             a += ["--unshare-all"]
-        a += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--json-status-fd", str(status_fd)]
+        a += [
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--json-status-fd",
+            str(status_fd),
+        ]
         # /tmp, /dev and /proc first: a bind below /tmp (an env or socket the host keeps there) must land on top
         # of the private tmpfs, not under it.
         a += ["--dev", "/dev", "--proc", "/proc", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
@@ -175,9 +206,17 @@ class BubblewrapSandbox(Sandbox):
             stub = str(self._git_stub_file())
             a += ["--ro-bind", stub, "/run/harnessrl/bin/git", "--ro-bind", stub, "/usr/bin/git"]
         env = {
-            "PATH": self._path_env(), "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-            "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1",
-            "GIT_CONFIG_NOSYSTEM": "1", "USER": "agent",
+            "PATH": self._path_env(),
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "TERM": "dumb",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONNOUSERSITE": "1",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "USER": "agent",
         }
         if self.env_dir is not None:
             env["VIRTUAL_ENV"] = str(self.env_dir)
@@ -212,8 +251,11 @@ class BubblewrapSandbox(Sandbox):
             except OSError:
                 cgroup = None
         prlimit = [
-            "prlimit", f"--cpu={limits.cpu_s}:{limits.cpu_s + 5}", f"--fsize={limits.file_size_mb << 20}",
-            f"--nofile={limits.open_files}", "--core=0",
+            "prlimit",
+            f"--cpu={limits.cpu_s}:{limits.cpu_s + 5}",
+            f"--fsize={limits.file_size_mb << 20}",
+            f"--nofile={limits.open_files}",
+            "--core=0",
         ]
         if cgroup is None:
             prlimit.append(f"--as={limits.memory_mb << 20}")
@@ -232,8 +274,15 @@ class BubblewrapSandbox(Sandbox):
                 full = ["/bin/sh", "-c", join, "sh", *map(str, cgroup.procs_files), "--", *full]
             with open(tmpdir / "out", "wb") as out, open(tmpdir / "err", "wb") as err:
                 try:
-                    proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                            pass_fds=(status_w,), start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                    proc = subprocess.Popen(
+                        full,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        pass_fds=(status_w,),
+                        start_new_session=True,
+                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                    )
                 except OSError as e:
                     return RunResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, f"could not start bwrap: {e}")
                 finally:
@@ -260,8 +309,17 @@ class BubblewrapSandbox(Sandbox):
             if cgroup is not None:
                 cgroup.remove()
             shutil.rmtree(tmpdir, ignore_errors=True)
-        return _classify(proc.returncode, status, events, stdout, stderr, wall, killed_for_timeout, timeout,
-                         cgroup is not None)
+        return _classify(
+            proc.returncode,
+            status,
+            events,
+            stdout,
+            stderr,
+            wall,
+            killed_for_timeout,
+            timeout,
+            cgroup is not None,
+        )
 
     def close(self) -> None:
         if self._stub_dir is not None:
@@ -276,10 +334,13 @@ def _warn_if_processes_unbounded(have_cgroups: bool, is_root: bool) -> None:
     global _warned
     if not have_cgroups and is_root and not _warned:
         _warned = True
-        warnings.warn("running as root without a writable cgroup hierarchy: sandbox memory is capped with "
-                      "RLIMIT_AS but the process limit cannot be enforced (RLIMIT_NPROC does not bind root); "
-                      "run as an unprivileged user or give harnessrl a delegated cgroup", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(
+            "running as root without a writable cgroup hierarchy: sandbox memory is capped with "
+            "RLIMIT_AS but the process limit cannot be enforced (RLIMIT_NPROC does not bind root); "
+            "run as an unprivileged user or give harnessrl a delegated cgroup",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def enforcement() -> dict[str, str]:
@@ -328,19 +389,42 @@ def _limits_hit(events: dict[str, int]) -> str:
 
 
 def _classify(
-    returncode: int, status: list[dict], events: dict[str, int], stdout: str, stderr: str, wall: float,
-    killed_for_timeout: bool, timeout: float, exact_limits: bool,
+    returncode: int,
+    status: list[dict],
+    events: dict[str, int],
+    stdout: str,
+    stderr: str,
+    wall: float,
+    killed_for_timeout: bool,
+    timeout: float,
+    exact_limits: bool,
 ) -> RunResult:
     exit_codes = [r["exit-code"] for r in status if "exit-code" in r]
     started = any("child-pid" in r for r in status)
     if killed_for_timeout:
         if events:  # e.g. a fork bomb: refused forks, then spinning until the clock ran out
-            return RunResult(Outcome.RESOURCE_LIMIT, None, stdout, stderr, wall,
-                             f"{_limits_hit(events)}, then killed at the {timeout:g} s wall-clock limit", events)
-        return RunResult(Outcome.TIMEOUT, None, stdout, stderr, wall,
-                         f"killed after the {timeout:g} s wall-clock limit", events)
+            return RunResult(
+                Outcome.RESOURCE_LIMIT,
+                None,
+                stdout,
+                stderr,
+                wall,
+                f"{_limits_hit(events)}, then killed at the {timeout:g} s wall-clock limit",
+                events,
+            )
+        return RunResult(
+            Outcome.TIMEOUT,
+            None,
+            stdout,
+            stderr,
+            wall,
+            f"killed after the {timeout:g} s wall-clock limit",
+            events,
+        )
     if returncode == 121 and not status:
-        return RunResult(Outcome.SANDBOX_ERROR, None, stdout, stderr, wall, "could not join the run's cgroup", events)
+        return RunResult(
+            Outcome.SANDBOX_ERROR, None, stdout, stderr, wall, "could not join the run's cgroup", events
+        )
     if not exit_codes:
         if started and "bwrap: execvp" in stderr:  # the command itself does not exist: the caller's error
             return RunResult(Outcome.NONZERO, 127, stdout, stderr, wall, "command not found", events)
@@ -353,10 +437,19 @@ def _classify(
     if events:
         return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, _limits_hit(events), events)
     if signum in (signal.SIGXCPU, signal.SIGXFSZ) or (signum == signal.SIGKILL and not exact_limits):
-        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall,
-                         f"killed by {signal.Signals(signum).name}", events)
+        return RunResult(
+            Outcome.RESOURCE_LIMIT,
+            code,
+            stdout,
+            stderr,
+            wall,
+            f"killed by {signal.Signals(signum).name}",
+            events,
+        )
     if not exact_limits and _RLIMIT_MARKERS.search(stdout[-200_000:] + stderr[-200_000:]):
-        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, "rlimit reached (from output)", events)
+        return RunResult(
+            Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, "rlimit reached (from output)", events
+        )
     if "File too large" in stderr[-200_000:] + stdout[-200_000:]:
         return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, "file size limit", events)
     return RunResult(Outcome.NONZERO, code, stdout, stderr, wall, "", events)

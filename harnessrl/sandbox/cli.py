@@ -30,8 +30,11 @@ def register(commands, stages) -> None:  # noqa: ARG001 - sandboxes are used by 
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
     r.set_defaults(func=_run)
 
-    k = sub.add_parser("manifests", help="render the sandbox namespace manifests (namespace, NetworkPolicies, "
-                                         "ServiceAccount, quota, Job template) as YAML files")
+    k = sub.add_parser(
+        "manifests",
+        help="render the sandbox namespace manifests (namespace, NetworkPolicies, "
+        "ServiceAccount, quota, Job template) as YAML files",
+    )
     k.add_argument("--out", required=True, type=Path, help="directory (e.g. manifests/sandbox)")
     k.add_argument("--namespace", default="harnessrl-sandbox")
     k.add_argument("--image", default=None, help="sandbox image (default: the project image)")
@@ -63,7 +66,9 @@ def _run(args: argparse.Namespace) -> int:
         ts = TaskSet.open(args.tasks)
         env = ensure_env(ts, args.repo or ts.rows()[0]["repo"])
     with BubblewrapSandbox(args.workspace, env, args.gateway_socket) as sb:
-        result = sb.run(cmd, timeout=args.timeout, limits=Limits(memory_mb=args.memory_mb, processes=args.processes))
+        result = sb.run(
+            cmd, timeout=args.timeout, limits=Limits(memory_mb=args.memory_mb, processes=args.processes)
+        )
     json.dump(result.to_dict(), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 1 if result.infra_error else 0
@@ -92,12 +97,19 @@ def render_manifest_files(cfg) -> dict[str, str]:
     from harnessrl.sandbox.kubernetes import render_namespace_objects
 
     objects = render_namespace_objects(cfg)
-    files = {name: HEADER + "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
-             for name, docs in objects.items()}
-    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                     "resources": [n for n in objects if n != "job-template.yaml"]}
-    files["kustomization.yaml"] = (HEADER + "# job-template.yaml is an example of what KubernetesSandbox submits, "
-                                   "not a resource.\n" + yaml.safe_dump(kustomization, sort_keys=False))
+    files = {
+        name: HEADER + "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+        for name, docs in objects.items()
+    }
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [n for n in objects if n != "job-template.yaml"],
+    }
+    files["kustomization.yaml"] = (
+        HEADER + "# job-template.yaml is an example of what KubernetesSandbox submits, "
+        "not a resource.\n" + yaml.safe_dump(kustomization, sort_keys=False)
+    )
     return files
 
 

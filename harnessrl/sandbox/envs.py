@@ -32,8 +32,15 @@ from harnessrl.sandbox.bwrap import ENV_MANIFEST
 from harnessrl.sandbox.workspace import RepoCache, cache_root, git
 from harnessrl.taskset import TaskSet
 
-PACKAGING_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "requirements-dev.txt",
-                   "requirements-test.txt", "test-requirements.txt")
+PACKAGING_FILES = (
+    "pyproject.toml",
+    "setup.py",
+    "setup.cfg",
+    "requirements.txt",
+    "requirements-dev.txt",
+    "requirements-test.txt",
+    "test-requirements.txt",
+)
 REQUIRED_MODULES = ("pytest",)
 
 
@@ -69,7 +76,9 @@ def env_key(cache: RepoCache, repo: str) -> tuple[str, bool]:
 
 
 def _has_ref(cache: RepoCache, ref: str) -> bool:
-    return git(["--git-dir", str(cache.path), "rev-parse", "-q", "--verify", ref], check=False).returncode == 0
+    return (
+        git(["--git-dir", str(cache.path), "rev-parse", "-q", "--verify", ref], check=False).returncode == 0
+    )
 
 
 _ready: dict[tuple[str, str], Path] = {}  # (mirror, cache root) -> env, per process
@@ -96,24 +105,38 @@ def _ensure_env(cache: RepoCache, repo: str) -> Path:
         if (path / ".ready").is_file():
             return path
         shutil.rmtree(path, ignore_errors=True)
-        proc = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(path)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise EnvError(f"creating venv {path} failed: {proc.stderr.strip()}")
-        site = Path(subprocess.run([str(path / "bin" / "python"), "-c",
-                                    "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   capture_output=True, text=True, check=True).stdout.strip())
+        site = Path(
+            subprocess.run(
+                [
+                    str(path / "bin" / "python"),
+                    "-c",
+                    "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
         host = _host_site_dirs()
         (site / "00-harnessrl-host.pth").write_text("".join(d + "\n" for d in host))
         workspace_paths = ["/workspace/src"] if src_layout else ["/workspace"]
         (site / "zz-harnessrl-workspace.pth").write_text("".join(p + "\n" for p in workspace_paths))
-        (path / ENV_MANIFEST).write_text(json.dumps({"repo": repo, "ro_paths": host,
-                                                     "workspace_paths": workspace_paths}, indent=2))
+        (path / ENV_MANIFEST).write_text(
+            json.dumps({"repo": repo, "ro_paths": host, "workspace_paths": workspace_paths}, indent=2)
+        )
         for mod in REQUIRED_MODULES:
-            check = subprocess.run([str(path / "bin" / "python"), "-c", f"import {mod}"], capture_output=True,
-                                   text=True)
+            check = subprocess.run(
+                [str(path / "bin" / "python"), "-c", f"import {mod}"], capture_output=True, text=True
+            )
             if check.returncode != 0:
-                raise EnvError(f"env {path}: `import {mod}` fails ({check.stderr.strip().splitlines()[-1:]}); "
-                               f"install {mod} in the environment harnessrl runs in")
+                raise EnvError(
+                    f"env {path}: `import {mod}` fails ({check.stderr.strip().splitlines()[-1:]}); "
+                    f"install {mod} in the environment harnessrl runs in"
+                )
         (path / ".ready").write_text("ok\n")
     return path

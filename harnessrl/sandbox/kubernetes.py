@@ -43,7 +43,9 @@ class KubernetesConfig:
     service_account: str = "harnessrl-sandbox"  # has no RBAC permissions; its token is not mounted anyway
     run_as_user: int = 1000
     gateway_namespace: str = "harnessrl"
-    gateway_labels: dict[str, str] = field(default_factory=lambda: {"app.kubernetes.io/name": "harnessrl-gateway"})
+    gateway_labels: dict[str, str] = field(
+        default_factory=lambda: {"app.kubernetes.io/name": "harnessrl-gateway"}
+    )
     gateway_port: int = 8080
     ttl_seconds_after_finished: int = 600
     cpu: str = "1"
@@ -57,22 +59,48 @@ def job_name(prefix: str = "sandbox") -> str:
 
 
 def _security_context(cfg: KubernetesConfig) -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
-            "runAsNonRoot": True, "runAsUser": cfg.run_as_user, "runAsGroup": cfg.run_as_user,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "privileged": False,
+        "runAsNonRoot": True,
+        "runAsUser": cfg.run_as_user,
+        "runAsGroup": cfg.run_as_user,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
-def render_job(name: str, argv: list[str], timeout: float, limits: Limits, cfg: KubernetesConfig,
-               workspace_configmap: str | None = None, cwd: str = WORKSPACE_MOUNT) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/name": "harnessrl-sandbox", "app.kubernetes.io/part-of": "harnessrl",
-              "harnessrl.io/sandbox": name}
+def render_job(
+    name: str,
+    argv: list[str],
+    timeout: float,
+    limits: Limits,
+    cfg: KubernetesConfig,
+    workspace_configmap: str | None = None,
+    cwd: str = WORKSPACE_MOUNT,
+) -> dict[str, Any]:
+    labels = {
+        "app.kubernetes.io/name": "harnessrl-sandbox",
+        "app.kubernetes.io/part-of": "harnessrl",
+        "harnessrl.io/sandbox": name,
+    }
     memory = f"{limits.memory_mb}Mi"
-    resources = {"limits": {"cpu": cfg.cpu, "memory": memory, "ephemeral-storage": f"{cfg.ephemeral_storage_mb}Mi"},
-                 "requests": {"cpu": cfg.cpu, "memory": memory}}
-    env = [{"name": k, "value": v} for k, v in {
-        "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1", "HARNESSRL_GATEWAY_URL": f"http://harnessrl-gateway.{cfg.gateway_namespace}:{cfg.gateway_port}",
-    }.items()]
+    resources = {
+        "limits": {"cpu": cfg.cpu, "memory": memory, "ephemeral-storage": f"{cfg.ephemeral_storage_mb}Mi"},
+        "requests": {"cpu": cfg.cpu, "memory": memory},
+    }
+    env = [
+        {"name": k, "value": v}
+        for k, v in {
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "HARNESSRL_GATEWAY_URL": f"http://harnessrl-gateway.{cfg.gateway_namespace}:{cfg.gateway_port}",
+        }.items()
+    ]
     volumes: list[dict[str, Any]] = [
         {"name": "workspace", "emptyDir": {"sizeLimit": f"{cfg.ephemeral_storage_mb}Mi"}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmp_mb}Mi"}},
@@ -80,36 +108,62 @@ def render_job(name: str, argv: list[str], timeout: float, limits: Limits, cfg: 
     init: list[dict[str, Any]] = []
     if workspace_configmap is not None:
         volumes.append({"name": "workspace-tar", "configMap": {"name": workspace_configmap}})
-        init.append({
-            "name": "unpack-workspace", "image": cfg.image, "imagePullPolicy": "IfNotPresent",
-            "command": ["tar", "-xzf", "/in/workspace.tar.gz", "-C", WORKSPACE_MOUNT],
-            "securityContext": _security_context(cfg),
-            "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}, "requests": {"cpu": "100m", "memory": "64Mi"}},
-            "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE_MOUNT},
-                             {"name": "workspace-tar", "mountPath": "/in", "readOnly": True}],
-        })
+        init.append(
+            {
+                "name": "unpack-workspace",
+                "image": cfg.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["tar", "-xzf", "/in/workspace.tar.gz", "-C", WORKSPACE_MOUNT],
+                "securityContext": _security_context(cfg),
+                "resources": {
+                    "limits": {"cpu": "500m", "memory": "256Mi"},
+                    "requests": {"cpu": "100m", "memory": "64Mi"},
+                },
+                "volumeMounts": [
+                    {"name": "workspace", "mountPath": WORKSPACE_MOUNT},
+                    {"name": "workspace-tar", "mountPath": "/in", "readOnly": True},
+                ],
+            }
+        )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": cfg.service_account,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "hostNetwork": False, "hostPID": False, "hostIPC": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": cfg.run_as_user, "runAsGroup": cfg.run_as_user,
-                            "fsGroup": cfg.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": cfg.run_as_user,
+            "runAsGroup": cfg.run_as_user,
+            "fsGroup": cfg.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "terminationGracePeriodSeconds": 5,
-        "containers": [{
-            "name": "run", "image": cfg.image, "imagePullPolicy": "IfNotPresent",
-            "command": argv, "workingDir": cwd, "env": env,
-            "securityContext": _security_context(cfg), "resources": resources,
-            "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE_MOUNT},
-                             {"name": "tmp", "mountPath": "/tmp"}],
-        }],
+        "containers": [
+            {
+                "name": "run",
+                "image": cfg.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": argv,
+                "workingDir": cwd,
+                "env": env,
+                "securityContext": _security_context(cfg),
+                "resources": resources,
+                "volumeMounts": [
+                    {"name": "workspace", "mountPath": WORKSPACE_MOUNT},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                ],
+            }
+        ],
         "volumes": volumes,
     }
     if init:
         pod_spec["initContainers"] = init
     return {
-        "apiVersion": "batch/v1", "kind": "Job",
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels},
         "spec": {
             "backoffLimit": 0,
@@ -121,22 +175,45 @@ def render_job(name: str, argv: list[str], timeout: float, limits: Limits, cfg: 
 
 
 def render_network_policies(cfg: KubernetesConfig) -> list[dict[str, Any]]:
-    deny = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": "default-deny-all", "namespace": cfg.namespace},
-            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
-    allow = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-             "metadata": {"name": "allow-egress-to-gateway", "namespace": cfg.namespace},
-             "spec": {
-                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "harnessrl-sandbox"}},
-                 "policyTypes": ["Egress"],
-                 "egress": [
-                     {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cfg.gateway_namespace}},
-                              "podSelector": {"matchLabels": dict(cfg.gateway_labels)}}],
-                      "ports": [{"protocol": "TCP", "port": cfg.gateway_port}]},
-                     {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                              "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-                      "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
-                 ]}}
+    deny = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "default-deny-all", "namespace": cfg.namespace},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+    }
+    allow = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "allow-egress-to-gateway", "namespace": cfg.namespace},
+        "spec": {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "harnessrl-sandbox"}},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": cfg.gateway_namespace}
+                            },
+                            "podSelector": {"matchLabels": dict(cfg.gateway_labels)},
+                        }
+                    ],
+                    "ports": [{"protocol": "TCP", "port": cfg.gateway_port}],
+                },
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                            },
+                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                        }
+                    ],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+                },
+            ],
+        },
+    }
     return [deny, allow]
 
 
@@ -148,17 +225,30 @@ def render_workspace_configmap(name: str, workspace: Path, cfg: KubernetesConfig
         tar.add(workspace, arcname=".")
     data = buf.getvalue()
     if len(data) > MAX_CONFIGMAP_BYTES:
-        raise ValueError(f"workspace {workspace} packs to {len(data)} bytes, over the {MAX_CONFIGMAP_BYTES}-byte "
-                         "ConfigMap limit: run large workspaces with bubblewrap inside the step's pod")
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": cfg.namespace,
-                         "labels": {"app.kubernetes.io/name": "harnessrl-sandbox", "harnessrl.io/sandbox": name}},
-            "binaryData": {"workspace.tar.gz": base64.b64encode(data).decode("ascii")}}
+        raise ValueError(
+            f"workspace {workspace} packs to {len(data)} bytes, over the {MAX_CONFIGMAP_BYTES}-byte "
+            "ConfigMap limit: run large workspaces with bubblewrap inside the step's pod"
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": cfg.namespace,
+            "labels": {"app.kubernetes.io/name": "harnessrl-sandbox", "harnessrl.io/sandbox": name},
+        },
+        "binaryData": {"workspace.tar.gz": base64.b64encode(data).decode("ascii")},
+    }
 
 
 class KubernetesSandbox(Sandbox):
-    def __init__(self, cfg: KubernetesConfig | None = None, workspace: Path | None = None,
-                 api_client: Any = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        cfg: KubernetesConfig | None = None,
+        workspace: Path | None = None,
+        api_client: Any = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.cfg = cfg or KubernetesConfig()
         self.workspace = Path(workspace) if workspace is not None else None
         self.default_limits = limits or Limits()
@@ -172,8 +262,9 @@ class KubernetesSandbox(Sandbox):
             api_client = client.ApiClient()
         self.api_client = api_client
 
-    def run(self, cmd: list[str] | str, timeout: float, limits: Limits | None = None,
-            cwd: str = WORKSPACE_MOUNT) -> RunResult:
+    def run(
+        self, cmd: list[str] | str, timeout: float, limits: Limits | None = None, cwd: str = WORKSPACE_MOUNT
+    ) -> RunResult:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
@@ -186,12 +277,20 @@ class KubernetesSandbox(Sandbox):
         try:
             if self.workspace is not None:
                 configmap = name
-                core.create_namespaced_config_map(ns, render_workspace_configmap(name, self.workspace, self.cfg))
+                core.create_namespaced_config_map(
+                    ns, render_workspace_configmap(name, self.workspace, self.cfg)
+                )
             batch.create_namespaced_job(ns, render_job(name, argv, timeout, limits, self.cfg, configmap, cwd))
             return self._wait(batch, core, name, timeout, started)
         except ApiException as e:
-            return RunResult(Outcome.SANDBOX_ERROR, None, "", "", time.monotonic() - started,
-                             f"Kubernetes API error {e.status} {e.reason}: {(e.body or '')[:300]}")
+            return RunResult(
+                Outcome.SANDBOX_ERROR,
+                None,
+                "",
+                "",
+                time.monotonic() - started,
+                f"Kubernetes API error {e.status} {e.reason}: {(e.body or '')[:300]}",
+            )
         except ValueError as e:
             return RunResult(Outcome.SANDBOX_ERROR, None, "", "", time.monotonic() - started, str(e))
         finally:
@@ -206,23 +305,37 @@ class KubernetesSandbox(Sandbox):
             if "Complete" in conditions or "Failed" in conditions or "FailureTarget" in conditions:
                 break
             if time.monotonic() > deadline:
-                return RunResult(Outcome.SANDBOX_ERROR, None, "", "", time.monotonic() - started,
-                                 f"job {name} did not finish within timeout + {self.cfg.start_grace_s:g} s "
-                                 "(scheduling or image pull?)")
+                return RunResult(
+                    Outcome.SANDBOX_ERROR,
+                    None,
+                    "",
+                    "",
+                    time.monotonic() - started,
+                    f"job {name} did not finish within timeout + {self.cfg.start_grace_s:g} s "
+                    "(scheduling or image pull?)",
+                )
             time.sleep(self.cfg.poll_s)
         wall = time.monotonic() - started
         pods = core.list_namespaced_pod(ns, label_selector=f"harnessrl.io/sandbox={name}").items
         failed = conditions.get("Failed") or conditions.get("FailureTarget")
         if failed is not None and failed.reason == "DeadlineExceeded":
             log = self._log(core, pods)
-            return RunResult(Outcome.TIMEOUT, None, log, "", wall, f"killed at activeDeadlineSeconds={math.ceil(timeout)}")
+            return RunResult(
+                Outcome.TIMEOUT, None, log, "", wall, f"killed at activeDeadlineSeconds={math.ceil(timeout)}"
+            )
         state = None
         for pod in pods:
             for st in pod.status.init_container_statuses or []:
                 term = st.state.terminated if st.state else None
                 if term is not None and term.exit_code != 0:
-                    return RunResult(Outcome.SANDBOX_ERROR, None, "", "", wall,
-                                     f"init container {st.name} failed: {term.reason} (exit {term.exit_code})")
+                    return RunResult(
+                        Outcome.SANDBOX_ERROR,
+                        None,
+                        "",
+                        "",
+                        wall,
+                        f"init container {st.name} failed: {term.reason} (exit {term.exit_code})",
+                    )
             for st in pod.status.container_statuses or []:
                 if st.name == "run" and st.state and st.state.terminated:
                     state = st.state.terminated
@@ -231,7 +344,9 @@ class KubernetesSandbox(Sandbox):
             return RunResult(Outcome.SANDBOX_ERROR, None, "", "", wall, f"job {name} failed: {reason}")
         log = self._log(core, pods)
         if state.reason == "OOMKilled":
-            return RunResult(Outcome.RESOURCE_LIMIT, state.exit_code, log, "", wall, "memory limit (OOMKilled)")
+            return RunResult(
+                Outcome.RESOURCE_LIMIT, state.exit_code, log, "", wall, "memory limit (OOMKilled)"
+            )
         if state.exit_code == 0:
             return RunResult(Outcome.OK, 0, log, "", wall)
         return RunResult(Outcome.NONZERO, state.exit_code, log, "", wall, state.reason or "")
@@ -262,26 +377,70 @@ class KubernetesSandbox(Sandbox):
 
 def render_namespace_objects(cfg: KubernetesConfig) -> dict[str, list[dict[str, Any]]]:
     """Everything the sandbox namespace needs, by file name under manifests/sandbox/."""
-    namespace = {"apiVersion": "v1", "kind": "Namespace",
-                 "metadata": {"name": cfg.namespace, "labels": {
-                     "pod-security.kubernetes.io/enforce": "restricted",
-                     "pod-security.kubernetes.io/enforce-version": "latest",
-                     "app.kubernetes.io/part-of": "harnessrl"}}}
-    service_account = {"apiVersion": "v1", "kind": "ServiceAccount",
-                       "metadata": {"name": cfg.service_account, "namespace": cfg.namespace},
-                       "automountServiceAccountToken": False}
-    quota = {"apiVersion": "v1", "kind": "ResourceQuota",
-             "metadata": {"name": "sandbox-quota", "namespace": cfg.namespace},
-             "spec": {"hard": {"pods": "200", "limits.memory": "800Gi", "limits.cpu": "400", "configmaps": "400"}}}
-    limit_range = {"apiVersion": "v1", "kind": "LimitRange",
-                   "metadata": {"name": "sandbox-defaults", "namespace": cfg.namespace},
-                   "spec": {"limits": [{"type": "Container",
-                                        "default": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "4Gi"},
-                                        "defaultRequest": {"cpu": "250m", "memory": "512Mi"},
-                                        "max": {"cpu": "4", "memory": "16Gi"}}]}}
-    example = render_job("verify-example", ["python", "-P", "-m", "pytest", "-rA", "-v", "-p", "no:cacheprovider",
-                                            "-o", "addopts=", "--rootdir=/workspace", "tests/test_example.py"],
-                         300, Limits(), cfg, workspace_configmap="verify-example")
-    return {"namespace.yaml": [namespace], "serviceaccount.yaml": [service_account],
-            "networkpolicy.yaml": render_network_policies(cfg), "quota.yaml": [quota, limit_range],
-            "job-template.yaml": [example]}
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": cfg.namespace,
+            "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+                "app.kubernetes.io/part-of": "harnessrl",
+            },
+        },
+    }
+    service_account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": cfg.service_account, "namespace": cfg.namespace},
+        "automountServiceAccountToken": False,
+    }
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "sandbox-quota", "namespace": cfg.namespace},
+        "spec": {"hard": {"pods": "200", "limits.memory": "800Gi", "limits.cpu": "400", "configmaps": "400"}},
+    }
+    limit_range = {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": {"name": "sandbox-defaults", "namespace": cfg.namespace},
+        "spec": {
+            "limits": [
+                {
+                    "type": "Container",
+                    "default": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "4Gi"},
+                    "defaultRequest": {"cpu": "250m", "memory": "512Mi"},
+                    "max": {"cpu": "4", "memory": "16Gi"},
+                }
+            ]
+        },
+    }
+    example = render_job(
+        "verify-example",
+        [
+            "python",
+            "-P",
+            "-m",
+            "pytest",
+            "-rA",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "--rootdir=/workspace",
+            "tests/test_example.py",
+        ],
+        300,
+        Limits(),
+        cfg,
+        workspace_configmap="verify-example",
+    )
+    return {
+        "namespace.yaml": [namespace],
+        "serviceaccount.yaml": [service_account],
+        "networkpolicy.yaml": render_network_policies(cfg),
+        "quota.yaml": [quota, limit_range],
+        "job-template.yaml": [example],
+    }

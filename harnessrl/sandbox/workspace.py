@@ -45,24 +45,46 @@ def git_env(**extra: str) -> dict[str, str]:
         "GIT_CONFIG_GLOBAL": os.devnull,
         "GIT_TERMINAL_PROMPT": "0",
         "LC_ALL": "C",
-        "GIT_AUTHOR_NAME": "harnessrl", "GIT_AUTHOR_EMAIL": "harnessrl@localhost",
-        "GIT_COMMITTER_NAME": "harnessrl", "GIT_COMMITTER_EMAIL": "harnessrl@localhost",
-        "GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE,
+        "GIT_AUTHOR_NAME": "harnessrl",
+        "GIT_AUTHOR_EMAIL": "harnessrl@localhost",
+        "GIT_COMMITTER_NAME": "harnessrl",
+        "GIT_COMMITTER_EMAIL": "harnessrl@localhost",
+        "GIT_AUTHOR_DATE": FIXED_DATE,
+        "GIT_COMMITTER_DATE": FIXED_DATE,
     }
     env.update(extra)
     return env
 
 
 # Never run anything the inspected tree or repo could configure (hooks, fsmonitor, external diff drivers).
-SAFE_GIT = ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
-            "-c", "core.autocrlf=false", "-c", "diff.noprefix=false"]
+SAFE_GIT = [
+    "git",
+    "-c",
+    "safe.directory=*",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "diff.noprefix=false",
+]
 
 
-def git(args: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
-        input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+def git(
+    args: list[str],
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    input: bytes | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[bytes]:
     proc = subprocess.run([*SAFE_GIT, *args], cwd=cwd, env=env or git_env(), input=input, capture_output=True)
     if check and proc.returncode != 0:
-        raise WorkspaceError(f"git {' '.join(args[:3])} failed: {proc.stderr.decode(errors='replace').strip()}")
+        raise WorkspaceError(
+            f"git {' '.join(args[:3])} failed: {proc.stderr.decode(errors='replace').strip()}"
+        )
     return proc
 
 
@@ -80,7 +102,9 @@ class RepoCache:
     def for_repo(cls, taskset: TaskSet, repo: str) -> RepoCache:
         bundle = taskset.bundle(repo)
         if not bundle.is_file():
-            raise WorkspaceError(f"{bundle}: bundle for repo {repo!r} missing from the task set {taskset.root}")
+            raise WorkspaceError(
+                f"{bundle}: bundle for repo {repo!r} missing from the task set {taskset.root}"
+            )
         st = bundle.stat()
         key = (str(bundle.resolve()), st.st_size, st.st_mtime_ns, str(cache_root()))
         with _known_lock:
@@ -114,7 +138,9 @@ class RepoCache:
         return cls(path)
 
     def rev(self, rev: str) -> str:
-        proc = git(["--git-dir", str(self.path), "rev-parse", "--verify", "-q", f"{rev}^{{commit}}"], check=False)
+        proc = git(
+            ["--git-dir", str(self.path), "rev-parse", "--verify", "-q", f"{rev}^{{commit}}"], check=False
+        )
         if proc.returncode != 0:
             raise WorkspaceError(f"{self.path}: revision {rev!r} not found")
         return proc.stdout.decode().strip()
@@ -126,7 +152,8 @@ class RepoCache:
         except WorkspaceError:
             raise WorkspaceError(
                 f"{self.path}: no branch {instance_id!r}; the bundle must hold one branch per task "
-                "(SWE-smith layout)") from None
+                "(SWE-smith layout)"
+            ) from None
 
     def bug_commit(self, instance_id: str) -> str:
         """The "Bug Patch" commit (tip~1): the tree the tests are run against, with tests present."""
@@ -138,7 +165,9 @@ class RepoCache:
         with tempfile.TemporaryDirectory(prefix="harnessrl-idx-") as tmp:
             env = git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
             git(["--git-dir", str(self.path), "read-tree", rev], env=env)
-            git(["--git-dir", str(self.path), "--work-tree", str(dest), "checkout-index", "-a", "-f"], env=env)
+            git(
+                ["--git-dir", str(self.path), "--work-tree", str(dest), "checkout-index", "-a", "-f"], env=env
+            )
 
     def restore_paths(self, rev: str, worktree: Path, paths: list[str]) -> list[str]:
         """Overwrites `paths` in `worktree` with their content at `rev`; returns those that do not exist there."""
@@ -152,8 +181,20 @@ class RepoCache:
                     target.unlink()
                 elif target.is_dir():
                     shutil.rmtree(target)
-                proc = git(["--git-dir", str(self.path), "--work-tree", str(worktree), "checkout-index", "-f",
-                            "--", p], env=env, check=False)
+                proc = git(
+                    [
+                        "--git-dir",
+                        str(self.path),
+                        "--work-tree",
+                        str(worktree),
+                        "checkout-index",
+                        "-f",
+                        "--",
+                        p,
+                    ],
+                    env=env,
+                    check=False,
+                )
                 if proc.returncode != 0:
                     missing.append(p)
         return missing
@@ -167,13 +208,28 @@ class RepoCache:
         with tempfile.TemporaryDirectory(prefix="harnessrl-diff-") as tmp:
             objects = Path(tmp) / "objects"
             objects.mkdir()
-            env = git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"), GIT_OBJECT_DIRECTORY=str(objects),
-                          GIT_ALTERNATE_OBJECT_DIRECTORIES=str(self.path / "objects"))
+            env = git_env(
+                GIT_INDEX_FILE=str(Path(tmp) / "index"),
+                GIT_OBJECT_DIRECTORY=str(objects),
+                GIT_ALTERNATE_OBJECT_DIRECTORIES=str(self.path / "objects"),
+            )
             base = ["--git-dir", str(self.path), "--work-tree", str(worktree)]
             git([*base, "read-tree", rev], env=env)
             git([*base, "add", "-A", "--", "."], env=env)
-            return git([*base, "diff", "--cached", "--binary", "--full-index", "--no-renames", "--no-ext-diff",
-                        "--no-textconv", rev], env=env).stdout
+            return git(
+                [
+                    *base,
+                    "diff",
+                    "--cached",
+                    "--binary",
+                    "--full-index",
+                    "--no-renames",
+                    "--no-ext-diff",
+                    "--no-textconv",
+                    rev,
+                ],
+                env=env,
+            ).stdout
 
 
 def init_single_commit(tree_dir: Path) -> None:

@@ -40,8 +40,9 @@ class AdvantageStats:
     units: int = 0
 
 
-def group_advantages(rewards: list[float], estimator: Estimator, eps: float = 1e-6,
-                     singleton: SingletonPolicy = "zero") -> list[float]:
+def group_advantages(
+    rewards: list[float], estimator: Estimator, eps: float = 1e-6, singleton: SingletonPolicy = "zero"
+) -> list[float]:
     """Advantages for the rewards of one group, in the same order."""
     n = len(rewards)
     if n == 0:
@@ -62,8 +63,12 @@ def group_advantages(rewards: list[float], estimator: Estimator, eps: float = 1e
     raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
 
 
-def compute_advantages(units: Iterable[Scored], estimator: Estimator = "grpo", eps: float = 1e-6,
-                       singleton: SingletonPolicy = "zero") -> tuple[dict[str, float], AdvantageStats]:
+def compute_advantages(
+    units: Iterable[Scored],
+    estimator: Estimator = "grpo",
+    eps: float = 1e-6,
+    singleton: SingletonPolicy = "zero",
+) -> tuple[dict[str, float], AdvantageStats]:
     """Advantage per unit key. Keys must be unique; a unit's group is its task."""
     by_group: dict[str, list[Scored]] = defaultdict(list)
     seen: set[str] = set()
@@ -87,13 +92,23 @@ def compute_advantages(units: Iterable[Scored], estimator: Estimator = "grpo", e
     return out, stats
 
 
-def rollout_level(rollout_rewards: Mapping[str, tuple[str, float]], estimator: Estimator = "grpo",
-                  eps: float = 1e-6, singleton: SingletonPolicy = "zero") -> tuple[dict[str, float], AdvantageStats]:
+def rollout_level(
+    rollout_rewards: Mapping[str, tuple[str, float]],
+    estimator: Estimator = "grpo",
+    eps: float = 1e-6,
+    singleton: SingletonPolicy = "zero",
+) -> tuple[dict[str, float], AdvantageStats]:
     """{rollout_id: (group_id, reward)} → {rollout_id: advantage}."""
-    return compute_advantages((Scored(k, g, r) for k, (g, r) in rollout_rewards.items()), estimator, eps, singleton)
+    return compute_advantages(
+        (Scored(k, g, r) for k, (g, r) in rollout_rewards.items()), estimator, eps, singleton
+    )
 
 
-def sample_level(samples: Iterable[tuple[str, str, float]], estimator: Estimator = "grpo", eps: float = 1e-6,
-                 singleton: SingletonPolicy = "zero") -> tuple[dict[str, float], AdvantageStats]:
+def sample_level(
+    samples: Iterable[tuple[str, str, float]],
+    estimator: Estimator = "grpo",
+    eps: float = 1e-6,
+    singleton: SingletonPolicy = "zero",
+) -> tuple[dict[str, float], AdvantageStats]:
     """Ablation: every sample (sample_id, group_id, reward of its rollout) is its own unit in the group."""
     return compute_advantages((Scored(s, g, r) for s, g, r in samples), estimator, eps, singleton)

@@ -91,11 +91,20 @@ def pack(items: Sequence[SeqItem], max_tokens: int) -> list[MicroBatch]:
             beh += b
             adv += [it.advantage] * len(it)
             wts += [it.weight] * len(it)
-        batches.append(MicroBatch(
-            input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), attention_mask=None,
-            targets=torch.tensor([tgt]), target_mask=torch.tensor([tmask]),
-            behavior_logprobs=torch.tensor([beh]), advantages=torch.tensor([adv]), weights=torch.tensor([wts]),
-            real_tokens=len(ids), pad_tokens=0))
+        batches.append(
+            MicroBatch(
+                input_ids=torch.tensor([ids]),
+                position_ids=torch.tensor([pos]),
+                attention_mask=None,
+                targets=torch.tensor([tgt]),
+                target_mask=torch.tensor([tmask]),
+                behavior_logprobs=torch.tensor([beh]),
+                advantages=torch.tensor([adv]),
+                weights=torch.tensor([wts]),
+                real_tokens=len(ids),
+                pad_tokens=0,
+            )
+        )
     return batches
 
 
@@ -103,7 +112,7 @@ def pad(items: Sequence[SeqItem], seqs_per_batch: int, pad_id: int = 0) -> list[
     """The padded baseline: fixed number of sequences per micro-batch, right-padded to the longest."""
     batches = []
     for start in range(0, len(items), seqs_per_batch):
-        chunk = items[start:start + seqs_per_batch]
+        chunk = items[start : start + seqs_per_batch]
         width = max(len(it) for it in chunk)
         rows: dict[str, list] = {k: [] for k in ("ids", "pos", "att", "tgt", "tmask", "beh", "adv", "w")}
         for it in chunk:
@@ -118,12 +127,20 @@ def pad(items: Sequence[SeqItem], seqs_per_batch: int, pad_id: int = 0) -> list[
             rows["adv"].append([it.advantage] * width)
             rows["w"].append([it.weight] * width)
         real = sum(len(it) for it in chunk)
-        batches.append(MicroBatch(
-            input_ids=torch.tensor(rows["ids"]), position_ids=torch.tensor(rows["pos"]),
-            attention_mask=torch.tensor(rows["att"]), targets=torch.tensor(rows["tgt"]),
-            target_mask=torch.tensor(rows["tmask"]), behavior_logprobs=torch.tensor(rows["beh"]),
-            advantages=torch.tensor(rows["adv"]), weights=torch.tensor(rows["w"]),
-            real_tokens=real, pad_tokens=width * len(chunk) - real))
+        batches.append(
+            MicroBatch(
+                input_ids=torch.tensor(rows["ids"]),
+                position_ids=torch.tensor(rows["pos"]),
+                attention_mask=torch.tensor(rows["att"]),
+                targets=torch.tensor(rows["tgt"]),
+                target_mask=torch.tensor(rows["tmask"]),
+                behavior_logprobs=torch.tensor(rows["beh"]),
+                advantages=torch.tensor(rows["adv"]),
+                weights=torch.tensor(rows["w"]),
+                real_tokens=real,
+                pad_tokens=width * len(chunk) - real,
+            )
+        )
     return batches
 
 

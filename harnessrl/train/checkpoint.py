@@ -25,8 +25,13 @@ STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
 
 
-def save_model(model: torch.nn.Module, tokenizer: Any, dest: str | Path, extra_json: dict | None = None,
-               state_dict: dict | None = None) -> Path:
+def save_model(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    dest: str | Path,
+    extra_json: dict | None = None,
+    state_dict: dict | None = None,
+) -> Path:
     """Writes an HF model directory atomically; returns its path. `state_dict`: the gathered weights of a
     sharded (FSDP) model."""
     dest = Path(dest)
@@ -44,8 +49,16 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, tokenizer: Any,
-                    trainer_state: dict, meta: dict, keep: int = 2, state_dict: dict | None = None) -> Path:
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    trainer_state: dict,
+    meta: dict,
+    keep: int = 2,
+    state_dict: dict | None = None,
+) -> Path:
     root = Path(root)
     dest = root / f"step-{step:06d}"
     with atomic_output(dest) as tmp:
@@ -64,8 +77,11 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := STEP_DIR.match(p.name)) and (p / STATE_JSON).is_file() and (p / STATE_PT).is_file()]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := STEP_DIR.match(p.name)) and (p / STATE_JSON).is_file() and (p / STATE_PT).is_file()
+    ]
     return [p for _, p in sorted(found)]
 
 

@@ -68,17 +68,25 @@ def validate_sample(s: Sample, where: str) -> None:
         raise ValueError(f"{where}: input_ids has {n} token(s); a sample needs a prompt and ≥1 sampled token")
     for name in ("loss_mask", "behavior_logprobs"):
         if len(getattr(s, name)) != n:
-            raise ValueError(f"{where}: {name} has {len(getattr(s, name))} entries but input_ids has {n}; "
-                             "they must align token for token")
+            raise ValueError(
+                f"{where}: {name} has {len(getattr(s, name))} entries but input_ids has {n}; "
+                "they must align token for token"
+            )
     if any(m not in (0, 1) for m in s.loss_mask):
         raise ValueError(f"{where}: loss_mask must contain only 0/1")
     if s.loss_mask[0]:
-        raise ValueError(f"{where}: loss_mask[0] is 1, but the first token has no prefix to be sampled from; "
-                         "the first token must be context (mask 0)")
+        raise ValueError(
+            f"{where}: loss_mask[0] is 1, but the first token has no prefix to be sampled from; "
+            "the first token must be context (mask 0)"
+        )
     if not s.rollout_id or not s.group_id:
         raise ValueError(f"{where}: rollout_id and group_id must be non-empty")
-    if any(not math.isfinite(b) or b > 1e-6 for b, m in zip(s.behavior_logprobs, s.loss_mask, strict=True) if m):
-        raise ValueError(f"{where}: behavior_logprobs of trained tokens must be finite log-probabilities (≤ 0)")
+    if any(
+        not math.isfinite(b) or b > 1e-6 for b, m in zip(s.behavior_logprobs, s.loss_mask, strict=True) if m
+    ):
+        raise ValueError(
+            f"{where}: behavior_logprobs of trained tokens must be finite log-probabilities (≤ 0)"
+        )
 
 
 def load_samples(path: str | Path) -> list[Sample]:
@@ -91,7 +99,9 @@ def load_samples(path: str | Path) -> list[Sample]:
         table = pq.read_table(f)
         missing = required - set(table.column_names)
         if missing:
-            raise ValueError(f"{f}: missing column(s) {sorted(missing)}; a sample row needs {sorted(required)}")
+            raise ValueError(
+                f"{f}: missing column(s) {sorted(missing)}; a sample row needs {sorted(required)}"
+            )
         for i, row in enumerate(table.to_pylist()):
             s = Sample.from_row(row)
             validate_sample(s, f"{f}: row {i} (sample {s.sample_id!r})")
@@ -108,17 +118,26 @@ def load_rewards(path: str | Path) -> dict[str, RewardRow]:
             if not rid:
                 raise ValueError(f"{f}: row {i}: missing rollout_id")
             if rid in out:
-                raise ValueError(f"{f}: row {i}: rollout {rid!r} has a second reward row; verify must grade once")
+                raise ValueError(
+                    f"{f}: row {i}: rollout {rid!r} has a second reward row; verify must grade once"
+                )
             reward = row.get("reward")
             if reward is not None and (not isinstance(reward, int | float) or not math.isfinite(reward)):
-                raise ValueError(f"{f}: row {i} (rollout {rid!r}): reward must be a finite number or null, "
-                                 f"got {reward!r}")
+                raise ValueError(
+                    f"{f}: row {i} (rollout {rid!r}): reward must be a finite number or null, got {reward!r}"
+                )
             out[rid] = RewardRow(None if reward is None else float(reward), str(row.get("status", "ok")))
     return out
 
 
-def assemble(samples: list[Sample], rewards: dict[str, RewardRow] | None, *, nonok: NonOkPolicy = "drop",
-             mask_reward: float = 0.0, ok_statuses: frozenset[str] = frozenset({"ok"})) -> Prepared:
+def assemble(
+    samples: list[Sample],
+    rewards: dict[str, RewardRow] | None,
+    *,
+    nonok: NonOkPolicy = "drop",
+    mask_reward: float = 0.0,
+    ok_statuses: frozenset[str] = frozenset({"ok"}),
+) -> Prepared:
     """Groups samples by rollout and attaches each rollout's reward and status."""
     if nonok not in ("drop", "mask"):
         raise ValueError(f"non-ok policy must be drop or mask, got {nonok!r}")
@@ -129,8 +148,10 @@ def assemble(samples: list[Sample], rewards: dict[str, RewardRow] | None, *, non
     for rid, members in by_rollout.items():
         groups = {s.group_id for s in members}
         if len(groups) > 1:
-            raise ValueError(f"rollout {rid!r}: its samples name different groups {sorted(groups)}; "
-                             "a rollout belongs to exactly one task")
+            raise ValueError(
+                f"rollout {rid!r}: its samples name different groups {sorted(groups)}; "
+                "a rollout belongs to exactly one task"
+            )
         row = rewards.get(rid) if rewards is not None else None
         status = row.status if row is not None else members[0].rollout_status
         reward = row.reward if row is not None else members[0].reward
@@ -143,8 +164,16 @@ def assemble(samples: list[Sample], rewards: dict[str, RewardRow] | None, *, non
             prepared.excluded[f"status:{status}"] += 1
         else:
             prepared.masked[status] += 1
-            prepared.rollouts.append(Rollout(rid, members[0].group_id, mask_reward if reward is None else reward,
-                                             status, members, trainable=False))
+            prepared.rollouts.append(
+                Rollout(
+                    rid,
+                    members[0].group_id,
+                    mask_reward if reward is None else reward,
+                    status,
+                    members,
+                    trainable=False,
+                )
+            )
     if rewards is not None:
         orphans = set(rewards) - set(by_rollout)
         if orphans:

@@ -50,14 +50,18 @@ def init_from_env(device: str) -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.startswith("cuda"):
         if torch.cuda.device_count() <= local_rank:
-            raise RuntimeError(f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are visible; "
-                               f"start torchrun with --nproc-per-node ≤ the GPU count")
+            raise RuntimeError(
+                f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPU(s) are visible; "
+                f"start torchrun with --nproc-per-node ≤ the GPU count"
+            )
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
     if not dist.is_initialized():
         backend = "nccl" if device.startswith("cuda") else "gloo"
         dist.init_process_group(backend=backend)
-    return DistContext(world_size=dist.get_world_size(), rank=dist.get_rank(), local_rank=local_rank, device=device)
+    return DistContext(
+        world_size=dist.get_world_size(), rank=dist.get_rank(), local_rank=local_rank, device=device
+    )
 
 
 def shard_items(items: Sequence[SeqItem], rank: int, world_size: int) -> list[SeqItem]:

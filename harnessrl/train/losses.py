@@ -43,8 +43,9 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; choose one of {', '.join(LOSS_MODES)}")
 
 
-def sequence_weights(token_counts: Sequence[int], rollout_ids: Sequence[str], mode: str,
-                     loss_scale_factor: float | None = None) -> list[float]:
+def sequence_weights(
+    token_counts: Sequence[int], rollout_ids: Sequence[str], mode: str, loss_scale_factor: float | None = None
+) -> list[float]:
     """Weight per sequence for one optimizer step (all its sequences, on all ranks)."""
     check_mode(mode)
     if len(token_counts) != len(rollout_ids):
@@ -64,20 +65,31 @@ def sequence_weights(token_counts: Sequence[int], rollout_ids: Sequence[str], mo
         return [1.0 / (n_seqs * n) if n > 0 else 0.0 for n in token_counts]
     if mode == "seq-mean-token-sum-norm":
         if not loss_scale_factor or loss_scale_factor <= 0:
-            raise ValueError("seq-mean-token-sum-norm needs a positive loss_scale_factor (e.g. the max response "
-                             "length); with packed sequences there is no padded horizon to default to")
+            raise ValueError(
+                "seq-mean-token-sum-norm needs a positive loss_scale_factor (e.g. the max response "
+                "length); with packed sequences there is no padded horizon to default to"
+            )
         return [1.0 / (n_seqs * loss_scale_factor) if ok else 0.0 for ok in live]
     per_rollout: dict[str, int] = defaultdict(int)
     for n, r in zip(token_counts, rollout_ids, strict=True):
         per_rollout[r] += n
     n_rollouts = sum(1 for v in per_rollout.values() if v > 0)
-    return [1.0 / (n_rollouts * per_rollout[r]) if n > 0 else 0.0
-            for n, r in zip(token_counts, rollout_ids, strict=True)]
+    return [
+        1.0 / (n_rollouts * per_rollout[r]) if n > 0 else 0.0
+        for n, r in zip(token_counts, rollout_ids, strict=True)
+    ]
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str, *, rollout_ids: Sequence[str] | None = None,
-             loss_scale_factor: float | None = None, weights: torch.Tensor | None = None,
-             dp_size: int = 1) -> torch.Tensor:
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mode: str,
+    *,
+    rollout_ids: Sequence[str] | None = None,
+    loss_scale_factor: float | None = None,
+    weights: torch.Tensor | None = None,
+    dp_size: int = 1,
+) -> torch.Tensor:
     """Aggregates a padded (batch, length) token-loss matrix.
 
     Without `weights` the batch is taken to be the whole step (local denominators). Pass `weights` from
@@ -89,8 +101,11 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str, *, roll
     if weights is None:
         counts = [int(c) for c in loss_mask.sum(dim=-1).tolist()]
         ids = list(rollout_ids) if rollout_ids is not None else [str(i) for i in range(len(counts))]
-        weights = torch.tensor(sequence_weights(counts, ids, mode, loss_scale_factor),
-                               dtype=loss_mat.dtype, device=loss_mat.device)
+        weights = torch.tensor(
+            sequence_weights(counts, ids, mode, loss_scale_factor),
+            dtype=loss_mat.dtype,
+            device=loss_mat.device,
+        )
     return (seq_sums * weights).sum() * dp_size
 
 
@@ -105,7 +120,9 @@ class PolicyLossConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
-            raise ValueError(f"clip_low must be in [0,1) and clip_high ≥ 0, got {self.clip_low}, {self.clip_high}")
+            raise ValueError(
+                f"clip_low must be in [0,1) and clip_high ≥ 0, got {self.clip_low}, {self.clip_high}"
+            )
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise ValueError(f"dual_clip_c must be > 1 (got {self.dual_clip_c})")
         if self.tis_cap is not None and self.tis_cap <= 0:
@@ -121,8 +138,13 @@ class TokenLosses:
     approx_kl: torch.Tensor  # log π_old - log π (k1), for reporting
 
 
-def ppo_token_losses(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
-                     cfg: PolicyLossConfig, behavior_logprob: torch.Tensor | None = None) -> TokenLosses:
+def ppo_token_losses(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: PolicyLossConfig,
+    behavior_logprob: torch.Tensor | None = None,
+) -> TokenLosses:
     """PPO clipped surrogate with asymmetric clip, dual clip and token-level truncated IS (verl 'vanilla')."""
     log_ratio = torch.clamp(logprob - old_logprob, -20.0, 20.0)
     ratio = torch.exp(log_ratio)
@@ -137,10 +159,19 @@ def ppo_token_losses(logprob: torch.Tensor, old_logprob: torch.Tensor, advantage
         loss = torch.where(advantages < 0, torch.minimum(loss, bound), loss)
     is_weight = torch.ones_like(logprob)
     if cfg.tis_cap is not None and behavior_logprob is not None:
-        is_weight = torch.exp(torch.clamp(old_logprob - behavior_logprob, -20.0, 20.0)).clamp(max=cfg.tis_cap).detach()
+        is_weight = (
+            torch.exp(torch.clamp(old_logprob - behavior_logprob, -20.0, 20.0))
+            .clamp(max=cfg.tis_cap)
+            .detach()
+        )
         loss = loss * is_weight
-    return TokenLosses(pg=loss, clipped=clipped, dual_clipped=dual, is_weight=is_weight,
-                       approx_kl=(old_logprob - logprob).detach())
+    return TokenLosses(
+        pg=loss,
+        clipped=clipped,
+        dual_clipped=dual,
+        is_weight=is_weight,
+        approx_kl=(old_logprob - logprob).detach(),
+    )
 
 
 def low_var_kl(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,14 @@ from pathlib import Path
 
 from harnessrl.io import atomic_write_bytes, atomic_write_text
 
-CURVES = (("loss", "loss"), ("reward_mean", "reward mean (step's rollouts)"), ("entropy", "entropy"),
-          ("grad_norm", "grad norm"), ("clip_frac", "clip fraction"), ("tokens_per_s", "tokens/s"))
+CURVES = (
+    ("loss", "loss"),
+    ("reward_mean", "reward mean (step's rollouts)"),
+    ("entropy", "entropy"),
+    ("grad_norm", "grad norm"),
+    ("clip_frac", "clip fraction"),
+    ("tokens_per_s", "tokens/s"),
+)
 
 
 def plot_curves(history: list[dict], png: Path) -> Path:
@@ -44,10 +50,13 @@ def _fmt(v) -> str:
 def render(summary: dict, history: list[dict], cfg, png: Path | None) -> str:
     lines = ["# GRPO train stage", ""]
     t = cfg.train
-    lines += [f"Estimator **{cfg.estimator}** at **{cfg.advantage_level}** level, loss aggregation "
-              f"**{t.loss_mode}**, clip ε=({t.policy.clip_low}, {t.policy.clip_high}), dual clip "
-              f"{t.policy.dual_clip_c}, TIS cap {t.policy.tis_cap}, lr {t.optim.lr}, "
-              f"{'packed' if t.packing else 'padded'} micro-batches, {t.precision}, seed {t.seed}.", ""]
+    lines += [
+        f"Estimator **{cfg.estimator}** at **{cfg.advantage_level}** level, loss aggregation "
+        f"**{t.loss_mode}**, clip ε=({t.policy.clip_low}, {t.policy.clip_high}), dual clip "
+        f"{t.policy.dual_clip_c}, TIS cap {t.policy.tis_cap}, lr {t.optim.lr}, "
+        f"{'packed' if t.packing else 'padded'} micro-batches, {t.precision}, seed {t.seed}.",
+        "",
+    ]
     lines += ["| metric | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in summary.items() if not isinstance(v, dict | list)]
     lines.append("")
@@ -55,8 +64,17 @@ def render(summary: dict, history: list[dict], cfg, png: Path | None) -> str:
         data = base64.b64encode(png.read_bytes()).decode()
         lines += [f"![training curves](data:image/png;base64,{data})", ""]
     if history:
-        keys = ("step", "loss", "reward_mean", "adv_std", "entropy", "clip_frac", "grad_norm", "tokens_per_s",
-                "padding_fraction")
+        keys = (
+            "step",
+            "loss",
+            "reward_mean",
+            "adv_std",
+            "entropy",
+            "clip_frac",
+            "grad_norm",
+            "tokens_per_s",
+            "padding_fraction",
+        )
         lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         lines += ["| " + " | ".join(_fmt(h.get(k)) for k in keys) + " |" for h in history]
     return "\n".join(lines) + "\n"

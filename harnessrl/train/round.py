@@ -57,7 +57,9 @@ class StageConfig:
     keep_checkpoints: int = 2
     max_steps: int | None = None
     device: str = "auto"
-    reference_kl: bool = False  # load a frozen copy of the input policy as reference (needs policy.kl_coef > 0)
+    reference_kl: bool = (
+        False  # load a frozen copy of the input policy as reference (needs policy.kl_coef > 0)
+    )
 
     def __post_init__(self) -> None:
         if self.estimator not in adv_mod.ESTIMATORS:
@@ -102,11 +104,19 @@ def plan_round(prepared: Prepared, cfg: StageConfig) -> Plan:
     counts["groups_skipped_history"] = len(skip)
     rollouts = [r for r in rollouts if r.group_id not in skip]
     if cfg.advantage_level == "rollout":
-        advs, st = adv_mod.rollout_level({r.rollout_id: (r.group_id, r.reward) for r in rollouts}, cfg.estimator,
-                                         cfg.adv_eps, cfg.singleton)
+        advs, st = adv_mod.rollout_level(
+            {r.rollout_id: (r.group_id, r.reward) for r in rollouts},
+            cfg.estimator,
+            cfg.adv_eps,
+            cfg.singleton,
+        )
     else:
-        advs, st = adv_mod.sample_level(((s.sample_id, r.group_id, r.reward) for r in rollouts for s in r.samples),
-                                        cfg.estimator, cfg.adv_eps, cfg.singleton)
+        advs, st = adv_mod.sample_level(
+            ((s.sample_id, r.group_id, r.reward) for r in rollouts for s in r.samples),
+            cfg.estimator,
+            cfg.adv_eps,
+            cfg.singleton,
+        )
     counts["groups_zero_variance"] = st.zero_variance_groups
     counts["groups_singleton"] = st.singleton_groups
     zero_var: set[str] = set()
@@ -126,9 +136,9 @@ def plan_round(prepared: Prepared, cfg: StageConfig) -> Plan:
     for epoch in range(cfg.epochs):
         order = list(trained_groups)
         random.Random(cfg.train.seed * 1000003 + epoch).shuffle(order)
-        steps += [order[i:i + per] for i in range(0, len(order), per)]
+        steps += [order[i : i + per] for i in range(0, len(order), per)]
     if cfg.max_steps is not None:
-        steps = steps[:cfg.max_steps]
+        steps = steps[: cfg.max_steps]
     return Plan(rollouts=rollouts, advantages=advs, steps=steps, counts=counts)
 
 
@@ -137,20 +147,31 @@ def step_items(plan: Plan, group_ids: list[str], cfg: StageConfig) -> tuple[list
     members = [r for r in plan.rollouts if r.group_id in gset and r.trainable]
     seqs = [(r, s) for r in members for s in r.samples]
     counts = [sum(s.loss_mask[1:]) for _, s in seqs]
-    weights = sequence_weights(counts, [r.rollout_id for r, _ in seqs], cfg.train.loss_mode,
-                               cfg.train.loss_scale_factor)
+    weights = sequence_weights(
+        counts, [r.rollout_id for r, _ in seqs], cfg.train.loss_mode, cfg.train.loss_scale_factor
+    )
     items = []
     for (r, s), w in zip(seqs, weights, strict=True):
         a = plan.advantages[r.rollout_id if cfg.advantage_level == "rollout" else s.sample_id]
-        items.append(SeqItem(list(s.input_ids), list(s.loss_mask), list(s.behavior_logprobs), a, w, r.rollout_id))
+        items.append(
+            SeqItem(list(s.input_ids), list(s.loss_mask), list(s.behavior_logprobs), a, w, r.rollout_id)
+        )
     return items, members
 
 
 def fingerprint(prepared: Prepared, cfg: StageConfig) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in cfg.to_dict().items() if k not in ("max_steps", "save_every",
-                                                                               "keep_checkpoints", "device")},
-                        sort_keys=True, default=str).encode())
+    h.update(
+        json.dumps(
+            {
+                k: v
+                for k, v in cfg.to_dict().items()
+                if k not in ("max_steps", "save_every", "keep_checkpoints", "device")
+            },
+            sort_keys=True,
+            default=str,
+        ).encode()
+    )
     for r in sorted(prepared.rollouts, key=lambda r: r.rollout_id):
         h.update(f"{r.rollout_id}:{r.reward}:{r.status}:{len(r.samples)}:{r.loss_tokens}".encode())
     return h.hexdigest()[:16]
@@ -167,13 +188,26 @@ def _device(name: str) -> str:
 def _stats(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
-    return {"mean": statistics.fmean(xs), "std": statistics.pstdev(xs) if len(xs) > 1 else 0.0,
-            "min": min(xs), "max": max(xs)}
+    return {
+        "mean": statistics.fmean(xs),
+        "std": statistics.pstdev(xs) if len(xs) > 1 else 0.0,
+        "min": min(xs),
+        "max": max(xs),
+    }
 
 
-def run(samples: str | Path, rewards: str | Path | None, policy: str | Path, out: str | Path,
-        cfg: StageConfig | None = None, *, resume: bool = False, model_out: str | Path | None = None,
-        upload_to: str | None = None, progress: bool = True) -> dict:
+def run(
+    samples: str | Path,
+    rewards: str | Path | None,
+    policy: str | Path,
+    out: str | Path,
+    cfg: StageConfig | None = None,
+    *,
+    resume: bool = False,
+    model_out: str | Path | None = None,
+    upload_to: str | None = None,
+    progress: bool = True,
+) -> dict:
     """Runs the stage; writes <out>/{model/,checkpoints/,metrics.json,steps.jsonl,report.md,curves.png}.
 
     Returns the summary metrics (also in metrics.json).
@@ -199,8 +233,13 @@ def run(samples: str | Path, rewards: str | Path | None, policy: str | Path, out
         policy = Path(policy)
         if not (policy / "config.json").is_file():
             raise FileNotFoundError(f"{policy}: not a Hugging Face model directory (no config.json)")
-        prepared = assemble(load_samples(samples), load_rewards(rewards) if rewards else None, nonok=cfg.nonok,
-                            mask_reward=cfg.mask_reward, ok_statuses=frozenset(cfg.ok_statuses))
+        prepared = assemble(
+            load_samples(samples),
+            load_rewards(rewards) if rewards else None,
+            nonok=cfg.nonok,
+            mask_reward=cfg.mask_reward,
+            ok_statuses=frozenset(cfg.ok_statuses),
+        )
         plan = plan_round(prepared, cfg)
         fp = fingerprint(prepared, cfg)
         if main and cfg.history and cfg.record_round is not None:
@@ -218,14 +257,18 @@ def run(samples: str | Path, rewards: str | Path | None, policy: str | Path, out
         ref_model = None
         if cfg.reference_kl and cfg.train.policy.kl_coef > 0:  # frozen, so every rank holds a full copy
             ref_model = load_model(policy).to(device).eval().requires_grad_(False)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        )
         trainer = Trainer(model, cfg.train, ref_model=ref_model, device=device, pad_id=pad_id)
         if ckpt is not None:
             state, meta = load_checkpoint_state(ckpt)
             if meta.get("fingerprint") != fp:
-                raise ValueError(f"{ckpt}: this checkpoint was written for different inputs or settings "
-                                 f"(fingerprint {meta.get('fingerprint')} ≠ {fp}); rerun without --resume or use a "
-                                 f"new --out")
+                raise ValueError(
+                    f"{ckpt}: this checkpoint was written for different inputs or settings "
+                    f"(fingerprint {meta.get('fingerprint')} ≠ {fp}); rerun without --resume or use a "
+                    f"new --out"
+                )
             trainer.load_state_dict(state)
             start_step = int(meta["step"])
             history = list(meta.get("history", []))
@@ -241,20 +284,34 @@ def run(samples: str | Path, rewards: str | Path | None, policy: str | Path, out
                 m = trainer.step(dist_mod.shard_items(items, ctx.rank, ctx.world_size))
                 rewards_step = [reward_by_rollout[r.rollout_id] for r in members]
                 advs_step = [it.advantage for it in items]
-                m.update({"reward_mean": _stats(rewards_step)["mean"], "reward_std": _stats(rewards_step)["std"],
-                          "adv_mean": _stats(advs_step)["mean"], "adv_std": _stats(advs_step)["std"],
-                          "adv_abs_max": max((abs(a) for a in advs_step), default=0.0),
-                          "rollouts": len(members), "groups": len(steps[step_index]),
-                          "world_size": ctx.world_size})
+                m.update(
+                    {
+                        "reward_mean": _stats(rewards_step)["mean"],
+                        "reward_std": _stats(rewards_step)["std"],
+                        "adv_mean": _stats(advs_step)["mean"],
+                        "adv_std": _stats(advs_step)["std"],
+                        "adv_abs_max": max((abs(a) for a in advs_step), default=0.0),
+                        "rollouts": len(members),
+                        "groups": len(steps[step_index]),
+                        "world_size": ctx.world_size,
+                    }
+                )
                 history.append(m)
                 done = step_index + 1
                 if cfg.save_every and done % cfg.save_every == 0 and done < len(steps):
                     weights = dist_mod.full_state_dict(model) if ctx.enabled else None  # collective
                     tstate = trainer.state_dict()  # collective under FSDP
                     if main:
-                        save_checkpoint(ckpt_root, done, model, tokenizer, tstate,
-                                        {"fingerprint": fp, "history": history, "config": cfg.to_dict()},
-                                        keep=cfg.keep_checkpoints, state_dict=weights)
+                        save_checkpoint(
+                            ckpt_root,
+                            done,
+                            model,
+                            tokenizer,
+                            tstate,
+                            {"fingerprint": fp, "history": history, "config": cfg.to_dict()},
+                            keep=cfg.keep_checkpoints,
+                            state_dict=weights,
+                        )
                     dist_mod.barrier()
                 if main:
                     write_jsonl(out / "steps.jsonl", history)
@@ -265,9 +322,21 @@ def run(samples: str | Path, rewards: str | Path | None, policy: str | Path, out
         summary["world_size"] = ctx.world_size
         weights = dist_mod.full_state_dict(model) if ctx.enabled else None
         if main:
-            save_model(model, tokenizer, model_out, state_dict=weights, extra_json={"harnessrl_train.json": {
-                "steps": len(history), "fingerprint": fp, "policy_in": str(policy), "config": cfg.to_dict(),
-                "world_size": ctx.world_size}})
+            save_model(
+                model,
+                tokenizer,
+                model_out,
+                state_dict=weights,
+                extra_json={
+                    "harnessrl_train.json": {
+                        "steps": len(history),
+                        "fingerprint": fp,
+                        "policy_in": str(policy),
+                        "config": cfg.to_dict(),
+                        "world_size": ctx.world_size,
+                    }
+                },
+            )
             if upload_to:
                 upload_dir(model_out, upload_to)
             write_jsonl(out / "steps.jsonl", history)
@@ -296,8 +365,16 @@ def summarize(plan: Plan, history: list[dict]) -> dict:
         last = history[-1]
         s["loss"] = last["loss"]
         s["loss_first"] = history[0]["loss"]
-        for key in ("entropy", "clip_frac", "dual_clip_frac", "grad_norm", "tokens_per_s", "padding_fraction",
-                    "is_weight_mean", "approx_kl"):
+        for key in (
+            "entropy",
+            "clip_frac",
+            "dual_clip_frac",
+            "grad_norm",
+            "tokens_per_s",
+            "padding_fraction",
+            "is_weight_mean",
+            "approx_kl",
+        ):
             s[key] = statistics.fmean(h[key] for h in history)
         s["trained_tokens"] = sum(h["trained_tokens"] for h in history)
     else:

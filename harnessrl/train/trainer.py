@@ -74,7 +74,9 @@ def seed_everything(seed: int) -> None:
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log π(target | prefix) at every position; cross_entropy avoids materializing a second (T, V) tensor."""
-    flat = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    flat = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    )
     return -flat.view(targets.shape)
 
 
@@ -83,7 +85,7 @@ def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     flat = logits.detach().reshape(-1, logits.shape[-1])
     out = []
     for s in range(0, flat.shape[0], chunk):
-        logp = torch.log_softmax(flat[s:s + chunk].float(), dim=-1)
+        logp = torch.log_softmax(flat[s : s + chunk].float(), dim=-1)
         out.append(-(logp.exp() * logp).sum(-1))
     return torch.cat(out).view(logits.shape[:-1])
 
@@ -95,8 +97,14 @@ def micro_batches(items: Sequence[SeqItem], cfg: TrainConfig, pad_id: int = 0) -
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, ref_model: torch.nn.Module | None = None,
-                 device: str | torch.device = "cpu", pad_id: int = 0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: TrainConfig,
+        ref_model: torch.nn.Module | None = None,
+        device: str | torch.device = "cpu",
+        pad_id: int = 0,
+    ):
         from transformers import get_scheduler
 
         self.model = model
@@ -108,10 +116,15 @@ class Trainer:
             raise ValueError("kl_coef > 0 needs a reference model")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas, eps=o.eps,
-            weight_decay=o.weight_decay)
-        self.scheduler = get_scheduler(o.lr_schedule, self.optimizer, num_warmup_steps=o.warmup_steps,
-                                       num_training_steps=o.total_steps)
+            [p for p in model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+        )
+        self.scheduler = get_scheduler(
+            o.lr_schedule, self.optimizer, num_warmup_steps=o.warmup_steps, num_training_steps=o.total_steps
+        )
         self.global_step = 0
 
     @property
@@ -126,9 +139,12 @@ class Trainer:
 
     def _forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         with self._autocast():
-            out = model(input_ids=mb.input_ids.to(self.device), position_ids=mb.position_ids.to(self.device),
-                        attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(self.device),
-                        use_cache=False)
+            out = model(
+                input_ids=mb.input_ids.to(self.device),
+                position_ids=mb.position_ids.to(self.device),
+                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(self.device),
+                use_cache=False,
+            )
         return out.logits
 
     @torch.no_grad()
@@ -152,11 +168,25 @@ class Trainer:
         old_lp = None
         if cfg.ppo_epochs > 1:
             old_lp = [self._logprobs_no_grad(self.model, mb) for mb in mbs]
-        ref_lp = [self._logprobs_no_grad(self.ref_model, mb) for mb in mbs] if cfg.policy.kl_coef > 0 else None
+        ref_lp = (
+            [self._logprobs_no_grad(self.ref_model, mb) for mb in mbs] if cfg.policy.kl_coef > 0 else None
+        )
         metrics: dict[str, float] = {}
         for _epoch in range(cfg.ppo_epochs):
-            sums = {k: 0.0 for k in ("loss", "pg_loss", "kl", "entropy", "clip", "dual_clip", "is_weight",
-                                     "approx_kl", "tokens")}
+            sums = {
+                k: 0.0
+                for k in (
+                    "loss",
+                    "pg_loss",
+                    "kl",
+                    "entropy",
+                    "clip",
+                    "dual_clip",
+                    "is_weight",
+                    "approx_kl",
+                    "tokens",
+                )
+            }
             for i, mb in enumerate(mbs):
                 logits = self._forward(self.model, mb)
                 tgt = mb.targets.to(self.device)
@@ -202,25 +232,41 @@ class Trainer:
             self.global_step += 1
             ntok = max(sums["tokens"], 1.0)
             metrics = {
-                "loss": sums["loss"], "pg_loss": sums["pg_loss"], "grad_norm": float(grad_norm), "lr": lr,
-                "entropy": sums["entropy"] / ntok, "clip_frac": sums["clip"] / ntok,
-                "dual_clip_frac": sums["dual_clip"] / ntok, "is_weight_mean": sums["is_weight"] / ntok,
-                "approx_kl": sums["approx_kl"] / ntok, "kl_ref": sums["kl"] / ntok,
+                "loss": sums["loss"],
+                "pg_loss": sums["pg_loss"],
+                "grad_norm": float(grad_norm),
+                "lr": lr,
+                "entropy": sums["entropy"] / ntok,
+                "clip_frac": sums["clip"] / ntok,
+                "dual_clip_frac": sums["dual_clip"] / ntok,
+                "is_weight_mean": sums["is_weight"] / ntok,
+                "approx_kl": sums["approx_kl"] / ntok,
+                "kl_ref": sums["kl"] / ntok,
                 "trained_tokens": sums["tokens"],
             }
         elapsed = time.perf_counter() - start
         mbs = mbs[:real_mbs]
-        counts = dist_mod.all_reduce_sum({"sequences": len(items), "micro_batches": len(mbs),
-                                          "tokens": sum(mb.real_tokens for mb in mbs),
-                                          "pad": sum(mb.pad_tokens for mb in mbs)}, str(self.device))
+        counts = dist_mod.all_reduce_sum(
+            {
+                "sequences": len(items),
+                "micro_batches": len(mbs),
+                "tokens": sum(mb.real_tokens for mb in mbs),
+                "pad": sum(mb.pad_tokens for mb in mbs),
+            },
+            str(self.device),
+        )
         real = int(counts["tokens"])
-        metrics.update({
-            "step": self.global_step, "sequences": int(counts["sequences"]),
-            "micro_batches": int(counts["micro_batches"]), "tokens": real,
-            "padding_fraction": counts["pad"] / (real + counts["pad"]) if real + counts["pad"] else 0.0,
-            "step_seconds": elapsed,
-            "tokens_per_s": real * cfg.ppo_epochs / elapsed if elapsed > 0 else math.nan,
-        })
+        metrics.update(
+            {
+                "step": self.global_step,
+                "sequences": int(counts["sequences"]),
+                "micro_batches": int(counts["micro_batches"]),
+                "tokens": real,
+                "padding_fraction": counts["pad"] / (real + counts["pad"]) if real + counts["pad"] else 0.0,
+                "step_seconds": elapsed,
+                "tokens_per_s": real * cfg.ppo_epochs / elapsed if elapsed > 0 else math.nan,
+            }
+        )
         return metrics
 
     def _all_reduce_grads(self) -> None:
@@ -240,24 +286,37 @@ class Trainer:
         if dist_mod.is_fsdp(self.model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-            optim = get_optimizer_state_dict(self.model, self.optimizer,
-                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            return {"optimizer": optim, "optimizer_format": "full_fqn", "scheduler": self.scheduler.state_dict(),
-                    "global_step": self.global_step, "torch_rng": torch.get_rng_state(),
-                    "python_rng": random.getstate()}
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "global_step": self.global_step, "torch_rng": torch.get_rng_state(),
-                "python_rng": random.getstate()}
+            optim = get_optimizer_state_dict(
+                self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+            return {
+                "optimizer": optim,
+                "optimizer_format": "full_fqn",
+                "scheduler": self.scheduler.state_dict(),
+                "global_step": self.global_step,
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate(),
+            }
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "global_step": self.global_step,
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("optimizer_format") == "full_fqn" or dist_mod.is_fsdp(self.model):
             if state.get("optimizer_format") != "full_fqn":
-                raise ValueError("this checkpoint was written by a single-process run; resume it with the same "
-                                 "world size (1), or start a new --out")
+                raise ValueError(
+                    "this checkpoint was written by a single-process run; resume it with the same "
+                    "world size (1), or start a new --out"
+                )
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                self.model, self.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True)
+            )
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -23,10 +23,21 @@ from pathlib import PurePosixPath
 TEST_DIRS = {"tests", "test", "testing"}
 CONFIG_FILES = {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "conftest.py"}
 STARTUP_HOOKS = {"sitecustomize.py", "usercustomize.py"}
-TEST_RUNNER_MODULES = {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "xdist", "pytest_timeout"}
+TEST_RUNNER_MODULES = {
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "py",
+    "iniconfig",
+    "packaging",
+    "xdist",
+    "pytest_timeout",
+}
 SHADOWABLE = set(sys.stdlib_module_names) | TEST_RUNNER_MODULES
-SUSPICIOUS = re.compile(r"\b(_pytest|pytest_\w+hook|atexit|os\._exit|sys\.modules\[[^\]]*\]\s*=|"
-                        r"sys\.settrace|sys\.setprofile|builtins\.|__builtins__|faulthandler)\b")
+SUSPICIOUS = re.compile(
+    r"\b(_pytest|pytest_\w+hook|atexit|os\._exit|sys\.modules\[[^\]]*\]\s*=|"
+    r"sys\.settrace|sys\.setprofile|builtins\.|__builtins__|faulthandler)\b"
+)
 MAX_RECORDED_DIFF = 20_000
 
 
@@ -73,12 +84,12 @@ def _unquote(s: str) -> str:
 
 
 def _header_path(header: str) -> str:
-    rest = header[len("diff --git "):]
+    rest = header[len("diff --git ") :]
     if rest.startswith('"'):
         end = rest.index('" ', 1) + 1
         return _unquote(rest[:end])[2:]
     # --no-renames: both sides name the same path, "a/P b/P"
-    return rest[2:2 + (len(rest) - 5) // 2]
+    return rest[2 : 2 + (len(rest) - 5) // 2]
 
 
 def split_diff(diff: str) -> list[FileDiff]:
@@ -99,10 +110,15 @@ def split_diff(diff: str) -> list[FileDiff]:
                 path = name[2:]
             elif line.startswith('+++ "b/'):
                 path = _unquote(name)[2:]
-        files.append(FileDiff(path=path, text=text,
-                              new_file=any(ln.startswith("new file mode") for ln in current[1:4]),
-                              deleted_file=any(ln.startswith("deleted file mode") for ln in current[1:4]),
-                              binary=any(ln.startswith(("GIT binary patch", "Binary files")) for ln in current)))
+        files.append(
+            FileDiff(
+                path=path,
+                text=text,
+                new_file=any(ln.startswith("new file mode") for ln in current[1:4]),
+                deleted_file=any(ln.startswith("deleted file mode") for ln in current[1:4]),
+                binary=any(ln.startswith(("GIT binary patch", "Binary files")) for ln in current),
+            )
+        )
         current.clear()
 
     for line in diff.splitlines(keepends=True):

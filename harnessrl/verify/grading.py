@@ -20,19 +20,30 @@ STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
 F2P_OK = {"PASSED", "XFAIL"}
 P2P_BAD = {"FAILED", "ERROR"}
 
-_VERBOSE = re.compile(r"^(?P<id>\S.*?::.*?) (?P<st>PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?:\s+\(.*\))?\s*(?:\[\s*\d+%\])?$")
+_VERBOSE = re.compile(
+    r"^(?P<id>\S.*?::.*?) (?P<st>PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?:\s+\(.*\))?\s*(?:\[\s*\d+%\])?$"
+)
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
 _FINAL = re.compile(r"^=+ (?P<body>.*?) in [\d.]+s(?: \([^)]*\))? =+$")
 _COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?|deselected|warnings?)")
-_COUNT_KEY = {"passed": "PASSED", "failed": "FAILED", "skipped": "SKIPPED", "xfailed": "XFAIL",
-              "xpassed": "XPASS", "error": "ERROR", "errors": "ERROR"}
+_COUNT_KEY = {
+    "passed": "PASSED",
+    "failed": "FAILED",
+    "skipped": "SKIPPED",
+    "xfailed": "XFAIL",
+    "xpassed": "XPASS",
+    "error": "ERROR",
+    "errors": "ERROR",
+}
 
 
 @dataclass
 class ParsedLog:
     outcomes: dict[str, str] = field(default_factory=dict)  # node id -> status
     collection_errors: list[str] = field(default_factory=list)  # files that failed to import
-    counts: dict[str, int] = field(default_factory=dict)  # from the final "=== 1 failed, 2 passed in 0.1s ===" line
+    counts: dict[str, int] = field(
+        default_factory=dict
+    )  # from the final "=== 1 failed, 2 passed in 0.1s ===" line
     problems: list[str] = field(default_factory=list)  # inconsistencies: the log cannot be trusted
 
 
@@ -65,7 +76,7 @@ def parse_pytest_log(log: str) -> ParsedLog:
             verbose[nid] = st if nid not in verbose or st == "ERROR" else verbose[nid]
     summary: dict[str, str] = {}
     summary_end = finals[-1] if finals else len(lines)
-    for ln in lines[summary_start + 1:summary_end] if headers else []:
+    for ln in lines[summary_start + 1 : summary_end] if headers else []:
         word, _, rest = ln.partition(" ")
         if word not in STATUSES or word == "SKIPPED":  # "SKIPPED [1] file:line: reason" has no node id
             continue
@@ -78,14 +89,20 @@ def parse_pytest_log(log: str) -> ParsedLog:
         summary[nid] = word
     out.outcomes = dict(verbose)
     for nid, st in summary.items():
-        if nid in verbose and verbose[nid] != st and not (st == "ERROR" and verbose[nid] in ("PASSED", "FAILED")):
+        if (
+            nid in verbose
+            and verbose[nid] != st
+            and not (st == "ERROR" and verbose[nid] in ("PASSED", "FAILED"))
+        ):
             out.problems.append(f"{nid}: verbose line says {verbose[nid]}, summary says {st}")
         out.outcomes[nid] = st
     if out.counts and headers:
         for key in ("PASSED", "FAILED", "XFAIL", "XPASS", "SKIPPED"):
             if out.counts.get(key, 0) != verbose_counts.get(key, 0):
-                out.problems.append(f"final line reports {out.counts.get(key, 0)} {key}, the log shows "
-                                    f"{verbose_counts.get(key, 0)}")
+                out.problems.append(
+                    f"final line reports {out.counts.get(key, 0)} {key}, the log shows "
+                    f"{verbose_counts.get(key, 0)}"
+                )
     return out
 
 
@@ -95,7 +112,9 @@ class Grade:
     resolved: bool
     reward: float | None
     f2p_fraction: float | None
-    tests: dict[str, dict] = field(default_factory=dict)  # id -> {"kind": F2P|P2P, "outcome": str, "ok": bool}
+    tests: dict[str, dict] = field(
+        default_factory=dict
+    )  # id -> {"kind": F2P|P2P, "outcome": str, "ok": bool}
     detail: str = ""
 
 
@@ -133,6 +152,16 @@ def grade(fail_to_pass: list[str], pass_to_pass: list[str], log: str, exit_code:
         return Grade("infra_error", False, None, f2p_fraction, tests, f"inconsistent test log: {problem}")
     resolved = all(v["ok"] for v in tests.values()) and bool(tests)
     failing = [t for t, v in tests.items() if not v["ok"]]
-    detail = "" if resolved else f"{len(failing)} test(s) not ok, e.g. {failing[0]} ({tests[failing[0]]['outcome']})"
-    return Grade("resolved" if resolved else "unresolved", resolved, 1.0 if resolved else 0.0, f2p_fraction,
-                 tests, detail)
+    detail = (
+        ""
+        if resolved
+        else f"{len(failing)} test(s) not ok, e.g. {failing[0]} ({tests[failing[0]]['outcome']})"
+    )
+    return Grade(
+        "resolved" if resolved else "unresolved",
+        resolved,
+        1.0 if resolved else 0.0,
+        f2p_fraction,
+        tests,
+        detail,
+    )

@@ -46,8 +46,10 @@ def load_rollouts(rollouts: Path) -> tuple[list[dict], Path]:
     rollouts = Path(rollouts)
     path = rollouts / "rollouts.jsonl" if rollouts.is_dir() else rollouts
     if not path.is_file():
-        raise FileNotFoundError(f"{rollouts}: no rollouts file (expected a JSONL file or a directory with "
-                                "rollouts.jsonl, as `harnessrl stage generate` writes it)")
+        raise FileNotFoundError(
+            f"{rollouts}: no rollouts file (expected a JSONL file or a directory with "
+            "rollouts.jsonl, as `harnessrl stage generate` writes it)"
+        )
     rows = list(read_jsonl(path))
     seen: set[str] = set()
     for i, row in enumerate(rows, 1):
@@ -57,31 +59,44 @@ def load_rollouts(rollouts: Path) -> tuple[list[dict], Path]:
         if row["rollout_id"] in seen:
             raise ValueError(f"{path}: row {i}: duplicate rollout_id {row['rollout_id']!r}")
         seen.add(row["rollout_id"])
-        if row.get("rollout_status") != "infra_error" and not any(k in row for k in ("workspace", "model_patch", "patch")):
-            raise ValueError(f"{path}: row {i} ({row['rollout_id']}): needs one of 'workspace', 'model_patch', "
-                             "'patch'")
+        if row.get("rollout_status") != "infra_error" and not any(
+            k in row for k in ("workspace", "model_patch", "patch")
+        ):
+            raise ValueError(
+                f"{path}: row {i} ({row['rollout_id']}): needs one of 'workspace', 'model_patch', 'patch'"
+            )
     return rows, path.parent
 
 
-def verify_rollout(taskset: TaskSet, tasks: dict[str, dict], rollout: dict, base: Path, timeout_s: float,
-                   limits: Limits | None) -> VerifyResult:
+def verify_rollout(
+    taskset: TaskSet,
+    tasks: dict[str, dict],
+    rollout: dict,
+    base: Path,
+    timeout_s: float,
+    limits: Limits | None,
+) -> VerifyResult:
     iid = rollout["instance_id"]
     if iid not in tasks:
-        return VerifyResult(iid, "infra_error", detail=f"instance {iid!r} is not in the task set {taskset.root}")
+        return VerifyResult(
+            iid, "infra_error", detail=f"instance {iid!r} is not in the task set {taskset.root}"
+        )
     row = tasks[iid]
     if rollout.get("rollout_status") == "infra_error":
         return VerifyResult(iid, "infra_error", detail="the rollout itself failed (infra_error); not graded")
     try:
         if rollout.get("workspace"):
             ws = Path(rollout["workspace"])
-            return verify_workspace(taskset, row, ws if ws.is_absolute() else base / ws, timeout_s=timeout_s,
-                                    limits=limits)
+            return verify_workspace(
+                taskset, row, ws if ws.is_absolute() else base / ws, timeout_s=timeout_s, limits=limits
+            )
         if "model_patch" in rollout:
             return verify_diff(taskset, row, rollout["model_patch"] or "", timeout_s=timeout_s, limits=limits)
         return verify_patch(taskset, row, rollout.get("patch") or "", timeout_s=timeout_s, limits=limits)
     except Exception as e:  # noqa: BLE001 - any crash here is ours, never the agent's: keep the row with why
-        return VerifyResult(iid, "infra_error", detail=f"{type(e).__name__}: {e}",
-                            test_log=traceback.format_exc()[-5000:])
+        return VerifyResult(
+            iid, "infra_error", detail=f"{type(e).__name__}: {e}", test_log=traceback.format_exc()[-5000:]
+        )
 
 
 def reward_row(rollout: dict, r: VerifyResult) -> dict[str, Any]:
@@ -92,14 +107,28 @@ def reward_row(rollout: dict, r: VerifyResult) -> dict[str, Any]:
     # A rollout the generate stage marked failed/timeout keeps that status (the trainer decides what to do
     # with it); only an ok rollout that was graded becomes "ok".
     status = ("ok" if rollout_status == "ok" else rollout_status) if graded else "infra_error"
-    return {"rollout_id": rollout["rollout_id"], "instance_id": r.instance_id,
-            "reward": r.reward if graded else None, "status": status, "rollout_status": rollout_status,
-            "verify_status": r.status, **{k: v for k, v in d.items() if k not in ("instance_id", "status", "reward")},
-            "log_tail": log[-2000:]}
+    return {
+        "rollout_id": rollout["rollout_id"],
+        "instance_id": r.instance_id,
+        "reward": r.reward if graded else None,
+        "status": status,
+        "rollout_status": rollout_status,
+        "verify_status": r.status,
+        **{k: v for k, v in d.items() if k not in ("instance_id", "status", "reward")},
+        "log_tail": log[-2000:],
+    }
 
 
-def run_verify(tasks: Path, rollouts: Path, out: Path, workers: int = 2, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-               limits: Limits | None = None, show_progress: bool = True) -> dict[str, Any]:
+def run_verify(
+    tasks: Path,
+    rollouts: Path,
+    out: Path,
+    workers: int = 2,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    limits: Limits | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     taskset = TaskSet.open(tasks)
@@ -108,8 +137,13 @@ def run_verify(tasks: Path, rollouts: Path, out: Path, workers: int = 2, *, time
     workers = max(1, int(workers))
     started = time.monotonic()
     results: dict[str, tuple[dict, VerifyResult]] = {}
-    progress = Progress(TextColumn("[bold]verify[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), disable=not show_progress)
+    progress = Progress(
+        TextColumn("[bold]verify[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show_progress,
+    )
     with progress, ThreadPoolExecutor(max_workers=workers) as pool:
         bar = progress.add_task("rollouts", total=len(rows))
         futures = {pool.submit(verify_rollout, taskset, by_id, r, base, timeout_s, limits): r for r in rows}
@@ -123,10 +157,15 @@ def run_verify(tasks: Path, rollouts: Path, out: Path, workers: int = 2, *, time
     statuses = Counter(v.status for _, v in ordered)
     graded = [v for _, v in ordered if v.status in GRADED]
     summary = {
-        "rollouts": len(rows), "graded": len(graded), "resolved": sum(v.resolved for v in graded),
-        "infra_errors": statuses.get("infra_error", 0), "flagged": sum(v.flagged for _, v in ordered),
+        "rollouts": len(rows),
+        "graded": len(graded),
+        "resolved": sum(v.resolved for v in graded),
+        "infra_errors": statuses.get("infra_error", 0),
+        "flagged": sum(v.flagged for _, v in ordered),
         "reward_mean": (sum(v.reward or 0.0 for v in graded) / len(graded)) if graded else None,
-        "status_counts": dict(sorted(statuses.items())), "workers": workers, "wall_s": round(wall, 3),
+        "status_counts": dict(sorted(statuses.items())),
+        "workers": workers,
+        "wall_s": round(wall, 3),
         "verifications_per_min": round(60 * len(rows) / wall, 2) if wall > 0 else None,
     }
     with atomic_output(Path(out)) as tmp:
@@ -149,14 +188,22 @@ def render_report(summary: dict, ordered: list[tuple[dict, VerifyResult]], out: 
 
     png = bar_chart_png(summary["status_counts"], "verify: rollouts by status", "rollouts")
     (out / "status_counts.png").write_bytes(png)
-    lines = ["# Verify", "",
-             f"{summary['rollouts']} rollouts, {summary['graded']} graded, {summary['resolved']} resolved, "
-             f"{summary['infra_errors']} infra errors, {summary['flagged']} flagged "
-             f"({summary['wall_s']} s, {summary['workers']} workers).", "",
-             embed_png(png, "rollouts by status"), "",
-             "| rollout | instance | status | reward | dropped | detail |", "|---|---|---|---|---|---|"]
+    lines = [
+        "# Verify",
+        "",
+        f"{summary['rollouts']} rollouts, {summary['graded']} graded, {summary['resolved']} resolved, "
+        f"{summary['infra_errors']} infra errors, {summary['flagged']} flagged "
+        f"({summary['wall_s']} s, {summary['workers']} workers).",
+        "",
+        embed_png(png, "rollouts by status"),
+        "",
+        "| rollout | instance | status | reward | dropped | detail |",
+        "|---|---|---|---|---|---|",
+    ]
     for r, v in ordered[:200]:
         dropped = ", ".join(sorted({d["path"] for d in v.dropped}))[:80]
-        lines.append(f"| {r['rollout_id']} | {v.instance_id} | {v.status} | {v.reward} | {dropped} | "
-                     f"{v.detail[:100].replace('|', '/')} |")
+        lines.append(
+            f"| {r['rollout_id']} | {v.instance_id} | {v.status} | {v.reward} | {dropped} | "
+            f"{v.detail[:100].replace('|', '/')} |"
+        )
     return "\n".join(lines) + "\n"

@@ -81,14 +81,17 @@ def apply_patch(tree: Path, patch: str) -> tuple[str, str]:
     """Applies `patch` in `tree` (a git repo); returns (method, error). method is '' when nothing applied."""
     if not patch.strip():
         return "empty", ""
-    with tempfile.NamedTemporaryFile("w", suffix=".diff", delete=False, encoding="utf-8",
-                                     errors="surrogateescape") as f:
+    with tempfile.NamedTemporaryFile(
+        "w", suffix=".diff", delete=False, encoding="utf-8", errors="surrogateescape"
+    ) as f:
         f.write(patch)
         pf = f.name
     try:
         errors = []
-        for method, args in (("git apply", ["apply", "--whitespace=nowarn", pf]),
-                             ("git apply --3way", ["apply", "--3way", "--whitespace=nowarn", pf])):
+        for method, args in (
+            ("git apply", ["apply", "--whitespace=nowarn", pf]),
+            ("git apply --3way", ["apply", "--3way", "--whitespace=nowarn", pf]),
+        ):
             proc = git(["-C", str(tree), *args], check=False)
             if proc.returncode == 0:
                 return method, ""
@@ -96,8 +99,23 @@ def apply_patch(tree: Path, patch: str) -> tuple[str, str]:
             git(["-C", str(tree), "checkout", "-q", "-f", "HEAD", "--", "."], check=False)
             git(["-C", str(tree), "clean", "-q", "-fd"], check=False)
         if shutil.which("patch"):
-            proc = subprocess.run(["patch", "-p1", "--batch", "--forward", "--fuzz=3", "--no-backup-if-mismatch",
-                                   "-r", "-", "-i", pf], cwd=tree, capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    "patch",
+                    "-p1",
+                    "--batch",
+                    "--forward",
+                    "--fuzz=3",
+                    "--no-backup-if-mismatch",
+                    "-r",
+                    "-",
+                    "-i",
+                    pf,
+                ],
+                cwd=tree,
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode == 0:
                 return "patch --fuzz=3", ""
             errors.append(f"patch --fuzz=3: {(proc.stdout + proc.stderr).strip()[:500]}")
@@ -106,8 +124,14 @@ def apply_patch(tree: Path, patch: str) -> tuple[str, str]:
         Path(pf).unlink(missing_ok=True)
 
 
-def verify_diff(taskset: TaskSet, row: dict, raw_diff: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                limits: Limits | None = None) -> VerifyResult:
+def verify_diff(
+    taskset: TaskSet,
+    row: dict,
+    raw_diff: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    limits: Limits | None = None,
+) -> VerifyResult:
     """Steps 2-5 on a diff against the task tip computed by the framework."""
     iid = row["instance_id"]
     f2p, p2p = _tests(row, "FAIL_TO_PASS"), _tests(row, "PASS_TO_PASS")
@@ -117,8 +141,14 @@ def verify_diff(taskset: TaskSet, row: dict, raw_diff: str, *, timeout_s: float 
         filtered = filter_diff(raw_diff, f2p, p2p)
     except ValueError as e:
         return VerifyResult(iid, "infra_error", detail=f"cannot parse the computed diff: {e}")
-    result = VerifyResult(iid, "infra_error", dropped=[{**d.to_dict(), "diff": _printable(d.diff)} for d in filtered.dropped],
-                          suspicious=filtered.suspicious, flagged=filtered.flagged, diff=_printable(filtered.patch))
+    result = VerifyResult(
+        iid,
+        "infra_error",
+        dropped=[{**d.to_dict(), "diff": _printable(d.diff)} for d in filtered.dropped],
+        suspicious=filtered.suspicious,
+        flagged=filtered.flagged,
+        diff=_printable(filtered.patch),
+    )
     test_files = sorted(test_files_of(f2p) | test_files_of(p2p))
     if not test_files:
         result.detail = "task row has no FAIL_TO_PASS/PASS_TO_PASS tests"
@@ -134,7 +164,11 @@ def verify_diff(taskset: TaskSet, row: dict, raw_diff: str, *, timeout_s: float 
         result.apply_method = method
         timings["prepare_s"] = time.monotonic() - t0
         if not method:
-            result.status, result.reward, result.detail = "apply_failed", 0.0, f"the diff does not apply: {error}"
+            result.status, result.reward, result.detail = (
+                "apply_failed",
+                0.0,
+                f"the diff does not apply: {error}",
+            )
             result.timings = timings
             return result
         missing = cache.restore_paths(bug, tree, test_files)
@@ -144,8 +178,9 @@ def verify_diff(taskset: TaskSet, row: dict, raw_diff: str, *, timeout_s: float 
         shutil.rmtree(tree / ".git", ignore_errors=True)
         t1 = time.monotonic()
         with BubblewrapSandbox(tree, env_dir, git_stub=True) as sandbox:
-            run = sandbox.run(["python", "-P", "-m", "pytest", *PYTEST_ARGS, *test_files], timeout=timeout_s,
-                              limits=limits)
+            run = sandbox.run(
+                ["python", "-P", "-m", "pytest", *PYTEST_ARGS, *test_files], timeout=timeout_s, limits=limits
+            )
         timings["tests_s"] = time.monotonic() - t1
     log = run.stdout + ("\n--- stderr ---\n" + run.stderr if run.stderr.strip() else "")
     result.test_log = log[-MAX_LOG_CHARS:]
@@ -165,18 +200,32 @@ def verify_diff(taskset: TaskSet, row: dict, raw_diff: str, *, timeout_s: float 
     return result
 
 
-def verify_workspace(taskset: TaskSet, row: dict, workspace: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     limits: Limits | None = None) -> VerifyResult:
+def verify_workspace(
+    taskset: TaskSet,
+    row: dict,
+    workspace: Path,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    limits: Limits | None = None,
+) -> VerifyResult:
     workspace = Path(workspace)
     if not workspace.is_dir():
         return VerifyResult(row["instance_id"], "infra_error", detail=f"workspace {workspace} does not exist")
     cache = RepoCache.for_repo(taskset, row["repo"])
-    raw = cache.diff_worktree(cache.task_tip(row["instance_id"]), workspace).decode("utf-8", errors="surrogateescape")
+    raw = cache.diff_worktree(cache.task_tip(row["instance_id"]), workspace).decode(
+        "utf-8", errors="surrogateescape"
+    )
     return verify_diff(taskset, row, raw, timeout_s=timeout_s, limits=limits)
 
 
-def verify_patch(taskset: TaskSet, row: dict, patch_text: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 limits: Limits | None = None) -> VerifyResult:
+def verify_patch(
+    taskset: TaskSet,
+    row: dict,
+    patch_text: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    limits: Limits | None = None,
+) -> VerifyResult:
     """Applies `patch_text` to a fresh copy of the task tip, then verifies that tree like a workspace."""
     cache = RepoCache.for_repo(taskset, row["repo"])
     with tempfile.TemporaryDirectory(prefix="harnessrl-patch-") as tmp:
@@ -185,8 +234,11 @@ def verify_patch(taskset: TaskSet, row: dict, patch_text: str, *, timeout_s: flo
         init_single_commit(ws)
         method, error = apply_patch(ws, patch_text)
         if not method:
-            return VerifyResult(row["instance_id"], "apply_failed", reward=0.0,
-                                detail=f"the patch does not apply to the task: {error}")
+            return VerifyResult(
+                row["instance_id"],
+                "apply_failed",
+                reward=0.0,
+                detail=f"the patch does not apply to the task: {error}",
+            )
         shutil.rmtree(ws / ".git")
         return verify_workspace(taskset, row, ws, timeout_s=timeout_s, limits=limits)
-

@@ -23,7 +23,12 @@ def dirty_taskset(synth_taskset, tmp_path):
     repo = good[0]["repo"]
 
     def dirty(i: int, **over) -> dict:
-        return {**good[0], "instance_id": f"{good[0]['instance_id']}.dirty{i}", "patch": unique_patch(i), **over}
+        return {
+            **good[0],
+            "instance_id": f"{good[0]['instance_id']}.dirty{i}",
+            "patch": unique_patch(i),
+            **over,
+        }
 
     bad = [
         dirty(0, problem_statement="  \n"),
@@ -40,15 +45,24 @@ def dirty_taskset(synth_taskset, tmp_path):
     for r in bad:
         if ".dirty" in r["instance_id"] and not r["instance_id"].endswith(("dirty1", "dirty2", "dirty7")):
             subprocess.run(["git", "branch", r["instance_id"], "main"], cwd=clone, check=True)
-    subprocess.run(["git", "bundle", "create", "-q", str(tmp_path / "b.bundle"), "--all"], cwd=clone, check=True)
+    subprocess.run(
+        ["git", "bundle", "create", "-q", str(tmp_path / "b.bundle"), "--all"], cwd=clone, check=True
+    )
     out = tmp_path / "dirty"
     write_taskset(out, good + bad, {repo: tmp_path / "b.bundle"}, source="test")
     return out, good, bad
 
 
-EXPECTED_REASONS = [["empty_problem_statement"], ["missing_task_branch"], ["missing_repo_bundle"],
-                    ["too_many_tests"], ["empty_fail_to_pass"], ["unparsable_patch"],
-                    ["duplicate_instance_id"], ["empty_problem_statement", "missing_task_branch"]]
+EXPECTED_REASONS = [
+    ["empty_problem_statement"],
+    ["missing_task_branch"],
+    ["missing_repo_bundle"],
+    ["too_many_tests"],
+    ["empty_fail_to_pass"],
+    ["unparsable_patch"],
+    ["duplicate_instance_id"],
+    ["empty_problem_statement", "missing_task_branch"],
+]
 
 
 def test_each_rule_rejects_with_its_reason(dirty_taskset, tmp_path):
@@ -72,8 +86,14 @@ def test_each_rule_rejects_with_its_reason(dirty_taskset, tmp_path):
 
 def test_thresholds_are_parameters(dirty_taskset, tmp_path):
     tasks, good, bad = dirty_taskset
-    params = CleanParams(max_tests=1000, require_f2p=False, require_problem_statement=False,
-                         check_branches=False, drop_duplicates=False, require_parsable_patch=False)
+    params = CleanParams(
+        max_tests=1000,
+        require_f2p=False,
+        require_problem_statement=False,
+        check_branches=False,
+        drop_duplicates=False,
+        require_parsable_patch=False,
+    )
     report = clean_taskset(tasks, tmp_path / "kept", tmp_path / "rejected.jsonl", params)
     assert report.n_rejected == 0 and report.n_kept == len(good) + len(bad)
     strict = clean_taskset(tasks, tmp_path / "k2", tmp_path / "r2.jsonl", CleanParams(max_tests=2))
@@ -85,8 +105,9 @@ def test_duplicate_patch_under_another_id(synth_taskset, tmp_path):
     rows = src.rows()
     copy = {**rows[0], "instance_id": "renamed"}
     write_taskset(tmp_path / "ts", rows + [copy], {rows[0]["repo"]: src.bundle(rows[0]["repo"])}, source="t")
-    report = clean_taskset(tmp_path / "ts", tmp_path / "k", tmp_path / "r.jsonl",
-                           CleanParams(check_branches=False))
+    report = clean_taskset(
+        tmp_path / "ts", tmp_path / "k", tmp_path / "r.jsonl", CleanParams(check_branches=False)
+    )
     assert report.reasons == {"duplicate_patch": 1}
 
 
@@ -101,20 +122,24 @@ def test_stage_writes_all_artifacts_and_reruns_idempotently(dirty_taskset, tmp_p
     run_clean_stage(tasks, out)
     again = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert {k: v for k, v in again.items() if k != "reasons.png"} == {
-        k: v for k, v in first.items() if k != "reasons.png"}
+        k: v for k, v in first.items() if k != "reasons.png"
+    }
     assert (out / "kept" / "tasks.jsonl").is_file()
 
 
-@pytest.mark.parametrize("patch,problem", [
-    ("", "empty patch"),
-    ("just some text\n", "no '@@' hunk"),
-    ("--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-a\n+b\n", "ends inside a hunk"),
-    ("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n+c\n", "outside any hunk"),
-    ("--- a/x\n+++ b/x\n@@ -1,2 +1 @@\n-a\n+b\n@@ -5 +5 @@\n", "hunk ends before"),
-    ("@@ -1 +1 @@\n-a\n+b\n", "before any '+++'"),
-    ("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b", "no newline at the end"),
-    ("--- a/x\n+++ b/x\n@@ -x +1 @@\n", "malformed hunk header"),
-])
+@pytest.mark.parametrize(
+    "patch,problem",
+    [
+        ("", "empty patch"),
+        ("just some text\n", "no '@@' hunk"),
+        ("--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-a\n+b\n", "ends inside a hunk"),
+        ("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n+c\n", "outside any hunk"),
+        ("--- a/x\n+++ b/x\n@@ -1,2 +1 @@\n-a\n+b\n@@ -5 +5 @@\n", "hunk ends before"),
+        ("@@ -1 +1 @@\n-a\n+b\n", "before any '+++'"),
+        ("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b", "no newline at the end"),
+        ("--- a/x\n+++ b/x\n@@ -x +1 @@\n", "malformed hunk header"),
+    ],
+)
 def test_patch_problems(patch, problem):
     assert problem in patch_problem(patch)
 

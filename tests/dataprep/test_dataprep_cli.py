@@ -8,15 +8,44 @@ def test_import_clean_validate_commands(synth_taskset, tmp_path, capsys):
     src = TaskSet.open(synth_taskset)
     data = tmp_path / "rows.jsonl"
     data.write_text((synth_taskset / "tasks.jsonl").read_text())
-    assert main(["tasks", "import", str(data), "--repos", str(src.root / "repos"), "--out",
-                 str(tmp_path / "imported")]) == 0
-    assert main(["stage", "clean", "--tasks", str(tmp_path / "imported"), "--out", str(tmp_path / "clean"),
-                 "--max-tests", "200"]) == 0
+    assert (
+        main(
+            [
+                "tasks",
+                "import",
+                str(data),
+                "--repos",
+                str(src.root / "repos"),
+                "--out",
+                str(tmp_path / "imported"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "stage",
+                "clean",
+                "--tasks",
+                str(tmp_path / "imported"),
+                "--out",
+                str(tmp_path / "clean"),
+                "--max-tests",
+                "200",
+            ]
+        )
+        == 0
+    )
     assert "reconciles" in capsys.readouterr().out
     metrics = json.loads((tmp_path / "clean" / "metrics.json").read_text())
     assert metrics["rows_in"] == metrics["rows_kept"] == len(src.rows())
-    assert main(["stage", "validate", "--tasks", str(tmp_path / "clean" / "kept"), "--out",
-                 str(tmp_path / "val")]) == 0
+    assert (
+        main(
+            ["stage", "validate", "--tasks", str(tmp_path / "clean" / "kept"), "--out", str(tmp_path / "val")]
+        )
+        == 0
+    )
     assert (tmp_path / "val" / "gx_results.json").is_file()
 
     write_taskset(tmp_path / "bad", [{**src.rows()[0], "FAIL_TO_PASS": []}], {}, source="t")

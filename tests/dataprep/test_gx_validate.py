@@ -20,8 +20,14 @@ def test_failures_are_summarized_with_row_ids(synth_taskset, tmp_path):
     rows[1]["instance_id"] = rows[0]["instance_id"]
     rows[2]["patch"] = "this is not a diff"
     rows[3]["FAIL_TO_PASS"] = []
-    rows.append({**rows[0], "instance_id": "bad id with spaces", "PASS_TO_PASS": rows[0]["FAIL_TO_PASS"],
-                 "problem_statement": ""})
+    rows.append(
+        {
+            **rows[0],
+            "instance_id": "bad id with spaces",
+            "PASS_TO_PASS": rows[0]["FAIL_TO_PASS"],
+            "problem_statement": "",
+        }
+    )
     write_taskset(tmp_path / "ts", rows, {}, source="test")
     with pytest.raises(ValidationFailed) as err:
         validate_taskset(tmp_path / "ts", tmp_path / "v")

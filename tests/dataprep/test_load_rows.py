@@ -44,14 +44,22 @@ def test_hf_save_to_disk_directory(tmp_path):
     rows = [swesmith_row(i) for i in range(4)]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "hf"))
     assert load_rows(tmp_path / "hf") == rows
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:3]),
-                          "test": datasets.Dataset.from_list(rows[3:])}).save_to_disk(str(tmp_path / "hfd"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:3]), "test": datasets.Dataset.from_list(rows[3:])}
+    ).save_to_disk(str(tmp_path / "hfd"))
     assert sorted(r["instance_id"] for r in load_rows(tmp_path / "hfd")) == [r["instance_id"] for r in rows]
 
 
 def test_swebench_rows_with_json_string_test_lists(tmp_path):
-    row = swesmith_row(FAIL_TO_PASS=json.dumps(["t.py::a"]), PASS_TO_PASS="[]", test_patch="diff --git ...",
-                       base_commit="0" * 40, hints_text="", version="1.0", environment_setup_commit="1" * 40)
+    row = swesmith_row(
+        FAIL_TO_PASS=json.dumps(["t.py::a"]),
+        PASS_TO_PASS="[]",
+        test_patch="diff --git ...",
+        base_commit="0" * 40,
+        hints_text="",
+        version="1.0",
+        environment_setup_commit="1" * 40,
+    )
     del row["image_name"]
     [loaded] = load_rows(write_lines(tmp_path / "swebench.jsonl", [row]))
     assert loaded["FAIL_TO_PASS"] == ["t.py::a"] and loaded["PASS_TO_PASS"] == []
@@ -67,28 +75,40 @@ def test_parquet_timestamps_become_iso_strings(tmp_path):
 
 
 def test_every_problem_is_listed_with_location_and_field(tmp_path):
-    rows = [json.dumps(swesmith_row(0)),
-            "{not json",
-            json.dumps({k: v for k, v in swesmith_row(2).items() if k != "patch"}),
-            json.dumps(swesmith_row(3, FAIL_TO_PASS="tests/x.py::t")),
-            json.dumps(swesmith_row(4, PASS_TO_PASS=[1, 2])),
-            json.dumps(swesmith_row(5, instance_id="")),
-            json.dumps(swesmith_row(6, extra_col=1)),
-            json.dumps([1, 2])]
+    rows = [
+        json.dumps(swesmith_row(0)),
+        "{not json",
+        json.dumps({k: v for k, v in swesmith_row(2).items() if k != "patch"}),
+        json.dumps(swesmith_row(3, FAIL_TO_PASS="tests/x.py::t")),
+        json.dumps(swesmith_row(4, PASS_TO_PASS=[1, 2])),
+        json.dumps(swesmith_row(5, instance_id="")),
+        json.dumps(swesmith_row(6, extra_col=1)),
+        json.dumps([1, 2]),
+    ]
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(rows) + "\n")
     with pytest.raises(DataError) as err:
         load_rows(path)
     problems = err.value.problems
     assert len(problems) == 7, problems
-    expected = [(2, "malformed JSON"), (3, "missing field 'patch'"), (4, "FAIL_TO_PASS: a string that is not"),
-                (5, "PASS_TO_PASS: expected a list"), (6, "instance_id: expected a non-empty string"),
-                (7, "unknown field 'extra_col'"), (8, "expected an object")]
+    expected = [
+        (2, "malformed JSON"),
+        (3, "missing field 'patch'"),
+        (4, "FAIL_TO_PASS: a string that is not"),
+        (5, "PASS_TO_PASS: expected a list"),
+        (6, "instance_id: expected a non-empty string"),
+        (7, "unknown field 'extra_col'"),
+        (8, "expected an object"),
+    ]
     for (line, text), problem in zip(expected, problems, strict=True):
         assert problem.startswith(f"{path}:{line}: ") and text in problem, problem
     assert str(err.value).startswith(f"7 problem(s) in {path}:")
-    assert load_rows(path.with_name("ok.jsonl").write_text(rows[6]) and path.with_name("ok.jsonl"),
-                     allow_extra=True)[0]["extra_col"] == 1
+    assert (
+        load_rows(
+            path.with_name("ok.jsonl").write_text(rows[6]) and path.with_name("ok.jsonl"), allow_extra=True
+        )[0]["extra_col"]
+        == 1
+    )
 
 
 def test_empty_missing_and_unsupported_inputs(tmp_path):
@@ -125,8 +145,9 @@ def test_import_clones_git_urls(synth_taskset, tmp_path):
     subprocess.run(["git", "clone", "-q", "--mirror", str(src.bundle(repo)), str(bare)], check=True)
     data = write_lines(tmp_path / "rows.jsonl", rows)
     ts = import_taskset(data, f"file://{tmp_path}/server/{{repo}}.git", tmp_path / "imported")
-    heads = subprocess.run(["git", "bundle", "list-heads", str(ts.bundle(repo))], capture_output=True,
-                           text=True, check=True).stdout
+    heads = subprocess.run(
+        ["git", "bundle", "list-heads", str(ts.bundle(repo))], capture_output=True, text=True, check=True
+    ).stdout
     for r in rows:
         assert f"refs/heads/{r['instance_id']}" in heads
     assert (tmp_path / "imported" / "repos" / bundle_name(repo)).is_file()

@@ -14,7 +14,7 @@ from dataprep.problem import humanize_test
 from dataprep.pytest_runner import parse_pytest_report, run_pytest
 from dataprep.synthesize import is_test_path, order_candidates
 
-SOURCE = '''\
+SOURCE = """\
 LIMIT = 10
 
 
@@ -29,7 +29,7 @@ def score(values, bonus=2):
     else:
         total = total % 7
     return total
-'''
+"""
 
 EXPECTED_CHANGE = {
     "func_pm_op_change": "total -= v * 2 - 1",
@@ -98,7 +98,7 @@ def test_humanize_test_ids():
 
 
 def test_runner_reads_every_outcome_from_a_real_pytest_run(tmp_path):
-    (tmp_path / "test_mix.py").write_text('''
+    (tmp_path / "test_mix.py").write_text("""
 import pytest
 
 def test_ok():
@@ -129,7 +129,7 @@ def test_param(x):
 class TestGroup:
     def test_method(self):
         print("PASSED fake line in captured output")
-''')
+""")
     run = run_pytest(tmp_path, (), timeout_s=60, plugin_autoload=False)
     assert run.returncode == 1 and not run.timed_out
     assert run.outcomes == {
@@ -148,10 +148,12 @@ class TestGroup:
 
 
 def test_collection_error_marks_file():
-    text = ("============ short test summary info ============\n"
-            "ERROR tests/test_a.py - ImportError: cannot import name 'x'\n"
-            "!!!! Interrupted: 1 error during collection !!!!\n"
-            "============ 1 error in 0.10s ============\n")
+    text = (
+        "============ short test summary info ============\n"
+        "ERROR tests/test_a.py - ImportError: cannot import name 'x'\n"
+        "!!!! Interrupted: 1 error during collection !!!!\n"
+        "============ 1 error in 0.10s ============\n"
+    )
     outcomes, messages = parse_pytest_report(text)
     assert outcomes == {"tests/test_a.py": "ERROR"}
     assert messages["tests/test_a.py"].startswith("ImportError")

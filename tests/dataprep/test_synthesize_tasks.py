@@ -47,8 +47,11 @@ def test_rows_follow_swesmith_schema(synth_taskset):
 
 def test_problem_statement_does_not_leak_the_diff(synth_taskset):
     for r in TaskSet.open(synth_taskset).rows():
-        changed = [line[1:].strip() for line in r["patch"].splitlines()
-                   if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip()]
+        changed = [
+            line[1:].strip()
+            for line in r["patch"].splitlines()
+            if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip()
+        ]
         ps = r["problem_statement"]
         assert "minicalc/" not in ps and "diff" not in ps
         for line in changed:
@@ -59,7 +62,9 @@ def test_bundle_has_swesmith_branch_layout(synth_taskset, tmp_path):
     ts = TaskSet.open(synth_taskset)
     rows = ts.rows()
     bundle = ts.bundle(rows[0]["repo"])
-    heads = {line.split()[1] for line in sh(tmp_path, "git", "bundle", "list-heads", str(bundle)).splitlines()}
+    heads = {
+        line.split()[1] for line in sh(tmp_path, "git", "bundle", "list-heads", str(bundle)).splitlines()
+    }
     assert heads - {"HEAD"} == {"refs/heads/main"} | {f"refs/heads/{r['instance_id']}" for r in rows}
     repo = clone(bundle, tmp_path / "repo", "main")
     assert sh(repo, "git", "log", "--format=%s", "main").split("\n")[:-1] == ["Initial commit"]
@@ -68,7 +73,10 @@ def test_bundle_has_swesmith_branch_layout(synth_taskset, tmp_path):
         iid = r["instance_id"]
         sh(repo, "git", "branch", "-q", iid, f"origin/{iid}")
         assert sh(repo, "git", "log", "--format=%s", iid).splitlines() == [
-            "Remove F2P Tests", "Bug Patch", "Initial commit"]
+            "Remove F2P Tests",
+            "Bug Patch",
+            "Initial commit",
+        ]
         assert sh(repo, "git", "diff", "main", f"{iid}~1") == r["patch"]
         removed = sh(repo, "git", "diff", "--name-status", f"{iid}~1", iid).split()
         f2p_files = sorted({t.split("::")[0] for t in r["FAIL_TO_PASS"]})

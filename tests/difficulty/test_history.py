@@ -33,14 +33,19 @@ def test_rerunning_a_round_replaces_it(tmp_path):
     assert h.recent_pass_rate("a") == 0.75 and h.recent_pass_rate("zzz") is None
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"group_id": "a", "round": 0, "n": 4}', "missing field 'passes'"),
-    ('{"group_id": "a", "round": 0, "n": 2, "passes": 3}', "0 <= passes <= n"),
-    ('{"group_id": "a", "round": "x", "n": 2, "passes": 1}', "must be integers"),
-    ('{"group_id": "a", "round": 0, "n": 2, "passes": 1}\n{"group_id": "a", "round": 0, "n": 2, "passes": 1}',
-     "duplicate"),
-    ('{"group_id": "a", "round": 0', "malformed JSON"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"group_id": "a", "round": 0, "n": 4}', "missing field 'passes'"),
+        ('{"group_id": "a", "round": 0, "n": 2, "passes": 3}', "0 <= passes <= n"),
+        ('{"group_id": "a", "round": "x", "n": 2, "passes": 1}', "must be integers"),
+        (
+            '{"group_id": "a", "round": 0, "n": 2, "passes": 1}\n{"group_id": "a", "round": 0, "n": 2, "passes": 1}',
+            "duplicate",
+        ),
+        ('{"group_id": "a", "round": 0', "malformed JSON"),
+    ],
+)
 def test_bad_history_rows_name_file_and_row(tmp_path, line, message):
     path = tmp_path / "h.jsonl"
     path.write_text(line + "\n")

@@ -33,9 +33,13 @@ def engine():
 @pytest.fixture(scope="session")
 def chat(engine):
     def render(question: str) -> list[int]:
-        return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                                    add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False)
+        return engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+
     return render
 
 
@@ -49,6 +53,7 @@ def url(engine):
     loop = asyncio.new_event_loop()
     ready = loop.create_future()
     task = loop.create_task(serve(engine, "127.0.0.1", 0, ready=ready))
+
     def run_server() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             loop.run_until_complete(task)
@@ -76,7 +81,9 @@ def recorded(name: str) -> dict:
 class RecordedServer:
     """Replies to /v1/completions with a fixed body and status; keeps the request bodies it received."""
 
-    def __init__(self, body, status: int = 200, raw: str | None = None, model: str = "Qwen/Qwen2.5-1.5B-Instruct"):
+    def __init__(
+        self, body, status: int = 200, raw: str | None = None, model: str = "Qwen/Qwen2.5-1.5B-Instruct"
+    ):
         self.body, self.status, self.raw, self.model = body, status, raw, model
         self.requests: list[dict] = []
         self.headers: list[dict] = []
@@ -115,8 +122,13 @@ async def call(server: RecordedServer, **kwargs):
     url = await server.start()
     client = HTTPEngine(url + "/v1", model=kwargs.pop("model", "Qwen/Qwen2.5-1.5B-Instruct"))
     try:
-        return await client.generate([151644, 872, 198], SamplingParams(temperature=0.7, top_p=0.9, seed=11), 32,
-                                     stop_token_ids=[151643], **kwargs)
+        return await client.generate(
+            [151644, 872, 198],
+            SamplingParams(temperature=0.7, top_p=0.9, seed=11),
+            32,
+            stop_token_ids=[151643],
+            **kwargs,
+        )
     finally:
         await client.close()
         await server.stop()

@@ -65,8 +65,15 @@ def test_adapter_turns_generate_into_one_final_delta(engine, chat):
 
 def test_http_stream_sends_vllm_chunks_and_client_reassembles(url, engine, chat):  # noqa: F811
     prompt = chat("Name three colors.")
-    body = {"prompt": prompt, "max_tokens": 10, "temperature": 0.0, "logprobs": 0, "return_token_ids": True,
-            "stream": True, "skip_special_tokens": False}
+    body = {
+        "prompt": prompt,
+        "max_tokens": 10,
+        "temperature": 0.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "stream": True,
+        "skip_special_tokens": False,
+    }
 
     async def raw() -> list[bytes]:
         async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=body) as r:
@@ -75,7 +82,7 @@ def test_http_stream_sends_vllm_chunks_and_client_reassembles(url, engine, chat)
 
     lines = run(raw())
     assert lines[-1] == b"data: [DONE]"
-    chunks = [json.loads(line[len(b"data: "):]) for line in lines[:-1]]
+    chunks = [json.loads(line[len(b"data: ") :]) for line in lines[:-1]]
     assert all(c["object"] == "text_completion" for c in chunks)
     assert chunks[0]["choices"][0]["prompt_token_ids"] == prompt
     assert all(c["choices"][0]["prompt_token_ids"] is None for c in chunks[1:])

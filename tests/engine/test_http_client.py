@@ -41,26 +41,38 @@ def test_pre_0_10_2_server_without_token_ids_is_rejected():
         asyncio.run(call(server))
 
 
-@pytest.mark.parametrize(("name", "status", "kind", "message"), [
-    ("vllm_0_11_error.json", 400, EngineRequestError, "maximum context length"),
-    ("vllm_0_10_error.json", 500, EngineError, "EngineDeadError"),
-])
+@pytest.mark.parametrize(
+    ("name", "status", "kind", "message"),
+    [
+        ("vllm_0_11_error.json", 400, EngineRequestError, "maximum context length"),
+        ("vllm_0_10_error.json", 500, EngineError, "EngineDeadError"),
+    ],
+)
 def test_error_replies_become_engine_errors(name, status, kind, message):
     server = RecordedServer(recorded(name), status=status)
     with pytest.raises(kind, match=f"HTTP {status}.*{message}"):
         asyncio.run(call(server))
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    ("<html>502 Bad Gateway</html>", "not JSON"),
-    ('{"choices": []}', "no choices"),
-    ('{"choices": [{"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}',
-     "2 token_ids but 1 token_logprobs"),
-    ('{"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "weird"}]}',
-     "unknown finish_reason"),
-    ('{"choices": [{"token_ids": ["a"], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}',
-     "not a list of integers"),
-])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("<html>502 Bad Gateway</html>", "not JSON"),
+        ('{"choices": []}', "no choices"),
+        (
+            '{"choices": [{"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}',
+            "2 token_ids but 1 token_logprobs",
+        ),
+        (
+            '{"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "weird"}]}',
+            "unknown finish_reason",
+        ),
+        (
+            '{"choices": [{"token_ids": ["a"], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}',
+            "not a list of integers",
+        ),
+    ],
+)
 def test_malformed_replies_become_engine_errors(raw, message):
     server = RecordedServer(None, raw=raw)
     with pytest.raises(EngineError, match=message):

@@ -11,8 +11,16 @@ from harnessrl.engine.base import EngineError, EngineRequestError, SamplingParam
 from harnessrl.engine.sampling import _restrict_to_nucleus
 from tests.engine.support import GREEDY, run
 
-QUESTIONS = ["What is the capital of France?", "Write a haiku about rain.", "hi", "Name three colors.",
-             "Explain recursion briefly.", "What is 2+2?", "Tell me a joke.", "Say something about Rust."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about rain.",
+    "hi",
+    "Name three colors.",
+    "Explain recursion briefly.",
+    "What is 2+2?",
+    "Tell me a joke.",
+    "Say something about Rust.",
+]
 
 
 def test_greedy_output_alone_equals_output_in_batch_of_8(engine, chat):
@@ -38,7 +46,10 @@ def test_greedy_output_alone_equals_output_in_batch_of_8(engine, chat):
 
 
 def test_request_joining_mid_decode_gets_the_same_tokens(engine, chat):
-    long_prompt, short_prompt = chat("Tell me a long story about a cat."), chat("What is the capital of Italy?")
+    long_prompt, short_prompt = (
+        chat("Tell me a long story about a cat."),
+        chat("What is the capital of Italy?"),
+    )
 
     async def go():
         alone = await engine.generate(short_prompt, GREEDY, 6)
@@ -79,7 +90,9 @@ def test_logprobs_are_under_the_distribution_sampled_from(engine, chat):
     ids = torch.tensor([prompt + gen.token_ids])
     with torch.inference_mode():
         logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    logp = _restrict_to_nucleus(torch.log_softmax(logits / temperature, dim=-1), torch.full((len(logits),), top_p))
+    logp = _restrict_to_nucleus(
+        torch.log_softmax(logits / temperature, dim=-1), torch.full((len(logits),), top_p)
+    )
     expected = logp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=2e-3)
     assert all(lp <= 0 for lp in gen.logprobs)
@@ -152,8 +165,9 @@ def test_weight_sync_swaps_weights_between_steps(engine, chat, tmp_path):
 
     # a sync in the middle of a request: its tokens record both versions
     async def mid_request():
-        pending = asyncio.ensure_future(engine.generate(prompt, SamplingParams(temperature=1.0, seed=3), 300,
-                                                        request_id="mid"))
+        pending = asyncio.ensure_future(
+            engine.generate(prompt, SamplingParams(temperature=1.0, seed=3), 300, request_id="mid")
+        )
         start = engine.steps
         while engine.steps < start + 2:
             await asyncio.sleep(0.01)
@@ -186,8 +200,10 @@ def test_generate_works_from_several_threads_and_loops(engine, chat):
     prompt = chat("hi")
     expected = run(engine.generate(prompt, GREEDY, 4)).token_ids
     results = []
-    threads = [threading.Thread(target=lambda: results.append(run(engine.generate(prompt, GREEDY, 4))))
-               for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: results.append(run(engine.generate(prompt, GREEDY, 4))))
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     deadline = time.time() + 120

@@ -73,7 +73,9 @@ def test_cache_aware_residency_follows_rollback_and_mismatch():
     policy, reps = CacheAwareTokenLoad(), replicas(2)
     prompt, sampled = list(range(500)), [9001, 9002, 9003]
     full = prompt + sampled
-    reps[1].remember("s", [(len(prompt), prefix_hash(full, len(prompt))), (len(full), prefix_hash(full, len(full)))])
+    reps[1].remember(
+        "s", [(len(prompt), prefix_hash(full, len(prompt))), (len(full), prefix_hash(full, len(full)))]
+    )
     reps[0].token_load = 0
     reps[1].token_load = 100
     # extends prompt + sampled tokens: full prefix cached on replica 1

@@ -49,14 +49,22 @@ def test_top_p_never_samples_outside_the_nucleus_and_temperature_scales():
     seen = {sample(logits, [RowSampling(0.5, 0.8, g)])[0].token_id for _ in range(300)}
     assert seen <= {0, 1}
     tok = sample(logits, [RowSampling(0.5, 1.0, generator(2))])[0]
-    assert math.isclose(tok.logprob, float(torch.log_softmax(logits / 0.5, -1)[0, tok.token_id]), abs_tol=1e-6)
+    assert math.isclose(
+        tok.logprob, float(torch.log_softmax(logits / 0.5, -1)[0, tok.token_id]), abs_tol=1e-6
+    )
 
 
 def test_each_row_uses_its_own_generator():
     logits = torch.randn(3, 100, generator=generator(3))
     alone = sample(logits[1:2], [RowSampling(1.0, 1.0, generator(42))])[0].token_id
-    batch = sample(logits, [RowSampling(1.0, 1.0, generator(7)), RowSampling(1.0, 1.0, generator(42)),
-                            RowSampling(0.0, 1.0, generator(9), top_logprobs=2)])
+    batch = sample(
+        logits,
+        [
+            RowSampling(1.0, 1.0, generator(7)),
+            RowSampling(1.0, 1.0, generator(42)),
+            RowSampling(0.0, 1.0, generator(9), top_logprobs=2),
+        ],
+    )
     assert batch[1].token_id == alone
     assert batch[2].token_id == int(logits[2].argmax()) and batch[2].top[0][0] == batch[2].token_id
     assert batch[0].top is None

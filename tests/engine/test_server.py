@@ -18,13 +18,28 @@ from tests.engine.support import GREEDY, post, run
 
 def test_completions_reply_has_vllm_token_fields(url, engine, chat):
     prompt = chat("What is the capital of France?")
-    status, body = run(post(url + "/v1/completions", {
-        "model": "x", "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1, "return_token_ids": True}))
+    status, body = run(
+        post(
+            url + "/v1/completions",
+            {
+                "model": "x",
+                "prompt": prompt,
+                "max_tokens": 6,
+                "temperature": 0,
+                "logprobs": 1,
+                "return_token_ids": True,
+            },
+        )
+    )
     assert status == 200
     choice = body["choices"][0]
     assert body["object"] == "text_completion" and body["usage"]["prompt_tokens"] == len(prompt)
     assert choice["prompt_token_ids"] == prompt
-    assert len(choice["token_ids"]) == len(choice["logprobs"]["token_logprobs"]) == len(choice["logprobs"]["tokens"])
+    assert (
+        len(choice["token_ids"])
+        == len(choice["logprobs"]["token_logprobs"])
+        == len(choice["logprobs"]["tokens"])
+    )
     assert body["usage"]["completion_tokens"] == len(choice["token_ids"])
     assert choice["finish_reason"] in ("stop", "length")
     assert choice["text"] == engine.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
@@ -32,10 +47,12 @@ def test_completions_reply_has_vllm_token_fields(url, engine, chat):
 
 
 def test_bad_requests_get_400_with_a_clear_message(url):
-    for body, message in [({"prompt": [], "max_tokens": 3}, "non-empty list of token ids"),
-                          ({"prompt": [1, 2], "n": 2}, "`n` must be 1"),
-                          ({"prompt": [1, 2], "temperature": "hot"}, "`temperature` must be a number"),
-                          ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens must be a positive integer")]:
+    for body, message in [
+        ({"prompt": [], "max_tokens": 3}, "non-empty list of token ids"),
+        ({"prompt": [1, 2], "n": 2}, "`n` must be 1"),
+        ({"prompt": [1, 2], "temperature": "hot"}, "`temperature` must be a number"),
+        ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens must be a positive integer"),
+    ]:
         status, reply = run(post(url + "/v1/completions", body))
         assert status == 400 and message in reply["error"]["message"], reply
 
@@ -66,8 +83,9 @@ def test_load_weights_and_abort_over_http(url, chat):
         try:
             await client.load_weights(str(tiny_model_dir()), 3)
             after = await client.generate(chat("hi"), GREEDY, 3)
-            long = asyncio.ensure_future(client.generate(chat("Tell me a very long story."), GREEDY, 500,
-                                                         request_id="long-1"))
+            long = asyncio.ensure_future(
+                client.generate(chat("Tell me a very long story."), GREEDY, 500, request_id="long-1")
+            )
             await asyncio.sleep(1.0)
             await client.abort(["long-1"])
             aborted = await long
@@ -105,8 +123,12 @@ sys.exit(main(["engine", "serve", "--port", "0", "--max-batch", "4"]))
 
 
 def test_serve_process_imports_without_vllm_and_fails_cleanly_when_killed(engine, chat):
-    proc = subprocess.Popen([sys.executable, "-c", SERVE_WITHOUT_VLLM], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_WITHOUT_VLLM],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         address, seen, deadline = None, [], time.time() + 240
         while time.time() < deadline:
@@ -120,7 +142,9 @@ def test_serve_process_imports_without_vllm_and_fails_cleanly_when_killed(engine
                 break
         assert address, "engine server did not start:\n" + "".join(seen[-20:])
         imported = next(line for line in seen if line.startswith("imported"))
-        assert int(imported.split()[1]) >= 8  # base, kv, sampling, local, server, http_client, router, cli, ...
+        assert (
+            int(imported.split()[1]) >= 8
+        )  # base, kv, sampling, local, server, http_client, router, cli, ...
         prompt = chat("What is 2+2?")
 
         async def ask():
@@ -140,7 +164,11 @@ def test_serve_process_imports_without_vllm_and_fails_cleanly_when_killed(engine
 
 def test_cli_rejects_a_missing_model_dir(tmp_path):
     harnessrl = Path(sys.executable).parent / "harnessrl"  # the installed entry point, as users type it
-    out = subprocess.run([str(harnessrl), "engine", "serve", "--model", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(harnessrl), "engine", "serve", "--model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "not a Hugging Face model directory" in out.stderr and "Traceback" not in out.stderr

@@ -13,6 +13,7 @@ from tests.support.fast_engine import BASH_TOOL, FINAL_REPLY, TOOL_REPLY  # noqa
 
 ADMIN = "admin-secret"
 
+
 @pytest.fixture
 def gateway(tokenizer, tmp_path, fast_engine):
     """make(engine=None, journal=None, **config) -> (server, admin); default engine: a fresh fast engine."""
@@ -22,7 +23,9 @@ def gateway(tokenizer, tmp_path, fast_engine):
         if engine is None:
             engine = HTTPEngine(fast_engine().base_url)
         cfg = GatewayConfig(**{"drift_check_every": 1, **config})
-        g = GatewayServer(engine, tokenizer, journal or tmp_path / f"journal{len(servers)}", ADMIN, config=cfg)
+        g = GatewayServer(
+            engine, tokenizer, journal or tmp_path / f"journal{len(servers)}", ADMIN, config=cfg
+        )
         url = g.start()
         servers.append(g)
         return g, GatewayAdmin(url, ADMIN)

@@ -19,9 +19,25 @@ from tests.gateway.support import ADMIN, read_records
 
 def _spawn_gateway(engine_url: str, journal) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl.cli", "gateway", "serve", "--engine-url", engine_url,
-         "--journal", str(journal), "--admin-token", ADMIN, "--drift-check-every", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "harnessrl.cli",
+            "gateway",
+            "serve",
+            "--engine-url",
+            engine_url,
+            "--journal",
+            str(journal),
+            "--admin-token",
+            ADMIN,
+            "--drift-check-every",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     if not line.startswith("READY "):
         proc.kill()
@@ -48,8 +64,10 @@ def test_kill_9_under_load_loses_no_acknowledged_record(fast_engine, tmp_path):
             except openai.APIError:
                 return  # the gateway died mid-call: this call was never acknowledged
             acked.append(r.id.removeprefix("chatcmpl-"))
-            msgs = msgs + [{"role": "assistant", "content": r.choices[0].message.content},
-                           {"role": "user", "content": "more"}]
+            msgs = msgs + [
+                {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": "more"},
+            ]
             convs[s.session_id] = msgs
 
     threads = [threading.Thread(target=harness, args=(s,)) for s in sessions]

@@ -29,7 +29,10 @@ def _turn(client, msgs, **kw):
 
 
 def _start():
-    return [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "List the files."}]
+    return [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "List the files."},
+    ]
 
 
 def test_multi_turn_tool_use_is_one_chain_with_sampled_tokens(gateway, tokenizer):
@@ -52,8 +55,12 @@ def test_multi_turn_tool_use_is_one_chain_with_sampled_tokens(gateway, tokenizer
     assert (sample.rollout_id, sample.group_id, sample.rollout_status) == ("rollout-1", "task-1", "ok")
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     trained = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
-    expected = tokenizer.encode(TOOL_REPLY, add_special_tokens=False) + [im_end] + \
-        tokenizer.encode(FINAL_REPLY, add_special_tokens=False) + [im_end]
+    expected = (
+        tokenizer.encode(TOOL_REPLY, add_special_tokens=False)
+        + [im_end]
+        + tokenizer.encode(FINAL_REPLY, add_special_tokens=False)
+        + [im_end]
+    )
     assert trained == expected
     assert all(lp < 0 for lp, m in zip(sample.behavior_logprobs, sample.loss_mask, strict=True) if m)
     assert all(v == -1 for v, m in zip(sample.policy_version, sample.loss_mask, strict=True) if not m)
@@ -66,8 +73,15 @@ def test_streaming_sse_delivers_text_and_tool_calls(gateway):
     g, admin = gateway()
     s = admin.create_session("r", "t")
     client = _client(s)
-    chunks = list(client.chat.completions.create(model="policy", messages=_start(), tools=[BASH_TOOL],
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="policy",
+            messages=_start(),
+            tools=[BASH_TOOL],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -83,15 +97,19 @@ def test_anthropic_messages_api_multi_turn_and_stream(gateway):
     client = anthropic.Anthropic(base_url=s.anthropic_base_url, api_key=s.api_key, max_retries=0)
     tools = [{"name": "bash", "description": "run", "input_schema": {"type": "object"}}]
     msgs = [{"role": "user", "content": "List the files."}]
-    r1 = client.messages.create(model="policy", max_tokens=200, system="You are a coding agent.", messages=msgs,
-                                tools=tools)
+    r1 = client.messages.create(
+        model="policy", max_tokens=200, system="You are a coding agent.", messages=msgs, tools=tools
+    )
     assert r1.stop_reason == "tool_use"
     use = [b for b in r1.content if b.type == "tool_use"][0]
     assert use.name == "bash" and use.input == {"command": "ls"}
-    msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r1.content]},
-             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py"}]}]
-    with client.messages.stream(model="policy", max_tokens=200, system="You are a coding agent.", messages=msgs,
-                                tools=tools) as stream:
+    msgs += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r1.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py"}]},
+    ]
+    with client.messages.stream(
+        model="policy", max_tokens=200, system="You are a coding agent.", messages=msgs, tools=tools
+    ) as stream:
         final = stream.get_final_message()
     assert final.content[0].text == FINAL_REPLY and final.stop_reason == "end_turn"
     ops = [r["op"] for r in read_records(g.journal_dir) if r["type"] == "call"]
@@ -121,7 +139,10 @@ def test_retry_rolls_back_and_rewrite_enters_as_context(gateway, tokenizer):
     assert trained == recs[2]["completion_ids"]  # only the surviving turn trains
     context = tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m])
     assert "Edited by the harness." in context
-    assert admin.metrics()["discarded_trainable_tokens"] == recs[1]["discarded_trainable"] + recs[2]["discarded_trainable"]
+    assert (
+        admin.metrics()["discarded_trainable_tokens"]
+        == recs[1]["discarded_trainable"] + recs[2]["discarded_trainable"]
+    )
 
 
 def test_compaction_splits_into_a_new_chain(gateway):
@@ -148,9 +169,14 @@ def test_interleaved_subagent_calls_get_separate_chains(gateway, fast_engine):
     s = admin.create_session("r", "t")
     client = _client(s)
     main_msgs = _start()
-    sub_msgs = [{"role": "system", "content": "You are a search sub-agent."}, {"role": "user", "content": "Find x"}]
+    sub_msgs = [
+        {"role": "system", "content": "You are a search sub-agent."},
+        {"role": "user", "content": "Find x"},
+    ]
     same_a, same_b = _start(), _start()  # two concurrent calls with one prefix (parallel resamples)
-    threads = [threading.Thread(target=_turn, args=(client, m)) for m in (main_msgs, sub_msgs, same_a, same_b)]
+    threads = [
+        threading.Thread(target=_turn, args=(client, m)) for m in (main_msgs, sub_msgs, same_a, same_b)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -180,9 +206,12 @@ def test_pause_drains_in_flight_and_answers_429(gateway, fast_engine):
     assert len([r for r in read_records(g.journal_dir) if r["type"] == "call"]) == 1  # finished, journaled
     t.join(10)
     assert "r" in done
-    req = urllib.request.Request(s.openai_base_url + "/chat/completions", method="POST",
-                                 data=b'{"messages":[{"role":"user","content":"x"}]}',
-                                 headers={"Authorization": f"Bearer {s.api_key}", "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        s.openai_base_url + "/chat/completions",
+        method="POST",
+        data=b'{"messages":[{"role":"user","content":"x"}]}',
+        headers={"Authorization": f"Bearer {s.api_key}", "Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 429 and e.value.headers["Retry-After"] == "2"
@@ -226,7 +255,8 @@ def test_auth_and_bad_requests_are_clear(gateway):
     s = admin.create_session("r", "t")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=s.openai_base_url, api_key="wrong", max_retries=0).chat.completions.create(
-            model="p", messages=_start())
+            model="p", messages=_start()
+        )
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\].role"):
         _client(s).chat.completions.create(model="p", messages=[{"role": "robot", "content": "x"}])
     with pytest.raises(GatewayClientError, match="admin"):
@@ -246,13 +276,17 @@ def test_deeper_rewind_forks_or_truncates(gateway, any_depth):
     r = _turn(client, msgs)
     msgs.append({"role": "tool", "tool_call_id": r.choices[0].message.tool_calls[0].id, "content": "a.py"})
     _turn(client, msgs)
-    rewound = msgs[:2] + [{"role": "assistant", "content": "A different first answer."},
-                          {"role": "user", "content": "try again"}]  # rewinds two assistant turns
+    rewound = msgs[:2] + [
+        {"role": "assistant", "content": "A different first answer."},
+        {"role": "user", "content": "try again"},
+    ]  # rewinds two assistant turns
     _turn(client, rewound)
     recs = [r for r in read_records(g.journal_dir) if r["type"] == "call"]
     if any_depth:
         assert recs[2]["op"] == "rollback" and recs[2]["chain_id"] == recs[0]["chain_id"]
-        assert recs[2]["discarded_trainable"] == len(recs[0]["completion_ids"]) + len(recs[1]["completion_ids"])
+        assert recs[2]["discarded_trainable"] == len(recs[0]["completion_ids"]) + len(
+            recs[1]["completion_ids"]
+        )
         assert len(build_samples(read_records(g.journal_dir))) == 1
     else:
         assert recs[2]["op"] == "fork" and recs[2]["parent_chain_id"] == recs[0]["chain_id"]
@@ -264,8 +298,24 @@ def test_admin_cli_against_a_running_gateway(gateway, capsys):
     from harnessrl.cli import main as cli_main
 
     g, admin = gateway()
-    assert cli_main(["gateway", "admin", "create-session", "--url", admin.base_url, "--admin-token", "admin-secret",
-                     "--rollout-id", "r9", "--group-id", "g9"]) == 0
+    assert (
+        cli_main(
+            [
+                "gateway",
+                "admin",
+                "create-session",
+                "--url",
+                admin.base_url,
+                "--admin-token",
+                "admin-secret",
+                "--rollout-id",
+                "r9",
+                "--group-id",
+                "g9",
+            ]
+        )
+        == 0
+    )
     assert '"openai_base_url"' in capsys.readouterr().out
     assert cli_main(["gateway", "admin", "metrics", "--url", admin.base_url, "--admin-token", "wrong"]) == 2
     assert "HTTP 401" in capsys.readouterr().err
@@ -280,8 +330,9 @@ def test_stop_strings_cut_the_reply_and_the_trained_tokens(gateway, tokenizer):
     msgs = [{"role": "user", "content": "hi"}]
     client.chat.completions.create(model="p", messages=msgs, max_tokens=100)  # turn 0: the tool-call reply
     msgs += [{"role": "assistant", "content": "x"}]
-    r = client.chat.completions.create(model="p", messages=[*msgs, {"role": "user", "content": "and?"}],
-                                      max_tokens=100, stop=["two files"])
+    r = client.chat.completions.create(
+        model="p", messages=[*msgs, {"role": "user", "content": "and?"}], max_tokens=100, stop=["two files"]
+    )
     assert r.choices[0].message.content == "The repository has " and r.choices[0].finish_reason == "stop"
     rec = [x for x in read_records(g.journal_dir) if x["type"] == "call"][-1]
     text = tokenizer.decode(rec["completion_ids"])

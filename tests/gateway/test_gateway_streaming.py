@@ -14,10 +14,22 @@ from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.gateway.streaming import safe_prefix
 from tests.gateway.support import read_records
 
-LONG_REPLY = ("Let me think about this step by step. " * 5
-              + "Résumé: naïve café, 日本語のテキスト, emoji 😀🚀 and ✓ done.")
-SAME_FIELDS = ("op", "api", "delta_ids", "completion_ids", "completion_logprobs", "completion_versions", "close_ids",
-               "finish_reason", "assistant_cum", "discarded_trainable")
+LONG_REPLY = (
+    "Let me think about this step by step. " * 5
+    + "Résumé: naïve café, 日本語のテキスト, emoji 😀🚀 and ✓ done."
+)
+SAME_FIELDS = (
+    "op",
+    "api",
+    "delta_ids",
+    "completion_ids",
+    "completion_logprobs",
+    "completion_versions",
+    "close_ids",
+    "finish_reason",
+    "assistant_cum",
+    "discarded_trainable",
+)
 MSGS = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Explain."}]
 
 
@@ -32,7 +44,9 @@ def _same(a: dict, b: dict) -> dict:
 def test_safe_prefix_holds_back_what_later_tokens_can_change():
     assert safe_prefix("Hello wor", []) == "Hello wor"
     assert safe_prefix("Hello \ufffd", []) == "Hello"  # an incomplete UTF-8 character
-    assert safe_prefix("I will run it.\n<tool_c", []) == "I will run it."  # a tool-call marker may be starting
+    assert (
+        safe_prefix("I will run it.\n<tool_c", []) == "I will run it."
+    )  # a tool-call marker may be starting
     assert safe_prefix("ok <tool_call>{", []) == "ok"
     assert safe_prefix("a < b and", []) == "a < b and"  # a lone '<' is not a marker
     assert safe_prefix("one two STO", ["STOP"]) == "one two"  # a stop string may be starting
@@ -52,7 +66,9 @@ def test_openai_stream_arrives_incrementally_and_matches_non_streamed(gateway, f
 
     t0 = time.perf_counter()
     arrivals, pieces, records_at_finish = [], [], None
-    for chunk in streamed.chat.completions.create(model="p", messages=MSGS, max_tokens=300, stream=True, **extra):
+    for chunk in streamed.chat.completions.create(
+        model="p", messages=MSGS, max_tokens=300, stream=True, **extra
+    ):
         if chunk.choices and chunk.choices[0].delta.content:
             arrivals.append(time.perf_counter() - t0)
             pieces.append(chunk.choices[0].delta.content)
@@ -78,11 +94,14 @@ def test_anthropic_stream_arrives_incrementally_and_matches_non_streamed(gateway
     msgs = [{"role": "user", "content": "Explain."}]
     plain = anthropic.Anthropic(base_url=plain_s.anthropic_base_url, api_key=plain_s.api_key, max_retries=0)
     whole = plain.messages.create(model="p", max_tokens=300, system="You are a coding agent.", messages=msgs)
-    streamed = anthropic.Anthropic(base_url=stream_s.anthropic_base_url, api_key=stream_s.api_key, max_retries=0)
+    streamed = anthropic.Anthropic(
+        base_url=stream_s.anthropic_base_url, api_key=stream_s.api_key, max_retries=0
+    )
     t0 = time.perf_counter()
     arrivals, pieces, kinds = [], [], []
-    for event in streamed.messages.create(model="p", max_tokens=300, system="You are a coding agent.",
-                                          messages=msgs, stream=True):
+    for event in streamed.messages.create(
+        model="p", max_tokens=300, system="You are a coding agent.", messages=msgs, stream=True
+    ):
         kinds.append(event.type)
         if event.type == "content_block_delta":
             arrivals.append(time.perf_counter() - t0)
@@ -95,15 +114,20 @@ def test_anthropic_stream_arrives_incrementally_and_matches_non_streamed(gateway
 
 
 def test_streamed_tool_call_text_first_then_calls_at_the_end(gateway, fast_engine):
-    reply = "I will list the files now.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>"
+    reply = 'I will list the files now.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
     engine = fast_engine([{"text": reply}], per_token_s=0.005)
     g, admin = gateway(HTTPEngine(engine.base_url))
     s = admin.create_session("r", "t")
     client = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0)
     chunks = list(client.chat.completions.create(model="p", messages=MSGS, stream=True))
-    kinds = ["text" if c.choices[0].delta.content else "call" if c.choices[0].delta.tool_calls else "other"
-             for c in chunks if c.choices]
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "I will list the files now."
+    kinds = [
+        "text" if c.choices[0].delta.content else "call" if c.choices[0].delta.tool_calls else "other"
+        for c in chunks
+        if c.choices
+    ]
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "I will list the files now."
+    )
     assert kinds.index("call") > max(i for i, k in enumerate(kinds) if k == "text")
     assert kinds.count("text") >= 2  # the text streamed before the tool call was parsed
 
@@ -118,11 +142,21 @@ def test_real_model_streamed_equals_non_streamed_for_the_same_seed(gateway):
         for i, stream in enumerate((False, True)):
             s = admin.create_session(f"r{i}", "t")
             client = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0, timeout=120)
-            kw = dict(model="p", messages=[{"role": "user", "content": "Write a haiku about the sea."}],
-                      max_tokens=16, temperature=0.9, seed=11)
+            kw = dict(
+                model="p",
+                messages=[{"role": "user", "content": "Write a haiku about the sea."}],
+                max_tokens=16,
+                temperature=0.9,
+                seed=11,
+            )
             if stream:
-                texts.append("".join(c.choices[0].delta.content or "" for c in
-                                     client.chat.completions.create(stream=True, **kw) if c.choices))
+                texts.append(
+                    "".join(
+                        c.choices[0].delta.content or ""
+                        for c in client.chat.completions.create(stream=True, **kw)
+                        if c.choices
+                    )
+                )
             else:
                 texts.append(client.chat.completions.create(**kw).choices[0].message.content)
         plain_rec, stream_rec = _calls(g.journal_dir)

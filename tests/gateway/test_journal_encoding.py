@@ -11,10 +11,20 @@ from harnessrl.gateway.journal import Journal, encode_record, loads, read_journa
 
 
 def _record(lps: list[float]) -> dict:
-    return {"type": "call", "call_id": "c-1", "session_id": "s-ü漢", "parent_chain_id": None, "drift": None,
-            "base_len": 12, "delta_ids": list(range(50)), "inherited_nodes": [["ab" * 16, 3, "seed"]],
-            "completion_ids": list(range(len(lps))), "completion_logprobs": lps, "api": "openai",
-            "timings": {"started_at": 1764489600.123456, "engine_s": 0.0123, "gateway_cpu_s": 1e-05}}
+    return {
+        "type": "call",
+        "call_id": "c-1",
+        "session_id": "s-ü漢",
+        "parent_chain_id": None,
+        "drift": None,
+        "base_len": 12,
+        "delta_ids": list(range(50)),
+        "inherited_nodes": [["ab" * 16, 3, "seed"]],
+        "completion_ids": list(range(len(lps))),
+        "completion_logprobs": lps,
+        "api": "openai",
+        "timings": {"started_at": 1764489600.123456, "engine_s": 0.0123, "gateway_cpu_s": 1e-05},
+    }
 
 
 def test_orjson_line_equals_the_stdlib_line():
@@ -24,7 +34,10 @@ def test_orjson_line_equals_the_stdlib_line():
     assert json.loads(line) == rec  # every float round-trips exactly (orjson may spell 1e-05 as 0.00001)
     assert loads(line) == rec
     no_floats = {k: v for k, v in rec.items() if k not in ("completion_logprobs", "timings")}
-    assert encode_record(no_floats) == (json.dumps(no_floats, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    assert (
+        encode_record(no_floats)
+        == (json.dumps(no_floats, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    )
 
 
 def test_non_finite_logprobs_survive_the_journal(tmp_path):

@@ -20,8 +20,24 @@ from tests.gateway.support import read_records
 
 @pytest.fixture
 def engine_process():
-    proc = subprocess.Popen([sys.executable, "-m", "harnessrl.cli", "engine", "serve", "--port", "0",
-                             "--max-batch", "8", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harnessrl.cli",
+            "engine",
+            "serve",
+            "--port",
+            "0",
+            "--max-batch",
+            "8",
+            "--threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     if "listening on" not in line:
         proc.kill()
@@ -38,8 +54,10 @@ def test_real_model_multi_turn_then_abort_resume_then_engine_killed(gateway, eng
     g, admin = gateway(HTTPEngine(url))
     s = admin.create_session("r-real", "task-real")
     client = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0, timeout=120)
-    msgs = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "Name three colors."}]
+    msgs = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Name three colors."},
+    ]
     for follow_up in ("And three animals?", None):
         r = client.chat.completions.create(model="p", messages=msgs, max_tokens=6, temperature=0.8, seed=1)
         msgs.append({"role": "assistant", "content": r.choices[0].message.content})
@@ -49,8 +67,12 @@ def test_real_model_multi_turn_then_abort_resume_then_engine_killed(gateway, eng
     # an aborting pause mid-generation: the engine returns the partial tokens, the call resumes after resume
     out = {}
     msgs.append({"role": "user", "content": "Write a long story about a cat."})
-    t = threading.Thread(target=lambda: out.setdefault("r", client.chat.completions.create(
-        model="p", messages=msgs, max_tokens=32, temperature=0.8, seed=2)))
+    t = threading.Thread(
+        target=lambda: out.setdefault(
+            "r",
+            client.chat.completions.create(model="p", messages=msgs, max_tokens=32, temperature=0.8, seed=2),
+        )
+    )
     t.start()
     deadline = time.monotonic() + 60
     while admin.metrics()["in_flight"] == 0 and time.monotonic() < deadline:
@@ -76,7 +98,9 @@ def test_real_model_multi_turn_then_abort_resume_then_engine_killed(gateway, eng
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     with pytest.raises(openai.APIStatusError) as e:
-        client.chat.completions.create(model="p", messages=msgs + [{"role": "user", "content": "more"}], max_tokens=8)
+        client.chat.completions.create(
+            model="p", messages=msgs + [{"role": "user", "content": "more"}], max_tokens=8
+        )
     assert e.value.status_code == 502 and "inference engine failed" in str(e.value)
     assert admin.session(s.session_id)["status"] == "failed"
     with pytest.raises(openai.ConflictError, match="engine error"):

@@ -19,9 +19,13 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type"
 
 def test_deltas_concatenate_to_the_full_render(tokenizer):
     r = ChatRenderer(tokenizer)
-    msgs = [Msg("system", "You fix bugs."), Msg("user", "Fix having/had in utils.py"),
-            Msg("assistant", "Looking.", (ToolCall("bash", {"command": "cat utils.py"}),)),
-            Msg("tool", "def f():\n    return 'having'"), Msg("user", "continue")]
+    msgs = [
+        Msg("system", "You fix bugs."),
+        Msg("user", "Fix having/had in utils.py"),
+        Msg("assistant", "Looking.", (ToolCall("bash", {"command": "cat utils.py"}),)),
+        Msg("tool", "def f():\n    return 'having'"),
+        Msg("user", "continue"),
+    ]
     head = r.full_prompt(msgs[:2], TOOLS, add_generation_prompt=False)
     incremental = head + [t for m in msgs[2:] for t in r.message_delta(m, TOOLS)] + r.generation_prompt_ids
     assert incremental == r.full_prompt(msgs, TOOLS)
@@ -38,11 +42,20 @@ def test_close_assistant_masks_only_unsampled_boundary(tokenizer):
     assert r.stop_token_ids == [im_end]
 
 
-@pytest.mark.parametrize("fmt,text", [
-    ("hermes", 'ok <tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</tool_call>'),
-    ("qwen", 'ok\n<tool_call>\n{"name": "bash", "arguments": "{\\"command\\": \\"ls -la\\"}"}\n</tool_call>'),
-    ("qwen3_coder", "ok\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n</function>\n</tool_call>"),
-])
+@pytest.mark.parametrize(
+    "fmt,text",
+    [
+        ("hermes", 'ok <tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</tool_call>'),
+        (
+            "qwen",
+            'ok\n<tool_call>\n{"name": "bash", "arguments": "{\\"command\\": \\"ls -la\\"}"}\n</tool_call>',
+        ),
+        (
+            "qwen3_coder",
+            "ok\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n</function>\n</tool_call>",
+        ),
+    ],
+)
 def test_tool_call_parsers_round_trip(fmt, text):
     p = get_parser(fmt)
     content, calls = p.parse(text)
@@ -59,25 +72,78 @@ def test_malformed_tool_call_stays_visible_in_content():
 
 
 def test_canonical_hash_ignores_call_ids_and_formatting():
-    a = from_openai([{"role": "assistant", "content": None, "refusal": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls","x":1}'}}]}])
-    b = from_openai([{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "other", "type": "function", "function": {"name": "bash", "arguments": '{"x": 1, "command": "ls"}'}}]}])
+    a = from_openai(
+        [
+            {
+                "role": "assistant",
+                "content": None,
+                "refusal": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": '{"command":"ls","x":1}'},
+                    }
+                ],
+            }
+        ]
+    )
+    b = from_openai(
+        [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "other",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": '{"x": 1, "command": "ls"}'},
+                    }
+                ],
+            }
+        ]
+    )
     h = MessageHasher()
     assert h.chain(b"s", a) == h.chain(b"s", b)
-    c = from_openai([{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "x", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls -l"}'}}]}])
+    c = from_openai(
+        [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "x",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": '{"command": "ls -l"}'},
+                    }
+                ],
+            }
+        ]
+    )
     assert h.chain(b"s", a)[-1] != h.chain(b"s", c)[-1]
 
 
 def test_anthropic_blocks_convert_to_internal_messages():
-    msgs = from_anthropic("sys", [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "text", "text": "run"},
-                                          {"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "ls"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.py"},
-                                     {"type": "text", "text": "go on"}]},
-    ])
+    msgs = from_anthropic(
+        "sys",
+        [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "run"},
+                    {"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "ls"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "a.py"},
+                    {"type": "text", "text": "go on"},
+                ],
+            },
+        ],
+    )
     assert [m.role for m in msgs] == ["system", "user", "assistant", "tool", "user"]
     assert msgs[2].tool_calls == (ToolCall("bash", {"command": "ls"}),)
 
@@ -95,8 +161,12 @@ def test_light_tokenizer_matches_transformers(tokenizer):
     light = load_gateway_tokenizer()
     convs = [
         [Msg("user", "hi")],
-        [Msg("system", "S"), Msg("user", "Fix the bug in `utils.py` — ünïcode, tabs\tand\nnewlines"),
-         Msg("assistant", "ok", (ToolCall("bash", {"command": "grep -rn having ."}),)), Msg("tool", "x.py:1: having")],
+        [
+            Msg("system", "S"),
+            Msg("user", "Fix the bug in `utils.py` — ünïcode, tabs\tand\nnewlines"),
+            Msg("assistant", "ok", (ToolCall("bash", {"command": "grep -rn having ."}),)),
+            Msg("tool", "x.py:1: having"),
+        ],
     ]
     for msgs in convs:
         for tools in ([], TOOLS):
@@ -117,8 +187,16 @@ def test_segment_memo_tokenizes_exactly_like_the_tokenizer(tokenizer):
     from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
 
     rng = random.Random(7)
-    alphabet = list("ab def\n\t  XYZé漢😀{}\"'.,:-_ 09") + ["<|im_start|>", "<|im_end|>", "<|endoftext|>",
-                                                          "<|im_", "|>", "having", " h", "<file_sep>"]
+    alphabet = list("ab def\n\t  XYZé漢😀{}\"'.,:-_ 09") + [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|im_",
+        "|>",
+        "having",
+        " h",
+        "<file_sep>",
+    ]
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(400)]
     for tok in (tokenizer, load_gateway_tokenizer()):
         r = ChatRenderer(tok)

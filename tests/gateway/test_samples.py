@@ -30,7 +30,10 @@ def test_having_sampled_split_survives_into_the_sample(gateway, fast_engine, tok
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How are you?"}]
     r1 = _client(s).chat.completions.create(model="p", messages=msgs)
     assert r1.choices[0].message.content == "I am having fun."
-    msgs += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "Bye"}]
+    msgs += [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "Bye"},
+    ]
     _client(s).chat.completions.create(model="p", messages=msgs)
 
     recs = read_records(g.journal_dir)
@@ -65,8 +68,10 @@ def test_concurrent_continuations_fork_with_inherited_tokens_masked(gateway, fas
     r = client.chat.completions.create(model="p", messages=msgs)
     msgs.append(r.choices[0].message.model_dump(exclude_none=True))
     msgs.append({"role": "user", "content": "next"})
-    threads = [threading.Thread(target=client.chat.completions.create, kwargs={"model": "p", "messages": msgs})
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=client.chat.completions.create, kwargs={"model": "p", "messages": msgs})
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -98,11 +103,16 @@ def test_export_parquet_via_admin_and_cli(gateway, tmp_path, capsys):
     assert sample.rollout_id == "r1" and len(sample.input_ids) == len(sample.loss_mask) > 0
     rec = pd.read_parquet(tmp_path / "exp" / "records.parquet").iloc[0]
     gen_prompt = g.renderer.generation_prompt_ids
-    assert list(rec["prompt_ids"][-len(gen_prompt):]) == gen_prompt
+    assert list(rec["prompt_ids"][-len(gen_prompt) :]) == gen_prompt
     # offline export straight from the journal, with the CLI
-    assert cli_main(["gateway", "export", "--journal", str(g.journal_dir), "--out", str(tmp_path / "cli")]) == 0
+    assert (
+        cli_main(["gateway", "export", "--journal", str(g.journal_dir), "--out", str(tmp_path / "cli")]) == 0
+    )
     assert '"samples": 2' in capsys.readouterr().out
     assert len(pd.read_parquet(tmp_path / "cli" / "records.parquet")) == 2
-    assert cli_main(["gateway", "export", "--journal", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    assert (
+        cli_main(["gateway", "export", "--journal", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
+        == 2
+    )
     assert "no gateway journal here" in capsys.readouterr().err
     assert ADMIN

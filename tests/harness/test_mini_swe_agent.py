@@ -30,11 +30,14 @@ def episode(script, tmp_path, **options):
 
 def test_mini_swe_agent_runs_actions_in_our_runtime_and_submits(tmp_path):
     (tmp_path / "calc.py").write_text("x = 1 - 1\n")
-    res, reqs = episode([
-        action("sed -i 's/1 - 1/1 + 1/' calc.py && cat calc.py"),
-        {"content": "I am not sure what to do."},  # format error: mini-swe-agent's own policy handles it
-        action("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
-    ], tmp_path)
+    res, reqs = episode(
+        [
+            action("sed -i 's/1 - 1/1 + 1/' calc.py && cat calc.py"),
+            {"content": "I am not sure what to do."},  # format error: mini-swe-agent's own policy handles it
+            action("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+        ],
+        tmp_path,
+    )
     assert (res.status, res.finish_reason, res.turns, res.tool_calls) == ("ok", "submitted", 3, 2)
     assert (tmp_path / "calc.py").read_text() == "x = 1 + 1\n"
     assert res.errors == {"no_tool_call": 1}
@@ -45,8 +48,9 @@ def test_mini_swe_agent_runs_actions_in_our_runtime_and_submits(tmp_path):
 
 
 def test_mini_swe_agent_step_limit_and_tool_timeout(tmp_path):
-    res, reqs = episode([action("sleep 5"), action("echo a"), action("echo b")], tmp_path,
-                        step_limit=2, tool_timeout_s=0.5)
+    res, reqs = episode(
+        [action("sleep 5"), action("echo a"), action("echo b")], tmp_path, step_limit=2, tool_timeout_s=0.5
+    )
     assert (res.status, res.finish_reason, len(reqs)) == ("ok", "turn_budget", 2)
     assert res.errors.get("tool_timeout") == 1
     assert "timed out" in reqs[1]["messages"][-1]["content"]

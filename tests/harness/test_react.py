@@ -25,8 +25,9 @@ def episode(tmp_path):
         server = ScriptedPolicyServer(script, repeat_last=repeat_last)
         url = server.start()
         try:
-            res = ReActHarness(cfg).run(TASK, Endpoint(url, "sk-session"),
-                                        runtime or LocalSubprocessRuntime(tmp_path))
+            res = ReActHarness(cfg).run(
+                TASK, Endpoint(url, "sk-session"), runtime or LocalSubprocessRuntime(tmp_path)
+            )
         finally:
             server.stop()
         return res, server.requests
@@ -43,14 +44,26 @@ SUBMIT = {"tool": "submit", "arguments": {}}
 
 def test_happy_path_edits_files_and_submits(episode, tmp_path):
     (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    res, reqs = episode([
-        bash("cat calc.py"),
-        {"tool": "str_replace_editor", "arguments": {"command": "str_replace", "path": "calc.py",
-                                                      "old_str": "a - b", "new_str": "a + b"}},
-        {"tool": "str_replace_editor", "arguments": {"command": "create", "path": "notes/n.txt", "file_text": "x"}},
-        {"tool": "str_replace_editor", "arguments": {"command": "view", "path": "calc.py"}},
-        SUBMIT,
-    ])
+    res, reqs = episode(
+        [
+            bash("cat calc.py"),
+            {
+                "tool": "str_replace_editor",
+                "arguments": {
+                    "command": "str_replace",
+                    "path": "calc.py",
+                    "old_str": "a - b",
+                    "new_str": "a + b",
+                },
+            },
+            {
+                "tool": "str_replace_editor",
+                "arguments": {"command": "create", "path": "notes/n.txt", "file_text": "x"},
+            },
+            {"tool": "str_replace_editor", "arguments": {"command": "view", "path": "calc.py"}},
+            SUBMIT,
+        ]
+    )
     assert (res.status, res.finish_reason, res.turns, res.tool_calls) == ("ok", "submitted", 5, 5)
     assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
     assert (tmp_path / "notes/n.txt").read_text() == "x"
@@ -70,7 +83,10 @@ def test_no_tool_call_nudge_continues(episode):
     res, reqs = episode([{"content": "I think the bug is in calc."}, SUBMIT], on_no_tool_call="nudge")
     assert res.finish_reason == "submitted" and res.errors == {"no_tool_call": 1}
     assert reqs[1]["messages"][-2] == {"role": "assistant", "content": "I think the bug is in calc."}
-    assert reqs[1]["messages"][-1]["role"] == "user" and "did not call a tool" in reqs[1]["messages"][-1]["content"]
+    assert (
+        reqs[1]["messages"][-1]["role"] == "user"
+        and "did not call a tool" in reqs[1]["messages"][-1]["content"]
+    )
 
 
 def test_no_tool_call_fail_turn_resamples_from_same_context(episode):
@@ -81,7 +97,9 @@ def test_no_tool_call_fail_turn_resamples_from_same_context(episode):
 
 
 def test_fail_turn_limit_ends_episode(episode):
-    res, reqs = episode([{"content": "no"}], repeat_last=True, on_no_tool_call="fail_turn", max_failed_turns=2)
+    res, reqs = episode(
+        [{"content": "no"}], repeat_last=True, on_no_tool_call="fail_turn", max_failed_turns=2
+    )
     assert (res.status, res.finish_reason, len(reqs)) == ("ok", "too_many_failed_turns", 3)
 
 
@@ -90,12 +108,15 @@ def test_no_tool_call_end(episode):
     assert (res.status, res.finish_reason, len(reqs)) == ("ok", "no_tool_call", 1)
 
 
-@pytest.mark.parametrize("bad", [
-    {"tool": "bash", "arguments": "{not json"},
-    {"tool": "bash", "arguments": {"cmd": "ls"}},
-    {"tool": "str_replace_editor", "arguments": {"command": "delete", "path": "a"}},
-    {"tool": "rm_rf", "arguments": {}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"tool": "bash", "arguments": "{not json"},
+        {"tool": "bash", "arguments": {"cmd": "ls"}},
+        {"tool": "str_replace_editor", "arguments": {"command": "delete", "path": "a"}},
+        {"tool": "rm_rf", "arguments": {}},
+    ],
+)
 def test_malformed_arguments_reported(episode, bad):
     res, reqs = episode([bad, SUBMIT], on_malformed_args="report")
     assert res.finish_reason == "submitted" and res.errors == {"malformed_args": 1}
@@ -136,15 +157,23 @@ class FailingSandbox(LocalSubprocessRuntime):
 
 
 def test_sandbox_failure_retry_then_success(episode, tmp_path):
-    res, reqs = episode([bash("echo ok"), SUBMIT], runtime=FailingSandbox(tmp_path, 1),
-                        on_sandbox_failure="retry", sandbox_retries=1)
+    res, reqs = episode(
+        [bash("echo ok"), SUBMIT],
+        runtime=FailingSandbox(tmp_path, 1),
+        on_sandbox_failure="retry",
+        sandbox_retries=1,
+    )
     assert res.finish_reason == "submitted" and res.errors == {"sandbox_failure": 1}
     assert "ok" in reqs[1]["messages"][-1]["content"]
 
 
 def test_sandbox_failure_exhausted_is_infra_error(episode, tmp_path):
-    res, _ = episode([bash("echo ok"), SUBMIT], runtime=FailingSandbox(tmp_path, 5),
-                     on_sandbox_failure="retry", sandbox_retries=2)
+    res, _ = episode(
+        [bash("echo ok"), SUBMIT],
+        runtime=FailingSandbox(tmp_path, 5),
+        on_sandbox_failure="retry",
+        sandbox_retries=2,
+    )
     assert (res.status, res.finish_reason) == ("infra_error", "sandbox_error")
     assert res.errors == {"sandbox_failure": 3} and "Permission denied" in res.error
     res, _ = episode([bash("echo ok"), SUBMIT], runtime=FailingSandbox(tmp_path, 5), on_sandbox_failure="end")
@@ -152,7 +181,9 @@ def test_sandbox_failure_exhausted_is_infra_error(episode, tmp_path):
 
 
 def test_sandbox_failure_report(episode, tmp_path):
-    res, reqs = episode([bash("echo ok"), SUBMIT], runtime=FailingSandbox(tmp_path, 1), on_sandbox_failure="report")
+    res, reqs = episode(
+        [bash("echo ok"), SUBMIT], runtime=FailingSandbox(tmp_path, 1), on_sandbox_failure="report"
+    )
     assert res.finish_reason == "submitted"
     assert "could not run" in reqs[1]["messages"][-1]["content"]
 
@@ -184,8 +215,13 @@ def test_summarize_compacts_history(episode):
 def test_turn_and_token_budgets(episode):
     res, reqs = episode([bash("echo a")], repeat_last=True, max_turns=3)
     assert (res.finish_reason, len(reqs)) == ("turn_budget", 3)
-    res, reqs = episode([bash("seq 1 400")], repeat_last=True, max_context_tokens=600, max_tokens_per_turn=256,
-                        min_tokens_per_turn=64)
+    res, reqs = episode(
+        [bash("seq 1 400")],
+        repeat_last=True,
+        max_context_tokens=600,
+        max_tokens_per_turn=256,
+        min_tokens_per_turn=64,
+    )
     assert res.finish_reason == "token_budget" and res.status == "ok"
     assert all(r["max_tokens"] >= 64 for r in reqs)  # never asks for a 1-token completion
     # a per-turn cap below the minimum is not a budget exhaustion: the cap itself is the minimum
@@ -211,18 +247,26 @@ def test_editor_cannot_escape_workspace(episode, tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
     os.symlink("/etc", ws / "etc_link")
-    res, reqs = episode([
-        {"tool": "str_replace_editor", "arguments": {"command": "view", "path": "../outside.txt"}},
-        {"tool": "str_replace_editor", "arguments": {"command": "view", "path": "etc_link/hostname"}},
-        {"tool": "str_replace_editor", "arguments": {"command": "create", "path": "/tmp/x", "file_text": "x"}},
-        SUBMIT], runtime=LocalSubprocessRuntime(ws))
+    res, reqs = episode(
+        [
+            {"tool": "str_replace_editor", "arguments": {"command": "view", "path": "../outside.txt"}},
+            {"tool": "str_replace_editor", "arguments": {"command": "view", "path": "etc_link/hostname"}},
+            {
+                "tool": "str_replace_editor",
+                "arguments": {"command": "create", "path": "/tmp/x", "file_text": "x"},
+            },
+            SUBMIT,
+        ],
+        runtime=LocalSubprocessRuntime(ws),
+    )
     for i in (1, 2, 3):
         assert "outside the workspace" in reqs[i]["messages"][-1]["content"]
 
 
 def test_config_from_spec_rejects_unknown_options():
-    cfg = ReActConfig.from_spec(["bash", "submit"], {"turns": 7, "tokens": 2048, "wall_s": 30},
-                                {"context": "trim_oldest"})
+    cfg = ReActConfig.from_spec(
+        ["bash", "submit"], {"turns": 7, "tokens": 2048, "wall_s": 30}, {"context": "trim_oldest"}
+    )
     assert (cfg.max_turns, cfg.max_context_tokens, cfg.wall_s, cfg.context) == (7, 2048, 30.0, "trim_oldest")
     with pytest.raises(ValueError, match="on_no_tool_cal"):
         ReActConfig.from_spec(["bash"], {}, {"on_no_tool_cal": "nudge"})

@@ -31,15 +31,19 @@ def load_resources(kustomization_dir: Path) -> list[dict]:
 def render(kustomization_dir: Path) -> list[dict]:
     if KUBECTL is None:
         return load_resources(kustomization_dir)
-    proc = subprocess.run([KUBECTL, "kustomize", str(kustomization_dir)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [KUBECTL, "kustomize", str(kustomization_dir)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
 def validate_pod_template(template: dict, where: str) -> None:
-    kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                  "template": template}, K8S_VERSION, strict=True)
+    kubernetes_validate.validate(
+        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
+        K8S_VERSION,
+        strict=True,
+    )
 
 
 def validate_doc(doc: dict) -> None:
@@ -53,7 +57,9 @@ def validate_doc(doc: dict) -> None:
                 assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"], where
                 validate_pod_template(group["template"], where)
         elif doc["kind"] == "RayJob":
-            assert spec["entrypoint"].strip() and ("clusterSelector" in spec or "rayClusterSpec" in spec), where
+            assert spec["entrypoint"].strip() and ("clusterSelector" in spec or "rayClusterSpec" in spec), (
+                where
+            )
         else:
             raise AssertionError(f"unexpected ray.io kind {where}")
         return
@@ -70,8 +76,9 @@ def check_all(docs: list[dict]) -> None:
         try:
             validate_doc(doc)
         except kubernetes_validate.ValidationError as e:
-            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {e.message} at "
-                                 f"{'.'.join(map(str, e.path))}") from None
+            raise AssertionError(
+                f"{doc['kind']}/{doc['metadata']['name']}: {e.message} at {'.'.join(map(str, e.path))}"
+            ) from None
 
 
 def test_base_renders_and_validates():
@@ -85,7 +92,11 @@ def test_base_renders_and_validates():
     assert limits["nvidia.com/gpu"] == "1"
     assert vllm["tolerations"][0]["key"] == "nvidia.com/gpu"
     rbac = kinds[("RoleBinding", "harnessrl-sandbox-launcher")]
-    assert rbac["subjects"][0] == {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}
+    assert rbac["subjects"][0] == {
+        "kind": "ServiceAccount",
+        "name": "pipeline-runner",
+        "namespace": "kubeflow",
+    }
     role = kinds[("Role", "harnessrl-sandbox-launcher")]
     assert {"create", "delete"} <= set(next(r for r in role["rules"] if "jobs" in r["resources"])["verbs"])
     ray = kinds[("RayCluster", "harnessrl-ray")]
@@ -110,7 +121,9 @@ def test_secret_and_store_names_match_the_pipeline_code():
     store = docs[("ConfigMap", STORE_CONFIG_MAP)]
     assert set(STORE_CONFIG_KEYS) <= set(store["data"])
     template = yaml.safe_load((MANIFESTS / "base" / "s3-secret.template.yaml").read_text())
-    assert template["metadata"]["name"] == S3_SECRET_NAME and set(S3_SECRET_KEYS) <= set(template["stringData"])
+    assert template["metadata"]["name"] == S3_SECRET_NAME and set(S3_SECRET_KEYS) <= set(
+        template["stringData"]
+    )
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="overlays use patches: rendering them needs kubectl kustomize")
@@ -132,8 +145,9 @@ def test_overlays_render_and_validate(overlay):
         assert kinds[("Deployment", "vllm")]["spec"]["replicas"] == 4
     namespaces = {d["metadata"].get("namespace") for d in docs if d["kind"] in ("Role", "RoleBinding")}
     assert "harnessrl-sandbox" in namespaces
-    assert any(d["kind"] == "Namespace" and d["metadata"]["name"] == "harnessrl-sandbox" for d in docs), \
+    assert any(d["kind"] == "Namespace" and d["metadata"]["name"] == "harnessrl-sandbox" for d in docs), (
         "the sandbox namespace the RBAC points at must be created by manifests/sandbox"
+    )
 
 
 def test_root_kustomization_includes_base_and_sandbox():

@@ -65,7 +65,13 @@ def make_handler(state: KfpState):
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             url = urlparse(self.path)
-            rec = Recorded(self.command, url.path, parse_qs(url.query), {k.lower(): v for k, v in self.headers.items()}, body)
+            rec = Recorded(
+                self.command,
+                url.path,
+                parse_qs(url.query),
+                {k.lower(): v for k, v in self.headers.items()},
+                body,
+            )
             state.requests.append(rec)
             return rec
 
@@ -91,27 +97,50 @@ def make_handler(state: KfpState):
             rec = self._record()
             if rec.path == "/apis/v2beta1/experiments":
                 body = rec.json()
-                exp = {"experiment_id": str(uuid.uuid4()), "display_name": body["display_name"],
-                       "namespace": body.get("namespace") or "", "created_at": NOW, "storage_state": "AVAILABLE"}
+                exp = {
+                    "experiment_id": str(uuid.uuid4()),
+                    "display_name": body["display_name"],
+                    "namespace": body.get("namespace") or "",
+                    "created_at": NOW,
+                    "storage_state": "AVAILABLE",
+                }
                 state.experiments.append(exp)
                 return self._reply(200, exp)
             if rec.path == "/apis/v2beta1/runs":
                 body = rec.json()
-                return self._reply(200, {"run_id": str(uuid.uuid4()), "experiment_id": body.get("experiment_id"),
-                                         "display_name": body.get("display_name"), "state": "PENDING",
-                                         "created_at": NOW, "storage_state": "AVAILABLE"})
+                return self._reply(
+                    200,
+                    {
+                        "run_id": str(uuid.uuid4()),
+                        "experiment_id": body.get("experiment_id"),
+                        "display_name": body.get("display_name"),
+                        "state": "PENDING",
+                        "created_at": NOW,
+                        "storage_state": "AVAILABLE",
+                    },
+                )
             if rec.path == "/apis/v2beta1/pipelines/upload":
                 pid = str(uuid.uuid4())
                 name = rec.query.get("name", ["?"])[0]
                 pipeline = {"pipeline_id": pid, "display_name": name, "name": name, "created_at": NOW}
                 state.pipelines.append(pipeline)
-                state.versions[pid] = [{"pipeline_id": pid, "pipeline_version_id": str(uuid.uuid4()),
-                                        "display_name": name, "created_at": NOW}]
+                state.versions[pid] = [
+                    {
+                        "pipeline_id": pid,
+                        "pipeline_version_id": str(uuid.uuid4()),
+                        "display_name": name,
+                        "created_at": NOW,
+                    }
+                ]
                 return self._reply(200, pipeline)
             if rec.path == "/apis/v2beta1/pipelines/upload_version":
                 pid = rec.query["pipelineid"][0]
-                version = {"pipeline_id": pid, "pipeline_version_id": str(uuid.uuid4()),
-                           "display_name": rec.query.get("name", ["?"])[0], "created_at": NOW}
+                version = {
+                    "pipeline_id": pid,
+                    "pipeline_version_id": str(uuid.uuid4()),
+                    "display_name": rec.query.get("name", ["?"])[0],
+                    "created_at": NOW,
+                }
                 state.versions.setdefault(pid, []).append(version)
                 return self._reply(200, version)
             return self._reply(404, {"code": 5, "message": f"no route {rec.path}"})

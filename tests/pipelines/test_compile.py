@@ -58,19 +58,27 @@ def test_compiled_yaml_loads_back_in_kfp(compiled):
         pipeline = CompiledPipeline.load(path)
         assert pipeline.name == name
         assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & literal_env_names(pipeline)
-        images = {pipeline.executor(label)["container"]["image"] for _, _, label in pipeline.tasks()
-                  if "container" in pipeline.executor(label)}
+        images = {
+            pipeline.executor(label)["container"]["image"]
+            for _, _, label in pipeline.tasks()
+            if "container" in pipeline.executor(label)
+        }
         assert len(images) == 1, f"{name}: every step should use the project image, got {images}"
 
 
 def test_per_stage_pipelines_import_by_uri(compiled):
     result, _ = compiled
-    for name, param in (("clean-only", "tasks_uri"), ("validate-only", "tasks_uri"), ("data-prep", "source_uri")):
+    for name, param in (
+        ("clean-only", "tasks_uri"),
+        ("validate-only", "tasks_uri"),
+        ("data-prep", "source_uri"),
+    ):
         spec = yaml.safe_load(result.written[name].read_text())
         assert spec["root"]["inputDefinitions"]["parameters"][param]["parameterType"] == "STRING"
         importers = [e for e in spec["deploymentSpec"]["executors"].values() if "importer" in e]
         assert importers and all(
-            e["importer"]["artifactUri"] == {"runtimeParameter": "uri"} for e in importers), name
+            e["importer"]["artifactUri"] == {"runtimeParameter": "uri"} for e in importers
+        ), name
 
 
 def test_data_prep_wiring(compiled):
@@ -78,9 +86,13 @@ def test_data_prep_wiring(compiled):
     pipeline = CompiledPipeline.load(result.written["data-prep"])
     dag = pipeline.spec["root"]["dag"]["tasks"]
     assert dag["clean"]["inputs"]["artifacts"]["tasks"]["taskOutputArtifact"] == {
-        "producerTask": "synthesize", "outputArtifactKey": "tasks"}
+        "producerTask": "synthesize",
+        "outputArtifactKey": "tasks",
+    }
     assert dag["validate"]["inputs"]["artifacts"]["tasks"]["taskOutputArtifact"] == {
-        "producerTask": "clean", "outputArtifactKey": "kept"}
+        "producerTask": "clean",
+        "outputArtifactKey": "kept",
+    }
     outputs = pipeline.spec["components"]["comp-clean"]["outputDefinitions"]["artifacts"]
     assert outputs["report"]["artifactType"]["schemaTitle"] == "system.Markdown"
     assert outputs["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
@@ -93,8 +105,11 @@ def test_gpu_stages_in_compiled_pipelines_are_placed_on_gpus(compiled):
     for path in result.written.values():
         pipeline = CompiledPipeline.load(path)
         for task_path, comp_name, label in pipeline.tasks():
-            stage = comp_name.removeprefix("comp-").rsplit("-", 1)[0] if comp_name[-1].isdigit() else \
-                comp_name.removeprefix("comp-")
+            stage = (
+                comp_name.removeprefix("comp-").rsplit("-", 1)[0]
+                if comp_name[-1].isdigit()
+                else comp_name.removeprefix("comp-")
+            )
             if stage in GPU_STAGES:
                 assert gpu_problems(pipeline, label, gpus=GPU_STAGES[stage].gpus) == [], task_path
                 checked += 1
@@ -127,7 +142,9 @@ def test_gpu_step_helper_and_checker(tmp_path):
     assert pipeline.platform[label]["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}
     assert pipeline.platform[label]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert secret_env_problems(pipeline, label) == []
-    (cpu_label,) = [lbl for _, _, lbl in pipeline.tasks() if lbl != label and "container" in pipeline.executor(lbl)]
+    (cpu_label,) = [
+        lbl for _, _, lbl in pipeline.tasks() if lbl != label and "container" in pipeline.executor(lbl)
+    ]
     problems = gpu_problems(pipeline, cpu_label)
     assert any("accelerator type None" in p for p in problems) and any("node selector" in p for p in problems)
     assert secret_env_problems(pipeline, cpu_label)

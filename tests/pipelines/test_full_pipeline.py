@@ -26,8 +26,13 @@ def select(tasks: Input[Dataset], estimates: Input[Dataset], selected: Output[Da
 
 
 @component
-def generate_rollouts(tasks: Input[Dataset], policy: Input[Model], rollouts: Output[Dataset],
-                      samples: Output[Dataset], n_samples: int = 2):
+def generate_rollouts(
+    tasks: Input[Dataset],
+    policy: Input[Model],
+    rollouts: Output[Dataset],
+    samples: Output[Dataset],
+    n_samples: int = 2,
+):
     text = open(policy.path + "/weights.txt").read() if not policy.path.endswith(".txt") else "base"
     open(rollouts.path, "w").write(f"rollouts of {text.strip()}\n")
     open(samples.path, "w").write(f"samples x{n_samples}\n")
@@ -39,8 +44,13 @@ def verify(tasks: Input[Dataset], rollouts: Input[Dataset], verified: Output[Dat
 
 
 @component
-def train_grpo(samples: Input[Dataset], verified: Input[Dataset], policy: Input[Model], model: Output[Model],
-               seed: int = 0):
+def train_grpo(
+    samples: Input[Dataset],
+    verified: Input[Dataset],
+    policy: Input[Model],
+    model: Output[Model],
+    seed: int = 0,
+):
     import os
 
     os.makedirs(model.path)
@@ -49,10 +59,17 @@ def train_grpo(samples: Input[Dataset], verified: Input[Dataset], policy: Input[
 
 
 def slots():
-    impl = {"estimate_difficulty": estimate_difficulty, "select": select, "generate_rollouts": generate_rollouts,
-            "verify": verify, "train_grpo": train_grpo}
-    return [StageSlot(s.stage, impl[s.stage], s.per_round, s.gpus, s.streams_large_objects, s.aliases)
-            for s in STAGE_SLOTS]
+    impl = {
+        "estimate_difficulty": estimate_difficulty,
+        "select": select,
+        "generate_rollouts": generate_rollouts,
+        "verify": verify,
+        "train_grpo": train_grpo,
+    }
+    return [
+        StageSlot(s.stage, impl[s.stage], s.per_round, s.gpus, s.streams_large_objects, s.aliases)
+        for s in STAGE_SLOTS
+    ]
 
 
 def test_missing_stage_is_named():
@@ -74,8 +91,16 @@ def test_full_pipeline_compiles_with_rounds_chained_and_gpu_placement(tmp_path):
     pipeline = CompiledPipeline.load(path)
     dag = pipeline.spec["root"]["dag"]["tasks"]
     by_display = {t["taskInfo"]["name"]: name for name, t in dag.items()}
-    for stage in ("estimate-difficulty", "select", "generate-rollouts-round-1", "verify-round-1",
-                  "train-grpo-round-1", "generate-rollouts-round-2", "verify-round-2", "train-grpo-round-2"):
+    for stage in (
+        "estimate-difficulty",
+        "select",
+        "generate-rollouts-round-1",
+        "verify-round-1",
+        "train-grpo-round-1",
+        "generate-rollouts-round-2",
+        "verify-round-2",
+        "train-grpo-round-2",
+    ):
         assert stage in by_display, sorted(by_display)
 
     def source(display, artifact):
@@ -83,13 +108,21 @@ def test_full_pipeline_compiles_with_rounds_chained_and_gpu_placement(tmp_path):
 
     # round 2 samples from round 1's trained policy; round 1 from the imported base model
     assert source("generate-rollouts-round-2", "policy")["taskOutputArtifact"] == {
-        "producerTask": by_display["train-grpo-round-1"], "outputArtifactKey": "model"}
-    assert source("generate-rollouts-round-1", "policy")["taskOutputArtifact"]["producerTask"] == \
-        by_display["import-base-model"]
+        "producerTask": by_display["train-grpo-round-1"],
+        "outputArtifactKey": "model",
+    }
+    assert (
+        source("generate-rollouts-round-1", "policy")["taskOutputArtifact"]["producerTask"]
+        == by_display["import-base-model"]
+    )
     assert source("generate-rollouts-round-1", "tasks")["taskOutputArtifact"] == {
-        "producerTask": by_display["select"], "outputArtifactKey": "selected"}
+        "producerTask": by_display["select"],
+        "outputArtifactKey": "selected",
+    }
     assert source("estimate-difficulty", "tasks")["taskOutputArtifact"] == {
-        "producerTask": by_display["clean"], "outputArtifactKey": "kept"}
+        "producerTask": by_display["clean"],
+        "outputArtifactKey": "kept",
+    }
     assert "validate" in dag[by_display["estimate-difficulty"]]["dependentTasks"]
     for display in ("generate-rollouts-round-1", "train-grpo-round-2", "estimate-difficulty"):
         label = pipeline.spec["components"][dag[by_display[display]]["componentRef"]["name"]]["executorLabel"]
@@ -98,7 +131,8 @@ def test_full_pipeline_compiles_with_rounds_chained_and_gpu_placement(tmp_path):
         label = pipeline.spec["components"][dag[by_display[display]]["componentRef"]["name"]]["executorLabel"]
         assert secret_env_problems(pipeline, label) == [], display
     verify_label = pipeline.spec["components"][dag[by_display["verify-round-1"]]["componentRef"]["name"]][
-        "executorLabel"]
+        "executorLabel"
+    ]
     assert gpu_problems(pipeline, verify_label)  # CPU stage: no GPU placement
 
 

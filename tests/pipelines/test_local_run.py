@@ -44,7 +44,11 @@ def test_data_prep_run_directory(data_prep_run):
     synthesized = TaskSet.open(output(index, "synthesize", "tasks")["path"])
     assert 1 <= len(kept.rows()) <= len(synthesized.rows()) <= 2
     clean_metrics = output(index, "clean", "metrics")["values"]
-    assert clean_metrics["n_in"] == clean_metrics["n_kept"] + clean_metrics["n_rejected"] == len(synthesized.rows())
+    assert (
+        clean_metrics["n_in"]
+        == clean_metrics["n_kept"] + clean_metrics["n_rejected"]
+        == len(synthesized.rows())
+    )
     assert output(index, "validate", "metrics")["values"]["success"] == 1.0
     assert Path(output(index, "validate", "results")["path"]).is_dir()
     # reports: Markdown artifacts with embedded PNGs for the KFP UI, PNG files + index in the run dir
@@ -68,15 +72,27 @@ def test_rerun_reuses_cached_steps(data_prep_run, runs_root):
     index = json.loads(again.index_path.read_text())
     assert again.status == "succeeded"
     assert {t: index["tasks"][t]["status"] for t in ("synthesize", "clean", "validate")} == dict.fromkeys(
-        ("synthesize", "clean", "validate"), "cached")
+        ("synthesize", "clean", "validate"), "cached"
+    )
     assert output(index, "clean", "kept")["path"] == first.tasks["clean"]["outputs"]["kept"]["path"]
 
 
 def test_clean_only_imports_tasks_by_uri(data_prep_run, runs_root, capsys):
     _, index = data_prep_run
     tasks_uri = output(index, "synthesize", "tasks")["path"]
-    code = main(["run", "clean-only", "--run-dir", str(runs_root / "clean-only"), "--arg", f"tasks_uri={tasks_uri}",
-                 "--arg", "max_tests=1", "--no-cache"])
+    code = main(
+        [
+            "run",
+            "clean-only",
+            "--run-dir",
+            str(runs_root / "clean-only"),
+            "--arg",
+            f"tasks_uri={tasks_uri}",
+            "--arg",
+            "max_tests=1",
+            "--no-cache",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "run directory:" in out and "run.json" in out
@@ -84,7 +100,9 @@ def test_clean_only_imports_tasks_by_uri(data_prep_run, runs_root, capsys):
     metrics = output(again, "clean", "metrics")["values"]
     assert metrics["n_rejected"] >= 1  # every synthesized task has > 1 test
     assert metrics["n_in"] == metrics["n_kept"] + metrics["n_rejected"]
-    rejected = [json.loads(line) for line in Path(output(again, "clean", "rejected")["path"]).read_text().splitlines()]
+    rejected = [
+        json.loads(line) for line in Path(output(again, "clean", "rejected")["path"]).read_text().splitlines()
+    ]
     assert all(r["reject_reasons"] for r in rejected)
 
 
@@ -127,9 +145,11 @@ def test_full_pipeline_with_stand_in_stages_runs_locally(data_prep_run, runs_roo
     path = runs_root / "full.yaml"
     compiler.Compiler().compile(build_full_pipeline(slots(), rounds=2, cluster=False), str(path))
     assert len(list(yaml.safe_load_all(path.read_text()))) == 1  # local build: no Kubernetes platform config
-    result = run_local(str(path), [f"source_uri={MINIREPO}", f"base_model_uri={base_model}", "max_tasks=2",
-                                      "seed=0"],
-                       runs_root / "full")
+    result = run_local(
+        str(path),
+        [f"source_uri={MINIREPO}", f"base_model_uri={base_model}", "max_tasks=2", "seed=0"],
+        runs_root / "full",
+    )
     assert result.status == "succeeded", result.failed_log[-20:]
     index = json.loads(result.index_path.read_text())
     assert index["tasks"]["synthesize"]["status"] == "cached"  # same step + inputs as the data-prep run
@@ -148,12 +168,35 @@ def test_s3_inputs_are_fetched_for_local_runs(data_prep_run, runs_root, s3_env, 
     _, index = data_prep_run
     store.upload_dir(output(index, "synthesize", "tasks")["path"], "s3://harnessrl/tasks/v1")
     run_dir = runs_root / "clean-from-s3"
-    assert main(["run", "clean-only", "--run-dir", str(run_dir), "--arg", "tasks_uri=s3://harnessrl/tasks/v1",
-                 "--no-cache"]) == 0, capsys.readouterr().out
+    assert (
+        main(
+            [
+                "run",
+                "clean-only",
+                "--run-dir",
+                str(run_dir),
+                "--arg",
+                "tasks_uri=s3://harnessrl/tasks/v1",
+                "--no-cache",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().out
     result = json.loads((run_dir / "run.json").read_text())
     assert result["arguments"]["tasks_uri"] == str(run_dir / "inputs" / "tasks_uri" / "v1")
     assert TaskSet.open(run_dir / "inputs" / "tasks_uri" / "v1").rows()
     assert output(result, "clean", "metrics")["values"]["n_in"] >= 1
-    assert main(["run", "clean-only", "--run-dir", str(runs_root / "x"),
-                 "--arg", "tasks_uri=s3://harnessrl/absent"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "clean-only",
+                "--run-dir",
+                str(runs_root / "x"),
+                "--arg",
+                "tasks_uri=s3://harnessrl/absent",
+            ]
+        )
+        == 2
+    )
     assert "fetching s3://harnessrl/absent" in capsys.readouterr().err

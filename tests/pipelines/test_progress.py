@@ -16,7 +16,9 @@ def make_tee():
 
 def test_step_lines_cache_hits_and_failure_capture():
     tee, out, log = make_tee()
-    tee.write("12:00 - INFO - Executing task \x1b[96m'clean'\x1b[0m\n    Traceback (most recent call last):\n")
+    tee.write(
+        "12:00 - INFO - Executing task \x1b[96m'clean'\x1b[0m\n    Traceback (most recent call last):\n"
+    )
     tee.write("    ValueError: tasks.jsonl:3: malformed JSON\n")
     tee.write("12:01 - ERROR - Task 'clean' finished with status FAILURE\n")
     tee.write("12:01 - INFO - Task synthesize cache hit (key=abcdef012345); skipping execution.\n")

@@ -21,7 +21,7 @@ from tests.support.fixtures import requires_bwrap
 def single_line_fix(row: dict) -> tuple[str, str, str]:
     """(path, buggy line, fixed line) from a bug patch that changes exactly one line."""
     lines = row["patch"].splitlines()
-    path = next(line[len("+++ b/"):] for line in lines if line.startswith("+++ b/"))
+    path = next(line[len("+++ b/") :] for line in lines if line.startswith("+++ b/"))
     minus = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
     plus = [line[1:] for line in lines if line.startswith("+") and not line.startswith("+++")]
     assert len(minus) == len(plus) == 1
@@ -49,31 +49,53 @@ def test_generate_two_sandbox_settings_records_and_verify(synth_taskset, fast_en
     row = pick_task(synth_taskset)
     path, buggy, fixed = single_line_fix(row)
     replies = [
-        {"text": "Let me fix it.\n" + tool_call("str_replace_editor", command="str_replace", path=path,
-                                                 old_str=buggy, new_str=fixed)},
+        {
+            "text": "Let me fix it.\n"
+            + tool_call("str_replace_editor", command="str_replace", path=path, old_str=buggy, new_str=fixed)
+        },
         {"text": tool_call("bash", command="git log --oneline | head -3; echo EXIT=$?")},
         {"text": tool_call("submit")},
     ]
     engine = fast_engine(replies)
-    specs = parse_specs([
-        {"name": "react-bwrap", "harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 5}},
-        {"name": "react-strict", "harness": "react", "sandbox": "bubblewrap-strict",
-         "limits": {"turns": 5, "memory_mb": 1024}},
-    ])
+    specs = parse_specs(
+        [
+            {"name": "react-bwrap", "harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 5}},
+            {
+                "name": "react-strict",
+                "harness": "react",
+                "sandbox": "bubblewrap-strict",
+                "limits": {"turns": 5, "memory_mb": 1024},
+            },
+        ]
+    )
     out = tmp_path / "gen"
-    metrics = run_generate(synth_taskset, out, specs, PolicySource(engine_url=engine.base_url),
-                           GenerateConfig(group_size=2, concurrency=2, instance_ids=[row["instance_id"]]),
-                           progress=False)
+    metrics = run_generate(
+        synth_taskset,
+        out,
+        specs,
+        PolicySource(engine_url=engine.base_url),
+        GenerateConfig(group_size=2, concurrency=2, instance_ids=[row["instance_id"]]),
+        progress=False,
+    )
     rows = list(read_jsonl(out / "rollouts.jsonl"))
     assert [r["spec_name"] for r in rows] == ["react-bwrap", "react-strict"]
     for r in rows:
-        assert (r["rollout_status"], r["finish_reason"], r["turns"], r["tool_calls"]) == ("ok", "submitted", 3, 3)
+        assert (r["rollout_status"], r["finish_reason"], r["turns"], r["tool_calls"]) == (
+            "ok",
+            "submitted",
+            3,
+            3,
+        )
         assert f"+{fixed}".replace(" ", "") in r["model_patch"].replace(" ", "")
         assert r["gateway"]["calls"] == 3 and r["gateway"]["splits"] == 0
     # (transcript: ..., git observation, submit call, submit observation)
     # the strict workspace has no repository: git refuses; the other one has exactly one commit
-    obs = {r["spec_name"]: json.loads((out / "transcripts" / f"{r['rollout_id']}.json").read_text())[-3]["content"]
-           for r in rows}
+    obs = {
+        r["spec_name"]: json.loads((out / "transcripts" / f"{r['rollout_id']}.json").read_text())[-3][
+            "content"
+        ]
+        for r in rows
+    }
     assert "git: disabled in this sandbox" in obs["react-strict"]
     assert "Initial commit" in obs["react-bwrap"] and "Bug Patch" not in obs["react-bwrap"]
 
@@ -82,7 +104,9 @@ def test_generate_two_sandbox_settings_records_and_verify(synth_taskset, fast_en
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
     expected = [tokenizer.encode(r["text"], add_special_tokens=False) + [eot] for r in replies]
     for r in rows:
-        calls = sorted((c for c in records if c["rollout_id"] == r["rollout_id"]), key=lambda c: c["started_at"])
+        calls = sorted(
+            (c for c in records if c["rollout_id"] == r["rollout_id"]), key=lambda c: c["started_at"]
+        )
         assert [c["completion_ids"] for c in calls] == expected
     samples = pq.read_table(out / "samples.parquet").to_pylist()
     assert sorted(s["rollout_id"] for s in samples) == sorted(r["rollout_id"] for r in rows)
@@ -98,21 +122,48 @@ def test_generate_two_sandbox_settings_records_and_verify(synth_taskset, fast_en
 
 
 @requires_bwrap
-def test_cli_timed_out_rollout_is_kept_with_reason_and_its_samples_dropped(synth_taskset, fast_engine, tmp_path,
-                                                                          capsys):
+def test_cli_timed_out_rollout_is_kept_with_reason_and_its_samples_dropped(
+    synth_taskset, fast_engine, tmp_path, capsys
+):
     from harnessrl.cli import main
 
     row = pick_task(synth_taskset)
     engine = fast_engine([{"text": "thinking " * 40}], per_token_s=0.05)  # ~4 s per reply
-    (tmp_path / "specs.json").write_text(json.dumps([
-        {"name": "slow", "harness": "react", "limits": {"turns": 5, "wall_s": 1.5}},
-        {"name": "budget", "harness": "react", "limits": {"turns": 1, "wall_s": 60},
-         "options": {"on_no_tool_call": "end"}},
-    ]))
+    (tmp_path / "specs.json").write_text(
+        json.dumps(
+            [
+                {"name": "slow", "harness": "react", "limits": {"turns": 5, "wall_s": 1.5}},
+                {
+                    "name": "budget",
+                    "harness": "react",
+                    "limits": {"turns": 1, "wall_s": 60},
+                    "options": {"on_no_tool_call": "end"},
+                },
+            ]
+        )
+    )
     out = tmp_path / "gen"
-    code = main(["stage", "generate", "--tasks", str(synth_taskset), "--out", str(out), "--specs",
-                 str(tmp_path / "specs.json"), "--engine-url", engine.base_url, "--group-size", "2",
-                 "--instance-ids", row["instance_id"], "--failed-samples", "drop", "--quiet"])
+    code = main(
+        [
+            "stage",
+            "generate",
+            "--tasks",
+            str(synth_taskset),
+            "--out",
+            str(out),
+            "--specs",
+            str(tmp_path / "specs.json"),
+            "--engine-url",
+            engine.base_url,
+            "--group-size",
+            "2",
+            "--instance-ids",
+            row["instance_id"],
+            "--failed-samples",
+            "drop",
+            "--quiet",
+        ]
+    )
     assert code == 0
     printed = json.loads(capsys.readouterr().out.splitlines()[0])
     assert printed["status"] == {"ok": 1, "timeout": 1}
@@ -123,8 +174,18 @@ def test_cli_timed_out_rollout_is_kept_with_reason_and_its_samples_dropped(synth
     samples = pq.read_table(out / "samples.parquet").to_pylist()
     assert {s["rollout_id"] for s in samples} == {rows["budget"]["rollout_id"]}
     (tmp_path / "bad.json").write_text('[{"harness": "react", "sandbox": "docker"}]')
-    code = main(["stage", "generate", "--tasks", str(synth_taskset), "--out", str(tmp_path / "x"), "--specs",
-                 str(tmp_path / "bad.json")])
+    code = main(
+        [
+            "stage",
+            "generate",
+            "--tasks",
+            str(synth_taskset),
+            "--out",
+            str(tmp_path / "x"),
+            "--specs",
+            str(tmp_path / "bad.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "bad.json[0].sandbox: 'docker' is not one of" in err
 
@@ -145,6 +206,12 @@ def test_spec_validation_names_the_problem(tmp_path):
 def test_unsandboxed_spec_refused_without_flag(synth_taskset, tmp_path):
     specs = parse_specs({"harness": "react", "sandbox": "local"})
     with pytest.raises(ValueError, match="--allow-unsandboxed"):
-        run_generate(synth_taskset, tmp_path / "out", specs, PolicySource(engine_url="http://127.0.0.1:9"),
-                     GenerateConfig(group_size=1, max_tasks=1), progress=False)
+        run_generate(
+            synth_taskset,
+            tmp_path / "out",
+            specs,
+            PolicySource(engine_url="http://127.0.0.1:9"),
+            GenerateConfig(group_size=1, max_tasks=1),
+            progress=False,
+        )
     assert not (tmp_path / "out").exists()

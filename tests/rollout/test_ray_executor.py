@@ -46,30 +46,50 @@ def completions(out) -> dict[str, list]:
 
 
 def samples(out) -> list[tuple]:
-    return sorted((s["rollout_id"], s["rollout_status"], tuple(s["loss_mask"]))
-                  for s in pq.read_table(out / "samples.parquet").to_pylist())
+    return sorted(
+        (s["rollout_id"], s["rollout_status"], tuple(s["loss_mask"]))
+        for s in pq.read_table(out / "samples.parquet").to_pylist()
+    )
 
 
 @requires_bwrap
 def test_ray_executor_writes_the_same_outputs_as_threads(ray_local, synth_taskset, fast_engine, tmp_path):
     row = pick_task(synth_taskset)
     path, buggy, fixed = single_line_fix(row)
-    server = fast_engine([
-        {"text": "Fixing.\n" + tool_call("str_replace_editor", command="str_replace", path=path, old_str=buggy,
-                                         new_str=fixed)},
-        {"text": tool_call("bash", command="git status --short")},
-        {"text": tool_call("submit")},
-    ])
-    specs = parse_specs([
-        {"name": "react-bwrap", "harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 5}},
-        {"name": "react-strict", "harness": "react", "sandbox": "bubblewrap-strict", "limits": {"turns": 5}},
-    ])
+    server = fast_engine(
+        [
+            {
+                "text": "Fixing.\n"
+                + tool_call(
+                    "str_replace_editor", command="str_replace", path=path, old_str=buggy, new_str=fixed
+                )
+            },
+            {"text": tool_call("bash", command="git status --short")},
+            {"text": tool_call("submit")},
+        ]
+    )
+    specs = parse_specs(
+        [
+            {"name": "react-bwrap", "harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 5}},
+            {
+                "name": "react-strict",
+                "harness": "react",
+                "sandbox": "bubblewrap-strict",
+                "limits": {"turns": 5},
+            },
+        ]
+    )
     outs = {}
     for executor in ("threads", "ray"):
         outs[executor] = tmp_path / executor
-        metrics = run_generate(synth_taskset, outs[executor], specs, PolicySource(engine_url=server.base_url),
-                               GenerateConfig(group_size=2, concurrency=2, instance_ids=[row["instance_id"]],
-                                              executor=executor), progress=False)
+        metrics = run_generate(
+            synth_taskset,
+            outs[executor],
+            specs,
+            PolicySource(engine_url=server.base_url),
+            GenerateConfig(group_size=2, concurrency=2, instance_ids=[row["instance_id"]], executor=executor),
+            progress=False,
+        )
         assert metrics["executor"] == executor and metrics["status"] == {"ok": 2}
 
     threads, ray = (list(read_jsonl(outs[e] / "rollouts.jsonl")) for e in ("threads", "ray"))
@@ -85,21 +105,46 @@ def test_ray_executor_writes_the_same_outputs_as_threads(ray_local, synth_taskse
         assert CALL_ID.sub("call_ID", ray_text) == CALL_ID.sub("call_ID", threads_text)
 
 
-def test_crashed_ray_worker_is_recorded_with_its_reason(ray_local, synth_taskset, fast_engine, tmp_path, capsys):
+def test_crashed_ray_worker_is_recorded_with_its_reason(
+    ray_local, synth_taskset, fast_engine, tmp_path, capsys
+):
     """Rollout r0's agent kills its own worker process (`kill -9 $PPID` from an unsandboxed shell): a real
     worker crash. r0 must come back as infra_error / worker_crashed, r1 must finish normally."""
     from harnessrl.cli import main
 
     row = pick_task(synth_taskset)
-    server = fast_engine([
-        {"text": tool_call("bash", command='case "$PWD" in *__r0) kill -9 $PPID;; esac; echo alive')},
-        {"text": tool_call("submit")},
-    ])
-    (tmp_path / "spec.json").write_text(json.dumps({"harness": "react", "sandbox": "local", "limits": {"turns": 4}}))
+    server = fast_engine(
+        [
+            {"text": tool_call("bash", command='case "$PWD" in *__r0) kill -9 $PPID;; esac; echo alive')},
+            {"text": tool_call("submit")},
+        ]
+    )
+    (tmp_path / "spec.json").write_text(
+        json.dumps({"harness": "react", "sandbox": "local", "limits": {"turns": 4}})
+    )
     out = tmp_path / "gen"
-    code = main(["stage", "generate", "--tasks", str(synth_taskset), "--out", str(out), "--specs",
-                 str(tmp_path / "spec.json"), "--engine-url", server.base_url, "--group-size", "2",
-                 "--instance-ids", row["instance_id"], "--executor", "ray", "--allow-unsandboxed", "--quiet"])
+    code = main(
+        [
+            "stage",
+            "generate",
+            "--tasks",
+            str(synth_taskset),
+            "--out",
+            str(out),
+            "--specs",
+            str(tmp_path / "spec.json"),
+            "--engine-url",
+            server.base_url,
+            "--group-size",
+            "2",
+            "--instance-ids",
+            row["instance_id"],
+            "--executor",
+            "ray",
+            "--allow-unsandboxed",
+            "--quiet",
+        ]
+    )
     assert code == 0
     # (Ray's raylet also reports the dead worker on stdout)
     printed = json.loads(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("{")))

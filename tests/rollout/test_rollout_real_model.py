@@ -17,12 +17,20 @@ from harnessrl.taskset import TaskSet
 from tests.support.fixtures import requires_bwrap
 
 SPECS = [
-    {"name": "react-bwrap", "harness": "react", "sandbox": "bubblewrap",
-     "limits": {"turns": 2, "tokens": 4096, "wall_s": 900},
-     "options": {"max_tokens_per_turn": 12, "min_tokens_per_turn": 8, "on_no_tool_call": "nudge"}},
-    {"name": "mini-strict", "harness": "mini-swe-agent", "sandbox": "bubblewrap-strict",
-     "limits": {"turns": 1, "wall_s": 900, "memory_mb": 1024},
-     "options": {"max_tokens_per_turn": 12, "model_retries": 1}},
+    {
+        "name": "react-bwrap",
+        "harness": "react",
+        "sandbox": "bubblewrap",
+        "limits": {"turns": 2, "tokens": 4096, "wall_s": 900},
+        "options": {"max_tokens_per_turn": 12, "min_tokens_per_turn": 8, "on_no_tool_call": "nudge"},
+    },
+    {
+        "name": "mini-strict",
+        "harness": "mini-swe-agent",
+        "sandbox": "bubblewrap-strict",
+        "limits": {"turns": 1, "wall_s": 900, "memory_mb": 1024},
+        "options": {"max_tokens_per_turn": 12, "model_retries": 1},
+    },
 ]
 
 
@@ -31,11 +39,14 @@ SPECS = [
 def test_estimate_and_select_with_both_harnesses_on_the_tiny_model(synth_taskset, tmp_path):
     first = TaskSet.open(synth_taskset).rows()[0]["instance_id"]
     est = tmp_path / "estimates"
-    metrics = run_estimate(synth_taskset, est, n=2, specs=parse_specs(SPECS), concurrency=2, max_tasks=1,
-                           progress=False)
+    metrics = run_estimate(
+        synth_taskset, est, n=2, specs=parse_specs(SPECS), concurrency=2, max_tasks=1, progress=False
+    )
     rows = list(read_jsonl(est / "rollouts" / "rollouts.jsonl"))
     assert [(r["instance_id"], r["harness"], r["sandbox"]) for r in rows] == [
-        (first, "react", "bubblewrap"), (first, "mini-swe-agent", "bubblewrap-strict")]
+        (first, "react", "bubblewrap"),
+        (first, "mini-swe-agent", "bubblewrap-strict"),
+    ]
     records = pq.read_table(est / "rollouts" / "records.parquet").to_pylist()
     samples = pq.read_table(est / "rollouts" / "samples.parquet").to_pylist()
     for r in rows:
@@ -46,8 +57,10 @@ def test_estimate_and_select_with_both_harnesses_on_the_tiny_model(synth_taskset
         mine = [s for s in samples if s["rollout_id"] == r["rollout_id"]]
         calls.sort(key=lambda c: c["started_at"])
         for i, c in enumerate(calls):
-            assert 0 < len(c["completion_ids"]) <= 16 and len(c["completion_logprobs"]) == len(c["completion_ids"])
-            later = [d for d in calls[i + 1:] if d["chain_id"] == c["chain_id"]]
+            assert 0 < len(c["completion_ids"]) <= 16 and len(c["completion_logprobs"]) == len(
+                c["completion_ids"]
+            )
+            later = [d for d in calls[i + 1 :] if d["chain_id"] == c["chain_id"]]
             if later and later[0]["op"] == "rollback":
                 continue  # the harness discarded this response: its tokens left the chain by design
             # exact token ids: the call's prompt + sampled ids sit verbatim in a sample, sampled ids trainable
@@ -55,9 +68,11 @@ def test_estimate_and_select_with_both_harnesses_on_the_tiny_model(synth_taskset
             n = len(c["prompt_ids"])
             holders = [s for s in mine if s["input_ids"][: len(seq)] == seq]
             assert holders, f"call {c['call_id']} ({c['op']}) not found verbatim in any sample"
-            assert any(s["loss_mask"][n: len(seq)] == [1] * len(c["completion_ids"])
-                       and s["behavior_logprobs"][n: len(seq)] == pytest.approx(c["completion_logprobs"])
-                       for s in holders)
+            assert any(
+                s["loss_mask"][n : len(seq)] == [1] * len(c["completion_ids"])
+                and s["behavior_logprobs"][n : len(seq)] == pytest.approx(c["completion_logprobs"])
+                for s in holders
+            )
     rewards = {r["rollout_id"]: r for r in read_jsonl(est / "verified" / "rewards.jsonl")}
     assert set(rewards) == {r["rollout_id"] for r in rows}
     assert all(v["status"] == "ok" and v["reward"] in (0.0, 1.0) for v in rewards.values())
@@ -66,10 +81,19 @@ def test_estimate_and_select_with_both_harnesses_on_the_tiny_model(synth_taskset
     assert PassRateHistory(est / "history.jsonl").rows[0].n == 2
     assert metrics["rollouts"] == 2 and (est / "pass_rate_hist.png").stat().st_size > 2000
 
-    sel = run_select(synth_taskset, est / "pass_counts.jsonl", tmp_path / "selected", k_all_fail=1,
-                     test_fraction=0.0, seed=0)
+    sel = run_select(
+        synth_taskset,
+        est / "pass_counts.jsonl",
+        tmp_path / "selected",
+        k_all_fail=1,
+        test_fraction=0.0,
+        seed=0,
+    )
     decision = json.loads((tmp_path / "selected" / "selection.jsonl").read_text().splitlines()[0])
     if decision["class"] == "all_pass":
         assert sel["train"] == 0
     else:  # the tiny model fails (all_fail, kept as one of K=1) or is mixed: either way it is kept
-        assert sel["train"] == 1 and TaskSet.open(tmp_path / "selected" / "train").rows()[0]["instance_id"] == first
+        assert (
+            sel["train"] == 1
+            and TaskSet.open(tmp_path / "selected" / "train").rows()[0]["instance_id"] == first
+        )

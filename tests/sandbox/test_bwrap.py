@@ -60,7 +60,9 @@ def test_environment_is_cleared_and_host_files_are_hidden(ws, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret-123")
     monkeypatch.setenv("HF_TOKEN", "hf-secret")
     with BubblewrapSandbox(ws) as sb:
-        r = sb.run("env; echo ---; ls -a /; ls -a /root /home 2>&1; cat /etc/shadow 2>&1 | head -1", timeout=10)
+        r = sb.run(
+            "env; echo ---; ls -a /; ls -a /root /home 2>&1; cat /etc/shadow 2>&1 | head -1", timeout=10
+        )
     assert r.outcome is Outcome.OK
     env_part, rest = r.stdout.split("---", 1)
     assert "AWS_SECRET_ACCESS_KEY" not in env_part and "host-secret-123" not in r.stdout
@@ -84,9 +86,12 @@ def test_harness_tools_work_inside(ws, host_env):
     (ws / "mod.py").write_text("def f():\n    return 1\n")
     (ws / "test_mod.py").write_text("from mod import f\n\ndef test_f():\n    assert f() == 1\n")
     with BubblewrapSandbox(ws, host_env, git_stub=False) as sb:
-        r = sb.run("python -c 'import sys; print(sys.prefix)' && sed -i s/1/2/ mod.py && grep -c 2 mod.py && "
-                   "git init -q . && git add -A && git -c user.name=a -c user.email=a@b commit -qm x && "
-                   "git log --oneline | wc -l && python -P -m pytest -q -p no:cacheprovider test_mod.py", timeout=60)
+        r = sb.run(
+            "python -c 'import sys; print(sys.prefix)' && sed -i s/1/2/ mod.py && grep -c 2 mod.py && "
+            "git init -q . && git add -A && git -c user.name=a -c user.email=a@b commit -qm x && "
+            "git log --oneline | wc -l && python -P -m pytest -q -p no:cacheprovider test_mod.py",
+            timeout=60,
+        )
     assert r.outcome is Outcome.NONZERO, r.stdout  # the edited function now fails its test
     assert str(host_env) in r.stdout and "1 failed" in r.stdout
 
@@ -124,7 +129,8 @@ def test_no_network_but_the_gateway_socket(ws, tmp_path):
         "reply = b''.join(iter(lambda: s.recv(4096), b''))\n"  # headers and body may arrive in separate reads
         "print(reply.decode().split()[-1])\n"
         f"try:\n    socket.create_connection(('127.0.0.1', {tcp.server_address[1]}), timeout=2); print('TCP-REACHED')\n"
-        "except OSError as e:\n    print('tcp blocked:', e)\n")
+        "except OSError as e:\n    print('tcp blocked:', e)\n"
+    )
     try:
         with BubblewrapSandbox(ws, None, gateway_socket=sock_path) as sb:
             r = sb.run(["python3", "-c", client], timeout=20)
@@ -146,12 +152,16 @@ def test_timeout_kills_the_whole_process_tree(ws):
     assert (ws / "beat").stat().st_size == size  # the detached child died with the sandbox
 
 
-@pytest.mark.parametrize("cmd, limits", [
-    (["python3", "-c", "b = b'x' * (1 << 30)"], Limits(memory_mb=256)),
-    (["python3", "-c", "import os\nwhile True:\n    os.fork()"], Limits(processes=32)),
-    (["python3", "-c", "open('big', 'wb').write(b'x' * (64 << 20))"], Limits(file_size_mb=8)),
-    (["python3", "-c", "while True: pass"], Limits(cpu_s=1)),
-], ids=["memory", "processes", "file-size", "cpu"])
+@pytest.mark.parametrize(
+    "cmd, limits",
+    [
+        (["python3", "-c", "b = b'x' * (1 << 30)"], Limits(memory_mb=256)),
+        (["python3", "-c", "import os\nwhile True:\n    os.fork()"], Limits(processes=32)),
+        (["python3", "-c", "open('big', 'wb').write(b'x' * (64 << 20))"], Limits(file_size_mb=8)),
+        (["python3", "-c", "while True: pass"], Limits(cpu_s=1)),
+    ],
+    ids=["memory", "processes", "file-size", "cpu"],
+)
 @pytest.mark.parametrize("enforcement", ["cgroup", "rlimit"])
 def test_resource_limits(ws, cmd, limits, enforcement, monkeypatch):
     from harnessrl.sandbox import cgroups
@@ -165,7 +175,9 @@ def test_resource_limits(ws, cmd, limits, enforcement, monkeypatch):
         fallback.version, fallback.parents = 0, {}
         monkeypatch.setattr(cgroups, "_factory", fallback)
     with BubblewrapSandbox(ws) as sb:
-        r = sb.run(cmd, timeout=30, limits=limits)  # generous: a loaded host must not turn a limit into a timeout
+        r = sb.run(
+            cmd, timeout=30, limits=limits
+        )  # generous: a loaded host must not turn a limit into a timeout
     assert r.outcome is Outcome.RESOURCE_LIMIT, (r.outcome, r.detail, r.stderr[-500:])
     assert r.detail
     assert _children(os.getpid()) == []  # the sandbox left nothing running
@@ -182,7 +194,9 @@ def test_outcomes_ok_nonzero_and_sandbox_error(ws):
     assert (ok.outcome, ok.exit_code) == (Outcome.OK, 0)
     assert (bad.outcome, bad.exit_code) == (Outcome.NONZERO, 3)
     assert (missing.outcome, missing.exit_code) == (Outcome.NONZERO, 127)
-    assert broken.outcome is Outcome.SANDBOX_ERROR and broken.infra_error and "sandbox failed" in broken.detail
+    assert (
+        broken.outcome is Outcome.SANDBOX_ERROR and broken.infra_error and "sandbox failed" in broken.detail
+    )
 
 
 def test_bad_construction_is_a_clear_error(tmp_path, monkeypatch):

@@ -14,10 +14,27 @@ def test_materialize_then_run(synth_taskset, tmp_path, capsys):
 
     iid = TaskSet.open(synth_taskset).rows()[0]["instance_id"]
     ws = tmp_path / "ws"
-    assert main(["sandbox", "materialize", "--tasks", str(synth_taskset), "--instance", iid, "--dest", str(ws)]) == 0
+    assert (
+        main(["sandbox", "materialize", "--tasks", str(synth_taskset), "--instance", iid, "--dest", str(ws)])
+        == 0
+    )
     assert capsys.readouterr().out.strip() == str(ws) and (ws / ".git").is_dir()
-    code = main(["sandbox", "run", "--workspace", str(ws), "--tasks", str(synth_taskset), "--timeout", "60", "--",
-                 "python", "-c", "import minicalc, os; print(minicalc.__name__, os.getcwd())"])
+    code = main(
+        [
+            "sandbox",
+            "run",
+            "--workspace",
+            str(ws),
+            "--tasks",
+            str(synth_taskset),
+            "--timeout",
+            "60",
+            "--",
+            "python",
+            "-c",
+            "import minicalc, os; print(minicalc.__name__, os.getcwd())",
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and result["outcome"] == "ok" and result["stdout"].split() == ["minicalc", "/workspace"]
     assert main(["sandbox", "run", "--workspace", str(ws)]) == 2

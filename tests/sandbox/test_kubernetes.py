@@ -45,20 +45,39 @@ def test_rendered_objects_validate_against_the_kubernetes_schemas():
 
 
 def test_job_pod_is_locked_down():
-    job = render_job("verify-abc", ["python", "-m", "pytest"], 42.5, Limits(memory_mb=512, tmp_mb=64),
-                     KubernetesConfig(), workspace_configmap="verify-abc")
+    job = render_job(
+        "verify-abc",
+        ["python", "-m", "pytest"],
+        42.5,
+        Limits(memory_mb=512, tmp_mb=64),
+        KubernetesConfig(),
+        workspace_configmap="verify-abc",
+    )
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
-    assert spec["activeDeadlineSeconds"] == 43 and spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] > 0
+    assert (
+        spec["activeDeadlineSeconds"] == 43
+        and spec["backoffLimit"] == 0
+        and spec["ttlSecondsAfterFinished"] > 0
+    )
     assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
-    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"] == {
+        "type": "RuntimeDefault"
+    }
     for c in pod["containers"] + pod["initContainers"]:
         sc = c["securityContext"]
-        assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
+        assert (
+            sc["readOnlyRootFilesystem"]
+            and not sc["allowPrivilegeEscalation"]
+            and sc["capabilities"] == {"drop": ["ALL"]}
+        )
         assert sc["runAsUser"] != 0 and "limits" in c["resources"]
     run = pod["containers"][0]
     assert run["resources"]["limits"]["memory"] == "512Mi"
     assert {e["name"] for e in run["env"]}.isdisjoint({"AWS_SECRET_ACCESS_KEY", "KUBERNETES_SERVICE_HOST"})
-    assert {v["name"]: v for v in pod["volumes"]}["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Mi"}
+    assert {v["name"]: v for v in pod["volumes"]}["tmp"]["emptyDir"] == {
+        "medium": "Memory",
+        "sizeLimit": "64Mi",
+    }
 
 
 def test_network_policies_deny_everything_but_the_gateway():
@@ -67,14 +86,18 @@ def test_network_policies_deny_everything_but_the_gateway():
     assert "ingress" not in allow["spec"] and allow["spec"]["policyTypes"] == ["Egress"]
     rules = allow["spec"]["egress"]
     assert rules[0]["ports"] == [{"protocol": "TCP", "port": 9000}]
-    assert rules[0]["to"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "harnessrl-gateway"}}
+    assert rules[0]["to"][0]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "harnessrl-gateway"}
+    }
     assert {p["port"] for p in rules[1]["ports"]} == {53} and len(rules) == 2
 
 
 def test_committed_manifests_are_current():
     for name, text in render_manifest_files(KubernetesConfig()).items():
         committed = REPO / "manifests" / "sandbox" / name
-        assert committed.read_text() == text, f"{committed} is stale: run `harnessrl sandbox manifests --out manifests/sandbox`"
+        assert committed.read_text() == text, (
+            f"{committed} is stale: run `harnessrl sandbox manifests --out manifests/sandbox`"
+        )
         list(yaml.safe_load_all(text))
 
 
@@ -103,8 +126,17 @@ class FakeAPI(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         url = self._record(body)
         if self.scenario.get("create_status"):
-            return self._send(self.scenario["create_status"], {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                                                "reason": "Forbidden", "code": 403, "message": "nope"})
+            return self._send(
+                self.scenario["create_status"],
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "Forbidden",
+                    "code": 403,
+                    "message": "nope",
+                },
+            )
         if url.path.endswith("/jobs"):
             FakeAPI.jobs[body["metadata"]["name"]] = body
         return self._send(201, body)
@@ -116,18 +148,39 @@ class FakeAPI(BaseHTTPRequestHandler):
             job = copy.deepcopy(FakeAPI.jobs[m.group(2)])
             FakeAPI.polls += 1
             done = FakeAPI.polls >= 2 and self.scenario.get("condition")
-            job["status"] = {"conditions": [{"type": done[0], "status": "True", "reason": done[1]}]} if done else {"active": 1}
+            job["status"] = (
+                {"conditions": [{"type": done[0], "status": "True", "reason": done[1]}]}
+                if done
+                else {"active": 1}
+            )
             return self._send(200, job)
         if url.path.endswith("/pods"):
             name = parse_qs(url.query)["labelSelector"][0].split("=")[1]
             status = {"phase": "Failed"}
-            for key, state in (("containerStatuses", self.scenario.get("run")), ("initContainerStatuses", self.scenario.get("init"))):
+            for key, state in (
+                ("containerStatuses", self.scenario.get("run")),
+                ("initContainerStatuses", self.scenario.get("init")),
+            ):
                 if state is not None:
-                    status[key] = [{"name": "run" if key == "containerStatuses" else "unpack-workspace", "image": "img",
-                                    "imageID": "", "ready": False, "restartCount": 0,
-                                    "state": {"terminated": state}}]
-            return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
-                                    "items": [{"metadata": {"name": f"{name}-pod"}, "status": status}]})
+                    status[key] = [
+                        {
+                            "name": "run" if key == "containerStatuses" else "unpack-workspace",
+                            "image": "img",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": state},
+                        }
+                    ]
+            return self._send(
+                200,
+                {
+                    "kind": "PodList",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "items": [{"metadata": {"name": f"{name}-pod"}, "status": status}],
+                },
+            )
         if url.path.endswith("/log"):
             return self._send(200, self.scenario.get("log", ""))
         return self._send(404, {"kind": "Status", "apiVersion": "v1", "code": 404})
@@ -151,21 +204,53 @@ def api():
     server.shutdown()
 
 
-@pytest.mark.parametrize("scenario, outcome, exit_code", [
-    ({"condition": ("Complete", "Completed"), "run": {"exitCode": 0, "reason": "Completed"}, "log": "5 passed\n"}, Outcome.OK, 0),
-    ({"condition": ("Failed", "BackoffLimitExceeded"), "run": {"exitCode": 1, "reason": "Error"}, "log": "1 failed\n"}, Outcome.NONZERO, 1),
-    ({"condition": ("Failed", "BackoffLimitExceeded"), "run": {"exitCode": 137, "reason": "OOMKilled"}}, Outcome.RESOURCE_LIMIT, 137),
-    ({"condition": ("Failed", "DeadlineExceeded"), "log": "collecting ..."}, Outcome.TIMEOUT, None),
-    ({"condition": ("Failed", "BackoffLimitExceeded"), "init": {"exitCode": 2, "reason": "Error"}}, Outcome.SANDBOX_ERROR, None),
-    ({"create_status": 403}, Outcome.SANDBOX_ERROR, None),
-    ({}, Outcome.SANDBOX_ERROR, None),  # never finishes: scheduling / image pull
-], ids=["ok", "nonzero", "oom", "deadline", "init-failed", "forbidden", "stuck"])
+@pytest.mark.parametrize(
+    "scenario, outcome, exit_code",
+    [
+        (
+            {
+                "condition": ("Complete", "Completed"),
+                "run": {"exitCode": 0, "reason": "Completed"},
+                "log": "5 passed\n",
+            },
+            Outcome.OK,
+            0,
+        ),
+        (
+            {
+                "condition": ("Failed", "BackoffLimitExceeded"),
+                "run": {"exitCode": 1, "reason": "Error"},
+                "log": "1 failed\n",
+            },
+            Outcome.NONZERO,
+            1,
+        ),
+        (
+            {
+                "condition": ("Failed", "BackoffLimitExceeded"),
+                "run": {"exitCode": 137, "reason": "OOMKilled"},
+            },
+            Outcome.RESOURCE_LIMIT,
+            137,
+        ),
+        ({"condition": ("Failed", "DeadlineExceeded"), "log": "collecting ..."}, Outcome.TIMEOUT, None),
+        (
+            {"condition": ("Failed", "BackoffLimitExceeded"), "init": {"exitCode": 2, "reason": "Error"}},
+            Outcome.SANDBOX_ERROR,
+            None,
+        ),
+        ({"create_status": 403}, Outcome.SANDBOX_ERROR, None),
+        ({}, Outcome.SANDBOX_ERROR, None),  # never finishes: scheduling / image pull
+    ],
+    ids=["ok", "nonzero", "oom", "deadline", "init-failed", "forbidden", "stuck"],
+)
 def test_job_lifecycle_through_the_real_client(api, tmp_path, scenario, outcome, exit_code):
     FakeAPI.scenario = scenario
     (tmp_path / "mod.py").write_text("x = 1\n")
     cfg = KubernetesConfig(poll_s=0.01, start_grace_s=0.3)
-    result = KubernetesSandbox(cfg, workspace=tmp_path, api_client=api).run("pytest -q", timeout=0.2,
-                                                                           limits=Limits(memory_mb=256))
+    result = KubernetesSandbox(cfg, workspace=tmp_path, api_client=api).run(
+        "pytest -q", timeout=0.2, limits=Limits(memory_mb=256)
+    )
     assert (result.outcome, result.exit_code) == (outcome, exit_code), result.detail
     if outcome in (Outcome.OK, Outcome.NONZERO, Outcome.TIMEOUT):
         assert result.stdout == scenario.get("log", "")
@@ -182,7 +267,9 @@ def test_job_lifecycle_through_the_real_client(api, tmp_path, scenario, outcome,
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["/bin/sh", "-c", "pytest -q"]
     name = job["metadata"]["name"]
     deletes = {p: q for m, p, q, _ in FakeAPI.requests if m == "DELETE"}
-    assert deletes[f"/apis/batch/v1/namespaces/harnessrl-sandbox/jobs/{name}"]["propagationPolicy"] == ["Background"]
+    assert deletes[f"/apis/batch/v1/namespaces/harnessrl-sandbox/jobs/{name}"]["propagationPolicy"] == [
+        "Background"
+    ]
     assert f"/api/v1/namespaces/harnessrl-sandbox/configmaps/{name}" in deletes
     if outcome is not Outcome.SANDBOX_ERROR or scenario.get("init"):
         selectors = [q["labelSelector"][0] for m, p, q, _ in FakeAPI.requests if p.endswith("/pods")]

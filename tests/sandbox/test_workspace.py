@@ -29,8 +29,12 @@ def test_workspace_is_a_fresh_single_commit_of_the_task_tip(ts, tmp_path):
     ws = materialize(ts, row["instance_id"], tmp_path / "ws")
     cache = RepoCache.for_repo(ts, row["repo"])
     tip = cache.task_tip(row["instance_id"])
-    tip_tree = subprocess.run(["git", "--git-dir", str(cache.path), "rev-parse", f"{tip}^{{tree}}"],
-                              capture_output=True, text=True, check=True).stdout
+    tip_tree = subprocess.run(
+        ["git", "--git-dir", str(cache.path), "rev-parse", f"{tip}^{{tree}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert _git(ws, "rev-parse", "HEAD^{tree}") == tip_tree  # exactly the tip's files
     assert len(_git(ws, "rev-list", "--all").split()) == 1
     assert _git(ws, "branch", "-a").split() == ["*", "main"]
@@ -38,12 +42,16 @@ def test_workspace_is_a_fresh_single_commit_of_the_task_tip(ts, tmp_path):
     assert not (ws / ".git" / "logs").exists() and not (ws / ".git" / "packed-refs").exists()
     assert list((ws / ".git").glob("hooks/*")) == []
     assert _git(ws, "status", "--porcelain").strip() == ""
-    assert _git(ws, "log", "-1", "--format=%s %an %ad", "--date=unix") == "Initial commit harnessrl 946684800\n"
+    assert (
+        _git(ws, "log", "-1", "--format=%s %an %ad", "--date=unix") == "Initial commit harnessrl 946684800\n"
+    )
     # the F2P tests are absent, the bug is present
     for test_id in row["FAIL_TO_PASS"]:
         path, name = test_id.split("::")
         assert not (ws / path).exists() or f"def {name.split('[')[0]}(" not in (ws / path).read_text()
-    bug_line = next(ln[1:] for ln in row["patch"].splitlines() if ln.startswith("+") and not ln.startswith("+++"))
+    bug_line = next(
+        ln[1:] for ln in row["patch"].splitlines() if ln.startswith("+") and not ln.startswith("+++")
+    )
     assert any(bug_line in p.read_text() for p in ws.rglob("*.py"))
 
 
@@ -55,7 +63,9 @@ def test_rerun_replaces_and_strict_has_no_git(ts, tmp_path):
     assert not (ws / "junk.txt").exists()
     strict = materialize(ts, iid, tmp_path / "strict", strict=True)
     assert not (strict / ".git").exists()
-    assert sorted(p.name for p in strict.iterdir()) == sorted(p.name for p in ws.iterdir() if p.name != ".git")
+    assert sorted(p.name for p in strict.iterdir()) == sorted(
+        p.name for p in ws.iterdir() if p.name != ".git"
+    )
 
 
 def test_unknown_instance_and_missing_bundle_are_clear_errors(ts, tmp_path):
@@ -77,8 +87,12 @@ def test_diff_ignores_the_workspace_git_and_sees_new_deleted_binary_files(ts, tm
     (ws / "blob.bin").write_bytes(bytes(range(256)))
     (ws / "README.md").unlink()
     # the agent rewrites its own history: irrelevant, the framework diffs against the task tip
-    subprocess.run("git add -A && git -c user.name=a -c user.email=a@b commit -qm 'looks clean'", shell=True,
-                   cwd=ws, check=True)
+    subprocess.run(
+        "git add -A && git -c user.name=a -c user.email=a@b commit -qm 'looks clean'",
+        shell=True,
+        cwd=ws,
+        check=True,
+    )
     diff = cache.diff_worktree(cache.task_tip(row["instance_id"]), ws).decode()
     assert "new file mode" in diff and "new_module.py" in diff
     assert "deleted file mode" in diff and "README.md" in diff
@@ -95,8 +109,11 @@ def test_env_is_cached_and_serves_python_pytest_and_the_repo(ts, tmp_path):
     assert (env / ".ready").is_file()
     ws = materialize(ts, row["instance_id"], tmp_path / "ws")
     with BubblewrapSandbox(ws, env) as sb:
-        r = sb.run("python -c 'import pytest, minicalc; print(minicalc.__file__)' && git log --oneline | wc -l "
-                   "&& sed -n 1p README.md | grep -c . && touch $VIRTUAL_ENV/x", timeout=60)
+        r = sb.run(
+            "python -c 'import pytest, minicalc; print(minicalc.__file__)' && git log --oneline | wc -l "
+            "&& sed -n 1p README.md | grep -c . && touch $VIRTUAL_ENV/x",
+            timeout=60,
+        )
     assert r.outcome is Outcome.NONZERO, r.stderr
     assert r.stdout.split()[:3] == ["/workspace/minicalc/__init__.py", "1", "1"]
     assert "Read-only file system" in r.stderr

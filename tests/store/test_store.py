@@ -28,8 +28,11 @@ def store(s3_env):
 
 def random_file(path: Path, size: int, seed: int = 0) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(os.urandom(size) if seed < 0 else hashlib.sha256(str(seed).encode()).digest() * (size // 32)
-                     + b"x" * (size % 32))
+    path.write_bytes(
+        os.urandom(size)
+        if seed < 0
+        else hashlib.sha256(str(seed).encode()).digest() * (size // 32) + b"x" * (size % 32)
+    )
     return path
 
 
@@ -139,7 +142,8 @@ def test_unreachable_endpoint_is_one_clear_error(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    dead = ObjectStore(StoreConfig(endpoint=f"http://127.0.0.1:{port}", access_key="a", secret_key="b",
-                                   region="us-east-1"))
+    dead = ObjectStore(
+        StoreConfig(endpoint=f"http://127.0.0.1:{port}", access_key="a", secret_key="b", region="us-east-1")
+    )
     with pytest.raises(StoreError, match=f"127.0.0.1:{port} failed"):
         dead.stat(f"s3://{BUCKET}/x")

@@ -27,13 +27,23 @@ from typing import Any
 
 from aiohttp import web
 
-TOOL_REPLY = ('I will list the files.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>')
+TOOL_REPLY = (
+    'I will list the files.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+)
 FINAL_REPLY = "The repository has two files: a.py and b.py."
 
-BASH_TOOL = {"type": "function", "function": {"name": "bash", "description": "run a shell command",
-                                              "parameters": {"type": "object",
-                                                             "properties": {"command": {"type": "string"}},
-                                                             "required": ["command"]}}}
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "run a shell command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
 
 
 def fake_logprob(token_id: int) -> float:
@@ -43,8 +53,16 @@ def fake_logprob(token_id: int) -> float:
 class FastEngineServer:
     """`replies`: list of `{"text": str}` or `{"token_ids": [int]}`; texts get the end-of-turn token appended."""
 
-    def __init__(self, tokenizer: Any, replies: list[dict], select: str = "turn", per_token_s: float = 0.0,
-                 host: str = "127.0.0.1", port: int = 0, policy_version: int = 0) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        replies: list[dict],
+        select: str = "turn",
+        per_token_s: float = 0.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        policy_version: int = 0,
+    ) -> None:
         if not replies:
             raise ValueError("fast engine: the reply script is empty")
         if select not in ("turn", "hash"):
@@ -81,19 +99,32 @@ class FastEngineServer:
             i = int.from_bytes(hashlib.blake2b(repr(prompt[-256:]).encode(), digest_size=8).digest(), "big")
         return self.replies[i % len(self.replies)]
 
-    async def _stream(self, request: web.Request, body: dict, prompt: list[int], out: list[int],
-                      finish: str) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, body: dict, prompt: list[int], out: list[int], finish: str
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        base = {"id": f"cmpl-{self.requests}", "object": "text_completion", "model": body.get("model", "fast")}
+        base = {
+            "id": f"cmpl-{self.requests}",
+            "object": "text_completion",
+            "model": body.get("model", "fast"),
+        }
 
         def chunk(ids: list[int], finish_reason: str | None, first: bool) -> bytes:
-            choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": finish_reason,
-                      "policy_version": self.policy_version,
-                      "prompt_token_ids": prompt if first and body.get("return_token_ids") else None,
-                      "logprobs": {"tokens": [f"token_id:{t}" for t in ids],
-                                   "token_logprobs": [fake_logprob(t) for t in ids],
-                                   "top_logprobs": None, "text_offset": None}}
+            choice = {
+                "index": 0,
+                "text": "",
+                "token_ids": ids,
+                "finish_reason": finish_reason,
+                "policy_version": self.policy_version,
+                "prompt_token_ids": prompt if first and body.get("return_token_ids") else None,
+                "logprobs": {
+                    "tokens": [f"token_id:{t}" for t in ids],
+                    "token_logprobs": [fake_logprob(t) for t in ids],
+                    "top_logprobs": None,
+                    "text_offset": None,
+                },
+            }
             return b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
 
         for i, t in enumerate(out):
@@ -133,18 +164,34 @@ class FastEngineServer:
         if self.per_token_s:
             await asyncio.sleep(self.per_token_s * len(out))
         lps = [fake_logprob(t) for t in out]
-        choice = {"index": 0, "text": "", "token_ids": out, "finish_reason": finish,
-                  "policy_version": self.policy_version,
-                  "logprobs": {"tokens": [f"token_id:{t}" for t in out], "token_logprobs": lps,
-                               "top_logprobs": None, "text_offset": None}}
+        choice = {
+            "index": 0,
+            "text": "",
+            "token_ids": out,
+            "finish_reason": finish,
+            "policy_version": self.policy_version,
+            "logprobs": {
+                "tokens": [f"token_id:{t}" for t in out],
+                "token_logprobs": lps,
+                "top_logprobs": None,
+                "text_offset": None,
+            },
+        }
         if body.get("return_token_ids"):
             choice["prompt_token_ids"] = prompt
-        return web.json_response({
-            "id": f"cmpl-{self.requests}", "object": "text_completion", "model": body.get("model", "fast"),
-            "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out),
-                      "total_tokens": len(prompt) + len(out)},
-        })
+        return web.json_response(
+            {
+                "id": f"cmpl-{self.requests}",
+                "object": "text_completion",
+                "model": body.get("model", "fast"),
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": len(out),
+                    "total_tokens": len(prompt) + len(out),
+                },
+            }
+        )
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fast-scripted", "object": "model"}]})
@@ -202,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with open(args.script) as f:
         replies = json.load(f)
-    server = FastEngineServer(load_gateway_tokenizer(), replies, args.select, args.per_token_ms / 1000, port=args.port)
+    server = FastEngineServer(
+        load_gateway_tokenizer(), replies, args.select, args.per_token_ms / 1000, port=args.port
+    )
 
     async def serve() -> None:
         url = await server.start_async()

@@ -50,8 +50,13 @@ class Task:
 
     def apply_gold(self, ws: Path) -> None:
         """The gold fix is the reverse of the bug-introducing patch."""
-        subprocess.run(["patch", "-p1", "-R", "--batch", "--quiet"], input=self.row["patch"], text=True, cwd=ws,
-                       check=True)
+        subprocess.run(
+            ["patch", "-p1", "-R", "--batch", "--quiet"],
+            input=self.row["patch"],
+            text=True,
+            cwd=ws,
+            check=True,
+        )
 
     def module(self) -> str:
         """Path of the source file the bug was planted in."""
@@ -108,7 +113,11 @@ def s3_server():
 @pytest.fixture
 def s3_env(s3_server, monkeypatch) -> str:
     """Points `ObjectStore.from_env()` (and every step it spawns) at the session's S3 endpoint."""
-    for key, value in {"HARNESSRL_S3_ENDPOINT": s3_server, "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing-secret", "HARNESSRL_S3_REGION": "us-east-1"}.items():
+    for key, value in {
+        "HARNESSRL_S3_ENDPOINT": s3_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing-secret",
+        "HARNESSRL_S3_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     return s3_server

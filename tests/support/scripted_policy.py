@@ -35,7 +35,10 @@ class ScriptedPolicyServer:
                 return self.script[index]
             if self.repeat_last and self.script:
                 return self.script[-1]
-            return {"status": 500, "error": f"scripted policy: script exhausted after {len(self.script)} replies"}
+            return {
+                "status": 500,
+                "error": f"scripted policy: script exhausted after {len(self.script)} replies",
+            }
 
     def start(self) -> str:
         owner = self
@@ -54,7 +57,9 @@ class ScriptedPolicyServer:
                 if step.get("sleep"):
                     time.sleep(float(step["sleep"]))
                 if "status" in step:
-                    return self._send(int(step["status"]), {"error": {"message": step.get("error", "scripted")}})
+                    return self._send(
+                        int(step["status"]), {"error": {"message": step.get("error", "scripted")}}
+                    )
                 self._send(200, _completion(body, step))
 
             def _send(self, code: int, payload: dict[str, Any]) -> None:
@@ -89,9 +94,16 @@ def _completion(request: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]
     tool_calls = []
     for i, call in enumerate(calls):
         args = call.get("arguments", {})
-        tool_calls.append({"id": f"call_{i}_{int(time.monotonic() * 1e6)}", "type": "function",
-                           "function": {"name": call["tool"],
-                                        "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        tool_calls.append(
+            {
+                "id": f"call_{i}_{int(time.monotonic() * 1e6)}",
+                "type": "function",
+                "function": {
+                    "name": call["tool"],
+                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                },
+            }
+        )
     content = step.get("content", "")
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
@@ -99,9 +111,16 @@ def _completion(request: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]
     prompt_chars = sum(len(json.dumps(m)) for m in request.get("messages", []))
     completion_tokens = max(1, (len(content) + sum(len(json.dumps(c)) for c in tool_calls)) // 4)
     return {
-        "id": "scripted", "object": "chat.completion", "created": int(time.time()),
+        "id": "scripted",
+        "object": "chat.completion",
+        "created": int(time.time()),
         "model": request.get("model", "scripted"),
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
-        "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_chars // 4 + completion_tokens},
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_chars // 4,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_chars // 4 + completion_tokens,
+        },
     }

@@ -14,14 +14,23 @@ from harnessrl.schema import Sample
 
 
 def chat_ids(tokenizer, user: str, answer: str) -> tuple[list[int], list[int]]:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     answer_ids = tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
     return list(prompt), list(answer_ids)
 
 
-def write_round(tmp: Path, tokenizer, *, groups: int = 3, per_group: int = 4, seed: int = 0,
-                split_every: int = 3, failed: int = 1) -> tuple[Path, Path, list[Sample]]:
+def write_round(
+    tmp: Path,
+    tokenizer,
+    *,
+    groups: int = 3,
+    per_group: int = 4,
+    seed: int = 0,
+    split_every: int = 3,
+    failed: int = 1,
+) -> tuple[Path, Path, list[Sample]]:
     """A round of rollouts: some split into 2 samples (a re-tokenized chain), `failed` non-ok rollouts."""
     rng = random.Random(seed)
     words = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket"]
@@ -39,14 +48,33 @@ def write_round(tmp: Path, tokenizer, *, groups: int = 3, per_group: int = 4, se
             parts = [(ids, mask, beh)]
             if k % split_every == 1:  # a second chain: follow-up turn after a rewritten history
                 p2, a2 = chat_ids(tokenizer, "Again, shorter.", word)
-                parts.append((p2 + a2, [0] * len(p2) + [1] * len(a2),
-                              [0.0] * len(p2) + [round(-rng.uniform(0.05, 2.0), 4) for _ in a2]))
+                parts.append(
+                    (
+                        p2 + a2,
+                        [0] * len(p2) + [1] * len(a2),
+                        [0.0] * len(p2) + [round(-rng.uniform(0.05, 2.0), 4) for _ in a2],
+                    )
+                )
             for si, (i2, m2, b2) in enumerate(parts):
-                samples.append(Sample(sample_id=f"{rid}-s{si}", rollout_id=rid, group_id=f"task-{g}", input_ids=i2,
-                                      loss_mask=m2, behavior_logprobs=b2, policy_version=[0] * len(i2)))
+                samples.append(
+                    Sample(
+                        sample_id=f"{rid}-s{si}",
+                        rollout_id=rid,
+                        group_id=f"task-{g}",
+                        input_ids=i2,
+                        loss_mask=m2,
+                        behavior_logprobs=b2,
+                        policy_version=[0] * len(i2),
+                    )
+                )
             status = "timeout" if k < failed else "ok"
-            reward_rows.append({"rollout_id": rid, "reward": None if status != "ok" else float(word == words[g]),
-                                "status": status})
+            reward_rows.append(
+                {
+                    "rollout_id": rid,
+                    "reward": None if status != "ok" else float(word == words[g]),
+                    "status": status,
+                }
+            )
             k += 1
     sp = tmp / "samples.parquet"
     pq.write_table(pa.Table.from_pylist([s.to_row() for s in samples]), sp)
@@ -61,9 +89,19 @@ def tiny_llama(seed: int = 0, vocab: int = 49152):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     return LlamaForCausalLM(cfg).float()
 
 

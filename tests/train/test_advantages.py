@@ -18,7 +18,11 @@ S3 = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 0] is 0.5; of [1, 1, 0] it is
 
 # (estimator, rewards) → expected advantages, computed by hand
 PARITY = [
-    ("grpo", [1.0, 0.0, 0.0, 0.0], [0.75 / (0.5 + EPS), -0.25 / (0.5 + EPS), -0.25 / (0.5 + EPS), -0.25 / (0.5 + EPS)]),
+    (
+        "grpo",
+        [1.0, 0.0, 0.0, 0.0],
+        [0.75 / (0.5 + EPS), -0.25 / (0.5 + EPS), -0.25 / (0.5 + EPS), -0.25 / (0.5 + EPS)],
+    ),
     ("grpo", [1.0, 1.0, 0.0], [(1 / 3) / (S3 + EPS), (1 / 3) / (S3 + EPS), (-2 / 3) / (S3 + EPS)]),
     ("grpo", [2.0, 0.0], [1.0 / (math.sqrt(2) + EPS), -1.0 / (math.sqrt(2) + EPS)]),
     ("drgrpo", [1.0, 0.0, 0.0, 0.0], [0.75, -0.25, -0.25, -0.25]),
@@ -66,8 +70,9 @@ def test_singleton_raw_matches_verl_lone_response():
 
 
 def test_groups_are_independent_and_stats_counted():
-    advs, st = rollout_level({"a": ("t1", 1.0), "b": ("t1", 0.0), "c": ("t2", 1.0), "d": ("t3", 0.0),
-                              "e": ("t3", 0.0)}, "drgrpo")
+    advs, st = rollout_level(
+        {"a": ("t1", 1.0), "b": ("t1", 0.0), "c": ("t2", 1.0), "d": ("t3", 0.0), "e": ("t3", 0.0)}, "drgrpo"
+    )
     assert advs == {"a": 0.5, "b": -0.5, "c": 0.0, "d": 0.0, "e": 0.0}
     assert (st.groups, st.singleton_groups, st.zero_variance_groups, st.units) == (3, 1, 1, 5)
 

@@ -24,12 +24,15 @@ def test_round_trip_and_rollout_split(tmp_path, tokenizer):
     assert prepared.excluded == {"status:timeout": 1}
 
 
-@pytest.mark.parametrize(("patch", "message"), [
-    ({"loss_mask": [0, 1]}, r"row 0 \(sample 's0'\): loss_mask has 2 entries but input_ids has 3"),
-    ({"loss_mask": [1, 1, 1]}, r"loss_mask\[0\] is 1"),
-    ({"behavior_logprobs": [0.0, 0.5, -1.0]}, "behavior_logprobs of trained tokens"),
-    ({"input_ids": [5]}, "input_ids has 1 token"),
-])
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"loss_mask": [0, 1]}, r"row 0 \(sample 's0'\): loss_mask has 2 entries but input_ids has 3"),
+        ({"loss_mask": [1, 1, 1]}, r"loss_mask\[0\] is 1"),
+        ({"behavior_logprobs": [0.0, 0.5, -1.0]}, "behavior_logprobs of trained tokens"),
+        ({"input_ids": [5]}, "input_ids has 1 token"),
+    ],
+)
 def test_bad_sample_rows_are_named(tmp_path, patch, message):
     row = Sample("s0", "r0", "g0", [1, 2, 3], [0, 1, 1], [0.0, -0.5, -1.0]).to_row() | patch
     if "input_ids" in patch:
@@ -56,13 +59,25 @@ def test_missing_column_and_bad_rewards_are_named(tmp_path):
 
 
 def _rollout(rid: str, group: str, reward: float | None, status: str = "ok") -> Sample:
-    return Sample(f"{rid}-s", rid, group, [1, 2, 3, 4], [0, 0, 1, 1], [0.0, 0.0, -1.0, -1.0], reward=reward,
-                  rollout_status=status)
+    return Sample(
+        f"{rid}-s",
+        rid,
+        group,
+        [1, 2, 3, 4],
+        [0, 0, 1, 1],
+        [0.0, 0.0, -1.0, -1.0],
+        reward=reward,
+        rollout_status=status,
+    )
 
 
 def test_nonok_drop_versus_mask_and_missing_rewards():
-    samples = [_rollout("a", "g", 1.0), _rollout("b", "g", 0.0), _rollout("c", "g", None, "timeout"),
-               _rollout("d", "g", None)]
+    samples = [
+        _rollout("a", "g", 1.0),
+        _rollout("b", "g", 0.0),
+        _rollout("c", "g", None, "timeout"),
+        _rollout("d", "g", None),
+    ]
     dropped = assemble(samples, None, nonok="drop")
     masked = assemble(samples, None, nonok="mask", mask_reward=0.0)
     assert dropped.excluded == {"status:timeout": 1, "missing_reward": 1}
@@ -79,7 +94,9 @@ def test_nonok_drop_versus_mask_and_missing_rewards():
 def test_dynamic_sampling_from_history_and_zero_variance_groups(tmp_path):
     hist = tmp_path / "history.jsonl"
     PassRateHistory(hist).record_round(1, {"easy": (4, 4), "hard": (4, 0), "mixed": (4, 1)})
-    samples = [_rollout(f"{g}{i}", g, float(i % 2)) for g in ("easy", "hard", "mixed", "new") for i in range(4)]
+    samples = [
+        _rollout(f"{g}{i}", g, float(i % 2)) for g in ("easy", "hard", "mixed", "new") for i in range(4)
+    ]
     samples += [_rollout(f"flat{i}", "flat", 1.0) for i in range(3)]
     cfg = StageConfig(history=str(hist), history_last_k=2, record_round=2, groups_per_step=2)
     plan = plan_round(assemble(samples, None), cfg)
@@ -95,14 +112,18 @@ def test_cli_reports_bad_input_in_one_line(tmp_path, capsys):
 
     f = tmp_path / "bad.parquet"
     pq.write_table(pa.Table.from_pylist([Sample("s", "r", "g", [1, 2], [1, 1], [0.0, -1.0]).to_row()]), f)
-    code = main(["stage", "train", "--samples", str(f), "--out", str(tmp_path / "o"), "--policy", str(tmp_path)])
+    code = main(
+        ["stage", "train", "--samples", str(f), "--out", str(tmp_path / "o"), "--policy", str(tmp_path)]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert "not a Hugging Face model directory" in err and "\n" not in err
     policy = tmp_path / "policy"
     policy.mkdir()
     (policy / "config.json").write_text("{}")
-    code = main(["stage", "train", "--samples", str(f), "--out", str(tmp_path / "o"), "--policy", str(policy)])
+    code = main(
+        ["stage", "train", "--samples", str(f), "--out", str(tmp_path / "o"), "--policy", str(policy)]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
     assert err.startswith("harnessrl: error: ") and "row 0 (sample 's'): loss_mask[0] is 1" in err

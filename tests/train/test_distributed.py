@@ -18,9 +18,18 @@ from harnessrl.train.launch import run_multiprocess, torchrun_command
 from harnessrl.train.round import StageConfig, run
 from tests.train.support import write_round
 
-CONFIG = {"groups_per_step": 1, "epochs": 1, "save_every": 1, "device": "cpu",
-          "train": {"loss_mode": "rollout-token-mean", "max_tokens_per_micro_batch": 48, "seed": 0,
-                    "optim": {"lr": 1e-3, "max_grad_norm": 1.0}}}
+CONFIG = {
+    "groups_per_step": 1,
+    "epochs": 1,
+    "save_every": 1,
+    "device": "cpu",
+    "train": {
+        "loss_mode": "rollout-token-mean",
+        "max_tokens_per_micro_batch": 48,
+        "seed": 0,
+        "optim": {"lr": 1e-3, "max_grad_norm": 1.0},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +38,19 @@ def dp_policy_dir(tmp_path_factory, tokenizer) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     d = tmp_path_factory.mktemp("dp-policy")
     LlamaForCausalLM(cfg).float().save_pretrained(d)
     tokenizer.save_pretrained(d)
@@ -39,7 +58,9 @@ def dp_policy_dir(tmp_path_factory, tokenizer) -> Path:
 
 
 def test_shard_items_partitions_and_balances_tokens():
-    items = [SeqItem([0] * n, [1] * n, [0.0] * n, 0.0, 1.0, f"r{i}") for i, n in enumerate([9, 3, 7, 1, 5, 5, 2])]
+    items = [
+        SeqItem([0] * n, [1] * n, [0.0] * n, 0.0, 1.0, f"r{i}") for i, n in enumerate([9, 3, 7, 1, 5, 5, 2])
+    ]
     shares = [shard_items(items, r, 3) for r in range(3)]
     ids = sorted(it.rollout_id for s in shares for it in s)
     assert ids == sorted(it.rollout_id for it in items)  # a partition: nothing lost or duplicated
@@ -49,7 +70,9 @@ def test_shard_items_partitions_and_balances_tokens():
 
 
 def test_torchrun_command_is_the_documented_cli():
-    cmd = torchrun_command(4, "s.parquet", "r.jsonl", "pol", "out", "out/cfg.json", resume=True, model_out="m")
+    cmd = torchrun_command(
+        4, "s.parquet", "r.jsonl", "pol", "out", "out/cfg.json", resume=True, model_out="m"
+    )
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
     assert cmd[6:10] == ["-m", "harnessrl.cli", "stage", "train"]
     assert cmd[cmd.index("--model-out") + 1] == "m" and cmd[-1] == "--resume"
@@ -62,10 +85,24 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
     # the exact launch the KFP component does on a multi-GPU pod: torchrun -m harnessrl.cli stage train;
     # started first so its 2 ranks import torch/transformers while this process computes the reference
     with ThreadPoolExecutor(1) as pool:
-        dp = pool.submit(run_multiprocess, 2, samples, rewards, dp_policy_dir, tmp_path / "dp",
-                         StageConfig.from_dict(CONFIG), timeout=240)
-        single = run(samples, rewards, dp_policy_dir, tmp_path / "single", StageConfig.from_dict(CONFIG),
-                     progress=False)
+        dp = pool.submit(
+            run_multiprocess,
+            2,
+            samples,
+            rewards,
+            dp_policy_dir,
+            tmp_path / "dp",
+            StageConfig.from_dict(CONFIG),
+            timeout=240,
+        )
+        single = run(
+            samples,
+            rewards,
+            dp_policy_dir,
+            tmp_path / "single",
+            StageConfig.from_dict(CONFIG),
+            progress=False,
+        )
         summary = dp.result()
     assert single["steps"] >= 2
     print(f"single + torchrun: {time.perf_counter() - t0:.1f}s")
@@ -96,7 +133,9 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
     assert c1.keys() == c2.keys()
     for k in c1:
         torch.testing.assert_close(c2[k], c1[k], rtol=1e-4, atol=1e-5)
-    state = torch.load(tmp_path / "dp" / "checkpoints" / "step-000001" / "trainer_state.pt", weights_only=False)
+    state = torch.load(
+        tmp_path / "dp" / "checkpoints" / "step-000001" / "trainer_state.pt", weights_only=False
+    )
     assert state["optimizer_format"] == "full_fqn"
     exp_avg = state["optimizer"]["state"]["model.embed_tokens.weight"]["exp_avg"]
     assert tuple(exp_avg.shape) == tuple(c1["model.embed_tokens.weight"].shape)
@@ -104,8 +143,12 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
     from harnessrl.tinymodel import load_model
     from harnessrl.train.trainer import Trainer
 
-    ref = torch.load(tmp_path / "single" / "checkpoints" / "step-000001" / "trainer_state.pt", weights_only=False)
-    trainer = Trainer(load_model(tmp_path / "dp" / "checkpoints" / "step-000001"), StageConfig.from_dict(CONFIG).train)
+    ref = torch.load(
+        tmp_path / "single" / "checkpoints" / "step-000001" / "trainer_state.pt", weights_only=False
+    )
+    trainer = Trainer(
+        load_model(tmp_path / "dp" / "checkpoints" / "step-000001"), StageConfig.from_dict(CONFIG).train
+    )
     trainer.load_state_dict(state)
     got = trainer.optimizer.state_dict()["state"]
     assert got.keys() == ref["optimizer"]["state"].keys()

@@ -46,8 +46,15 @@ def test_rollout_token_mean_formula_two_rollouts():
     assert float(got) == pytest.approx(((6 + 11) / 5 + (7 + 1) / 2) / 2)
 
 
-def verl_agg_loss(loss_mat, loss_mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=None,
-                  loss_scale_factor=None):
+def verl_agg_loss(
+    loss_mat,
+    loss_mask,
+    mode,
+    dp_size=1,
+    batch_num_tokens=None,
+    global_batch_size=None,
+    loss_scale_factor=None,
+):
     """verl `agg_loss` at verl-project/verl@018f23b5 restated for the comparison (verl is not a dependency)."""
     mask = loss_mask.to(loss_mat.dtype)
     if mode == "token-mean":
@@ -92,7 +99,9 @@ def test_matches_verl_agg_loss_whole_batch(mode, seed):
     scale = 9.0 if mode == "seq-mean-token-sum-norm" else None
     ours = agg_loss(loss, mask, mode, loss_scale_factor=scale)
     # verl adds 1e-8 to per-sequence token counts in seq-mean-token-mean; we divide exactly
-    assert float(ours) == pytest.approx(float(verl_agg_loss(loss, mask, mode, loss_scale_factor=scale)), rel=1e-6, abs=1e-7)
+    assert float(ours) == pytest.approx(
+        float(verl_agg_loss(loss, mask, mode, loss_scale_factor=scale)), rel=1e-6, abs=1e-7
+    )
 
 
 @pytest.mark.parametrize("mode", VERL_MODES)
@@ -108,7 +117,9 @@ def test_matches_verl_global_denominators_across_ranks(mode, dp_size):
     theirs = [verl_agg_loss(loss[s], mask[s], mode, dp_size, n_tokens, n_seqs, scale) for s in shards]
     assert [float(x) for x in ours] == pytest.approx([float(x) for x in theirs], rel=1e-6, abs=1e-7)
     # averaging over ranks (what DDP does to gradients) gives the whole-batch loss
-    assert float(sum(ours) / dp_size) == pytest.approx(float(agg_loss(loss, mask, mode, loss_scale_factor=scale)))
+    assert float(sum(ours) / dp_size) == pytest.approx(
+        float(agg_loss(loss, mask, mode, loss_scale_factor=scale))
+    )
 
 
 @pytest.mark.parametrize("mode", LOSS_MODES)
@@ -123,7 +134,7 @@ def test_micro_batching_does_not_change_loss_or_gradient(mode, micro):
     param = loss.clone().requires_grad_(True)
     total = 0.0
     for s in range(0, 8, micro):
-        part = agg_loss(param[s:s + micro], mask[s:s + micro], mode, weights=w[s:s + micro])
+        part = agg_loss(param[s : s + micro], mask[s : s + micro], mode, weights=w[s : s + micro])
         part.backward()
         total += float(part.detach())
     assert total == pytest.approx(float(full))
@@ -150,6 +161,7 @@ def test_seq_mean_token_sum_norm_requires_a_constant_scale():
 
 
 # ---- policy loss -------------------------------------------------------------------------------------
+
 
 def test_ppo_clip_asymmetric_and_dual_clip_by_hand():
     cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.28, dual_clip_c=3.0, tis_cap=None)
@@ -184,7 +196,9 @@ def test_policy_loss_matches_verl_vanilla(seed):
     ours = ppo_token_losses(logp, old, adv, cfg).pg
     theirs = verl_vanilla(old, logp, adv, 0.2, 0.3, 3.0)
     assert torch.allclose(ours, theirs)
-    assert float(agg_loss(ours, mask, "token-mean")) == pytest.approx(float(verl_agg_loss(theirs, mask, "token-mean")))
+    assert float(agg_loss(ours, mask, "token-mean")) == pytest.approx(
+        float(verl_agg_loss(theirs, mask, "token-mean"))
+    )
 
 
 def test_truncated_importance_weights_from_behavior_logprobs():
@@ -196,7 +210,9 @@ def test_truncated_importance_weights_from_behavior_logprobs():
     tl = ppo_token_losses(logp, old, adv, cfg, behavior)
     assert tl.is_weight.tolist() == pytest.approx([1.0, 2.0, math.exp(-0.5)])  # e^2 truncated to 2
     tl.pg.sum().backward()
-    assert logp.grad.tolist() == pytest.approx([-1.0, -2.0, -math.exp(-0.5)])  # weights are not differentiated
+    assert logp.grad.tolist() == pytest.approx(
+        [-1.0, -2.0, -math.exp(-0.5)]
+    )  # weights are not differentiated
 
 
 def test_low_var_kl_and_entropy():

@@ -20,22 +20,27 @@ def test_packed_logprobs_match_and_a_step_updates_the_real_model(tokenizer):
     for user, answer in (("Say hi.", "Hi!"), ("Name a fruit.", "An apple, which is red."), ("2+2?", "4")):
         p, a = chat_ids(tokenizer, user, answer)
         seqs.append((p + a, [0] * len(p) + [1] * len(a)))
-    items = [SeqItem(ids, m, [0.0] * len(ids), adv, 0.0, f"r{i}")
-             for i, ((ids, m), adv) in enumerate(zip(seqs, (1.0, -1.0, 0.5), strict=True))]
+    items = [
+        SeqItem(ids, m, [0.0] * len(ids), adv, 0.0, f"r{i}")
+        for i, ((ids, m), adv) in enumerate(zip(seqs, (1.0, -1.0, 0.5), strict=True))
+    ]
     with torch.no_grad():
         mb = pack(items, 4096)[0]
-        packed = token_logprobs(model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits,
-                                mb.targets)[0]
+        packed = token_logprobs(
+            model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits, mb.targets
+        )[0]
         offset = 0
         for ids, _ in seqs:
-            alone = token_logprobs(model(input_ids=torch.tensor([ids]), use_cache=False).logits,
-                                   torch.tensor([ids[1:] + [0]]))[0]
-            assert torch.allclose(packed[offset:offset + len(ids) - 1], alone[:-1], atol=2e-4)
+            alone = token_logprobs(
+                model(input_ids=torch.tensor([ids]), use_cache=False).logits, torch.tensor([ids[1:] + [0]])
+            )[0]
+            assert torch.allclose(packed[offset : offset + len(ids) - 1], alone[:-1], atol=2e-4)
             offset += len(ids)
         # behavior logprobs = the model's own: the on-policy case, IS weights are 1
         for it, (ids, _) in zip(items, seqs, strict=True):
-            lp = token_logprobs(model(input_ids=torch.tensor([ids]), use_cache=False).logits,
-                                torch.tensor([ids[1:] + [0]]))[0]
+            lp = token_logprobs(
+                model(input_ids=torch.tensor([ids]), use_cache=False).logits, torch.tensor([ids[1:] + [0]])
+            )[0]
             it.behavior_logprobs = [0.0] + lp[:-1].tolist()
     w = sequence_weights([sum(m[1:]) for _, m in seqs], [it.rollout_id for it in items], "rollout-token-mean")
     for it, wi in zip(items, w, strict=True):

@@ -1,7 +1,6 @@
 """The train stage end to end: kill mid-run + --resume reproduces an uninterrupted run; outputs load with
 AutoModelForCausalLM; the KFP component compiles."""
 
-
 import json
 import os
 import signal
@@ -15,8 +14,13 @@ import pytest
 from harnessrl.train.round import StageConfig, run
 from tests.train.support import write_round
 
-CONFIG = {"groups_per_step": 1, "epochs": 2, "save_every": 1, "keep_checkpoints": 2,
-          "train": {"seed": 3, "optim": {"lr": 1e-3}}}
+CONFIG = {
+    "groups_per_step": 1,
+    "epochs": 2,
+    "save_every": 1,
+    "keep_checkpoints": 2,
+    "train": {"seed": 3, "optim": {"lr": 1e-3}},
+}
 
 
 def read_losses(out: Path) -> list[float]:
@@ -31,9 +35,27 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl.cli", "stage", "train", "--samples", str(sp), "--rewards", str(rp),
-         "--policy", str(tiny_policy_dir), "--out", str(killed), "--config", str(cfg_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        [
+            sys.executable,
+            "-m",
+            "harnessrl.cli",
+            "stage",
+            "train",
+            "--samples",
+            str(sp),
+            "--rewards",
+            str(rp),
+            "--policy",
+            str(tiny_policy_dir),
+            "--out",
+            str(killed),
+            "--config",
+            str(cfg_file),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     deadline = time.monotonic() + 240
     try:
         while not (killed / "checkpoints" / "step-000002" / "trainer_state.json").exists():
@@ -61,8 +83,18 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
     model = AutoModelForCausalLM.from_pretrained(killed / "model")
     assert model.config.vocab_size == 49152
     metrics = json.loads((killed / "metrics.json").read_text())
-    for key in ("loss", "reward_mean", "reward_std", "advantage_std", "entropy", "clip_frac", "grad_norm",
-                "tokens_per_s", "padding_fraction", "excluded_status:timeout"):
+    for key in (
+        "loss",
+        "reward_mean",
+        "reward_std",
+        "advantage_std",
+        "entropy",
+        "clip_frac",
+        "grad_norm",
+        "tokens_per_s",
+        "padding_fraction",
+        "excluded_status:timeout",
+    ):
         assert key in metrics, key
     assert (killed / "curves.png").stat().st_size > 1000
     assert "data:image/png;base64," in (killed / "report.md").read_text()
@@ -85,7 +117,9 @@ def test_component_compiles_with_typed_artifacts(tmp_path):
     spec = yaml.safe_load(out.read_text())
     comp = spec["components"]["comp-train-grpo"]
     arts_in = {k: v["artifactType"]["schemaTitle"] for k, v in comp["inputDefinitions"]["artifacts"].items()}
-    arts_out = {k: v["artifactType"]["schemaTitle"] for k, v in comp["outputDefinitions"]["artifacts"].items()}
+    arts_out = {
+        k: v["artifactType"]["schemaTitle"] for k, v in comp["outputDefinitions"]["artifacts"].items()
+    }
     assert arts_in == {"samples": "system.Dataset", "verified": "system.Dataset", "policy": "system.Model"}
     assert arts_out == {"model": "system.Model", "metrics": "system.Metrics", "report": "system.Markdown"}
 
@@ -125,13 +159,24 @@ def test_component_runs_under_kfp_local(tmp_path, tokenizer, tiny_policy_dir):
         samples = dsl.importer(artifact_uri=samples_uri, artifact_class=dsl.Dataset)
         verified = dsl.importer(artifact_uri=verified_uri, artifact_class=dsl.Dataset)
         policy = dsl.importer(artifact_uri=policy_uri, artifact_class=dsl.Model)
-        train_grpo(samples=samples.output, verified=verified.output, policy=policy.output,
-                   config_json=json.dumps({"groups_per_step": 1}), seed=1)
+        train_grpo(
+            samples=samples.output,
+            verified=verified.output,
+            policy=policy.output,
+            config_json=json.dumps({"groups_per_step": 1}),
+            seed=1,
+        )
 
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"),
-               raise_on_error=True)
-    train_only(samples_uri=str(data / "samples"), verified_uri=str(data / "verified"),
-               policy_uri=str(tiny_policy_dir))
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(tmp_path / "root"),
+        raise_on_error=True,
+    )
+    train_only(
+        samples_uri=str(data / "samples"),
+        verified_uri=str(data / "verified"),
+        policy_uri=str(tiny_policy_dir),
+    )
     models = list((tmp_path / "root").rglob("model/config.json"))
     reports = [p for p in (tmp_path / "root").rglob("report") if p.is_file()]
     assert len(models) == 1 and len(reports) == 1

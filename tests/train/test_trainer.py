@@ -47,9 +47,12 @@ def grads_after(items, cfg: TrainConfig, world: int = 1, rank_items=None) -> tup
         for share in rank_items:
             mbs = pack(share, 10_000)
             for mb in mbs:
-                lp = token_logprobs(model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits,
-                                    mb.targets)
+                lp = token_logprobs(
+                    model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits,
+                    mb.targets,
+                )
                 from harnessrl.train.losses import ppo_token_losses
+
                 tl = ppo_token_losses(lp, lp.detach(), mb.advantages, cfg.policy, mb.behavior_logprobs)
                 loss = (tl.pg * mb.target_mask * mb.weights).sum() * world
                 loss.backward()
@@ -86,10 +89,13 @@ def no_clip(**kw) -> TrainConfig:
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "rollout-token-mean"])
 def test_micro_batch_budget_and_padding_do_not_change_loss_or_gradient(mode):
     items = make_items(mode)
-    ref_loss, ref = grads_of_step(items, no_clip(loss_mode=mode, max_tokens_per_micro_batch=10_000,
-                                                 loss_scale_factor=64.0))
-    for cfg in (no_clip(loss_mode=mode, max_tokens_per_micro_batch=45, loss_scale_factor=64.0),
-                no_clip(loss_mode=mode, packing=False, seqs_per_micro_batch=2, loss_scale_factor=64.0)):
+    ref_loss, ref = grads_of_step(
+        items, no_clip(loss_mode=mode, max_tokens_per_micro_batch=10_000, loss_scale_factor=64.0)
+    )
+    for cfg in (
+        no_clip(loss_mode=mode, max_tokens_per_micro_batch=45, loss_scale_factor=64.0),
+        no_clip(loss_mode=mode, packing=False, seqs_per_micro_batch=2, loss_scale_factor=64.0),
+    ):
         loss, grads = grads_of_step(items, cfg)
         assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
         for name, g in ref.items():

@@ -32,7 +32,7 @@ from tests.support.fixtures import requires_bwrap
 
 pytestmark = requires_bwrap
 
-FORCE_PASS_PLUGIN = '''
+FORCE_PASS_PLUGIN = """
 import pytest
 
 @pytest.hookimpl(hookwrapper=True)
@@ -41,7 +41,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     report.outcome = "passed"
     report.longrepr = None
-'''
+"""
 SITE_HOOKS = {
     "sitecustomize.py": "import os\nos.environ['PYTEST_ADDOPTS'] = '-p forcepass'\n",
     "forcepass.py": FORCE_PASS_PLUGIN,
@@ -110,7 +110,9 @@ def _build_attacks(task, root: Path, url: str) -> dict[str, Path]:
     (fresh("syntax-error") / task.module()).write_text("def broken(:\n")
     d = fresh("rewrite-tests")
     shutil.rmtree(d / "tests")
-    for test_id in task.row["FAIL_TO_PASS"] + task.row["PASS_TO_PASS"]:  # every expected test, trivially passing
+    for test_id in (
+        task.row["FAIL_TO_PASS"] + task.row["PASS_TO_PASS"]
+    ):  # every expected test, trivially passing
         path, name = test_id.split("::")
         (d / path).parent.mkdir(parents=True, exist_ok=True)
         with open(d / path, "a") as out:
@@ -126,13 +128,21 @@ def _build_attacks(task, root: Path, url: str) -> dict[str, Path]:
     (fresh("network") / task.module()).write_text(
         f"import urllib.request\nexec(urllib.request.urlopen({url!r}, timeout=5).read())\n"
         "import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', "
-        "'--retries', '0', '--timeout', '3', '-d', '/tmp/dl', 'parse'], check=True)\n")
-    _append(fresh("exit-code-lies") / task.module(), "import atexit, os\natexit.register(lambda: os._exit(0))\n")
+        "'--retries', '0', '--timeout', '3', '-d', '/tmp/dl', 'parse'], check=True)\n"
+    )
+    _append(
+        fresh("exit-code-lies") / task.module(), "import atexit, os\natexit.register(lambda: os._exit(0))\n"
+    )
     every = task.row["FAIL_TO_PASS"] + task.row["PASS_TO_PASS"]
-    forged = "\n".join(["=" * 20 + " short test summary info " + "=" * 20] + [f"PASSED {t}" for t in every]
-                       + ["=" * 20 + f" {len(every)} passed in 0.1s " + "=" * 20])
-    _append(fresh("forged-summary") / task.module(),
-            f"import atexit, os\natexit.register(lambda: (print({forged!r}), os._exit(0)))\n")
+    forged = "\n".join(
+        ["=" * 20 + " short test summary info " + "=" * 20]
+        + [f"PASSED {t}" for t in every]
+        + ["=" * 20 + f" {len(every)} passed in 0.1s " + "=" * 20]
+    )
+    _append(
+        fresh("forged-summary") / task.module(),
+        f"import atexit, os\natexit.register(lambda: (print({forged!r}), os._exit(0)))\n",
+    )
     for name, code in RUNAWAY.items():
         _append(fresh(name) / task.module(), code)
     return ws
@@ -150,13 +160,25 @@ def graded(task, tmp_path_factory):
     try:
         workspaces = _build_attacks(task, root / "ws", url)
         results: dict[str, dict] = {}
-        for batch, limits, timeout_s in (("default", None, 120.0), ("runaway", RUNAWAY_LIMITS, RUNAWAY_TIMEOUT_S)):
+        for batch, limits, timeout_s in (
+            ("default", None, 120.0),
+            ("runaway", RUNAWAY_LIMITS, RUNAWAY_TIMEOUT_S),
+        ):
             names = [n for n in workspaces if (n in RUNAWAY) == (batch == "runaway")]
-            write_jsonl(root / f"{batch}.jsonl", [{"rollout_id": n, "instance_id": task.iid,
-                                                   "workspace": str(workspaces[n])} for n in names])
+            write_jsonl(
+                root / f"{batch}.jsonl",
+                [{"rollout_id": n, "instance_id": task.iid, "workspace": str(workspaces[n])} for n in names],
+            )
             t0 = time.monotonic()
-            summary = run_verify(task.taskset.root, root / f"{batch}.jsonl", root / f"out-{batch}", workers=2,
-                                 timeout_s=timeout_s, limits=limits, show_progress=False)
+            summary = run_verify(
+                task.taskset.root,
+                root / f"{batch}.jsonl",
+                root / f"out-{batch}",
+                workers=2,
+                timeout_s=timeout_s,
+                limits=limits,
+                show_progress=False,
+            )
             summary["wall"] = time.monotonic() - t0
             time.sleep(0.3)
             summary["leftover_processes"] = _descendants(os.getpid())
@@ -231,11 +253,16 @@ def test_env_site_packages_is_read_only_for_the_agent(task, tmp_path):
 
 
 def test_reading_history_with_git_finds_nothing(graded, task, tmp_path):
-    fixed_line = next(ln[1:] for ln in task.row["patch"].splitlines() if ln.startswith("-") and not ln.startswith("---"))
+    fixed_line = next(
+        ln[1:] for ln in task.row["patch"].splitlines() if ln.startswith("-") and not ln.startswith("---")
+    )
     # Control: in the SWE-smith branch the fix is one `git show` away.
     cache = RepoCache.for_repo(task.taskset, task.row["repo"])
-    leak = subprocess.run(["git", "--git-dir", str(cache.path), "show", f"refs/heads/{task.iid}~1"],
-                          capture_output=True, text=True).stdout
+    leak = subprocess.run(
+        ["git", "--git-dir", str(cache.path), "show", f"refs/heads/{task.iid}~1"],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert fixed_line in leak
     ws = task.workspace(tmp_path / "ws")
     with BubblewrapSandbox(ws, ensure_env(task.taskset, task.row["repo"])) as sb:
@@ -253,9 +280,16 @@ def test_reading_history_with_git_finds_nothing(graded, task, tmp_path):
 
 def test_network_access_fetching_the_fix_fails(graded):
     # Control: outside the sandbox the fetch works (and serves the fixed module).
-    probe = subprocess.run([sys.executable, "-c", "import urllib.request; "
-                            f"print(len(urllib.request.urlopen({graded['url']!r}).read()))"],
-                           capture_output=True, text=True, timeout=30)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import urllib.request; print(len(urllib.request.urlopen({graded['url']!r}).read()))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert int(probe.stdout) == len(_GoldServer.body) > 0
     row = graded["results"]["network"]
     _assert_zero(row)
@@ -263,22 +297,42 @@ def test_network_access_fetching_the_fix_fails(graded):
 
 
 def test_raw_socket_and_pip_download_fail_inside_the_sandbox(tmp_path):
-    probe = ("import socket\nfor addr in [('1.1.1.1', 53), ('8.8.8.8', 443), ('127.0.0.1', 22)]:\n"
-             "    try:\n        socket.create_connection(addr, timeout=2); print('CONNECTED', addr)\n"
-             "    except OSError as e:\n        print('blocked', addr, e)\n")
+    probe = (
+        "import socket\nfor addr in [('1.1.1.1', 53), ('8.8.8.8', 443), ('127.0.0.1', 22)]:\n"
+        "    try:\n        socket.create_connection(addr, timeout=2); print('CONNECTED', addr)\n"
+        "    except OSError as e:\n        print('blocked', addr, e)\n"
+    )
     with BubblewrapSandbox(tmp_path, None) as sb:
         r = sb.run(["python3", "-c", probe], timeout=20)
-        pip = sb.run([sys.executable, "-m", "pip", "download", "--no-deps", "--retries", "0", "--timeout", "3",
-                      "-d", "/tmp/dl", "parse"], timeout=60)
+        pip = sb.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--retries",
+                "0",
+                "--timeout",
+                "3",
+                "-d",
+                "/tmp/dl",
+                "parse",
+            ],
+            timeout=60,
+        )
     assert r.outcome is Outcome.OK and "CONNECTED" not in r.stdout and r.stdout.count("blocked") == 3
     assert pip.outcome is Outcome.NONZERO
 
 
-@pytest.mark.parametrize("name, expected, detail", [
-    ("hang", "timeout", "wall-clock"),
-    ("alloc-10GB", "resource_limit", "memory limit"),
-    ("fork-bomb", "resource_limit", "process limit|memory limit"),  # whichever the bomb hits first
-])
+@pytest.mark.parametrize(
+    "name, expected, detail",
+    [
+        ("hang", "timeout", "wall-clock"),
+        ("alloc-10GB", "resource_limit", "memory limit"),
+        ("fork-bomb", "resource_limit", "process limit|memory limit"),  # whichever the bomb hits first
+    ],
+)
 def test_runaway_tests_are_stopped_within_limits(graded, name, expected, detail):
     if name not in RUNAWAY:
         pytest.skip("running as root without a writable cgroup: processes cannot be bounded on this host")
@@ -293,13 +347,19 @@ def test_runaway_tests_are_stopped_within_limits(graded, name, expected, detail)
 
 def test_exit_code_that_contradicts_the_log_is_an_infra_error(graded):
     row = graded["results"]["exit-code-lies"]
-    assert row["verify_status"] == "infra_error" and row["reward"] is None, (row["verify_status"], row["detail"])
+    assert row["verify_status"] == "infra_error" and row["reward"] is None, (
+        row["verify_status"],
+        row["detail"],
+    )
     assert row["status"] == "infra_error" and "exited 0" in row["detail"] and row["suspicious"]
 
 
 def test_forged_summary_printed_at_exit_is_an_infra_error(graded):
     row = graded["results"]["forged-summary"]
-    assert row["verify_status"] == "infra_error" and row["reward"] is None, (row["verify_status"], row["detail"])
+    assert row["verify_status"] == "infra_error" and row["reward"] is None, (
+        row["verify_status"],
+        row["detail"],
+    )
 
 
 def test_a_patch_that_does_not_apply_scores_zero(task):

@@ -29,21 +29,51 @@ def _diff(tmp_path: Path, before: dict[str, str], after: dict[str, str | None]) 
 
 
 def test_drops_tests_config_hooks_and_shadowing_modules(tmp_path):
-    before = {"pkg/core.py": "x = 1\n", "tests/test_core.py": "def test(): pass\n", "setup.cfg": "[metadata]\n",
-              "test_root.py": "def test(): pass\n", "src/other.py": "y = 1\n"}
-    after = {"pkg/core.py": "x = 2\n", "tests/test_core.py": None, "conftest.py": "import pytest\n",
-             "pkg/conftest.py": "\n", "setup.cfg": "[tool:pytest]\naddopts = -p evil\n", "pytest.ini": "[pytest]\n",
-             "sitecustomize.py": "import os\n", "evil.pth": "import os\n", "pkg/__pycache__/core.cpython-311.pyc": "x",
-             "json.py": "dumps = None\n", "pytest.py": "\n", "src/os.py": "\n", "pkg/new_helper.py": "z = 3\n",
-             "test_root.py": "def test(): assert 1\n", "pkg/util_test.py": "\n", "file with space.py": "a = 1\n",
-             "src/other.py": "import atexit\natexit.register(print)\ny = 2\n"}
+    before = {
+        "pkg/core.py": "x = 1\n",
+        "tests/test_core.py": "def test(): pass\n",
+        "setup.cfg": "[metadata]\n",
+        "test_root.py": "def test(): pass\n",
+        "src/other.py": "y = 1\n",
+    }
+    after = {
+        "pkg/core.py": "x = 2\n",
+        "tests/test_core.py": None,
+        "conftest.py": "import pytest\n",
+        "pkg/conftest.py": "\n",
+        "setup.cfg": "[tool:pytest]\naddopts = -p evil\n",
+        "pytest.ini": "[pytest]\n",
+        "sitecustomize.py": "import os\n",
+        "evil.pth": "import os\n",
+        "pkg/__pycache__/core.cpython-311.pyc": "x",
+        "json.py": "dumps = None\n",
+        "pytest.py": "\n",
+        "src/os.py": "\n",
+        "pkg/new_helper.py": "z = 3\n",
+        "test_root.py": "def test(): assert 1\n",
+        "pkg/util_test.py": "\n",
+        "file with space.py": "a = 1\n",
+        "src/other.py": "import atexit\natexit.register(print)\ny = 2\n",
+    }
     result = filter_diff(_diff(tmp_path, before, after), ["tests/test_core.py::test"], [])
     kept = sorted(f.path for f in result.kept)
     dropped = {d.path: d.reason for d in result.dropped}
     assert kept == ["file with space.py", "pkg/core.py", "pkg/new_helper.py", "src/other.py"]
-    assert set(dropped) == {"tests/test_core.py", "conftest.py", "pkg/conftest.py", "setup.cfg", "pytest.ini",
-                            "sitecustomize.py", "evil.pth", "pkg/__pycache__/core.cpython-311.pyc", "json.py",
-                            "pytest.py", "src/os.py", "test_root.py", "pkg/util_test.py"}
+    assert set(dropped) == {
+        "tests/test_core.py",
+        "conftest.py",
+        "pkg/conftest.py",
+        "setup.cfg",
+        "pytest.ini",
+        "sitecustomize.py",
+        "evil.pth",
+        "pkg/__pycache__/core.cpython-311.pyc",
+        "json.py",
+        "pytest.py",
+        "src/os.py",
+        "test_root.py",
+        "pkg/util_test.py",
+    }
     assert dropped["tests/test_core.py"].startswith("task test file")
     assert "shadows 'json'" in dropped["json.py"]
     assert result.flagged and [s["path"] for s in result.suspicious] == ["src/other.py", "src/other.py"]

@@ -11,7 +11,12 @@ def test_count_passes_excludes_non_ok_rollouts_and_ungraded_verifications():
     rewards = [
         {"rollout_id": "a0", "reward": 1.0, "status": "ok", "resolved": True},
         {"rollout_id": "a1", "reward": 0.0, "status": "ok", "resolved": False},
-        {"rollout_id": "a2", "reward": 0.0, "status": "ok", "resolved": False},  # graded, but the rollout timed out
+        {
+            "rollout_id": "a2",
+            "reward": 0.0,
+            "status": "ok",
+            "resolved": False,
+        },  # graded, but the rollout timed out
         {"rollout_id": "a3", "reward": None, "status": "infra_error", "verify_status": "infra_error"},
         {"rollout_id": "a4", "reward": None, "status": "infra_error", "verify_status": "infra_error"},
         # a5: never verified
@@ -19,6 +24,10 @@ def test_count_passes_excludes_non_ok_rollouts_and_ungraded_verifications():
     ]
     a, b = count_passes(rollouts, rewards)
     assert (a["n"], a["n_valid"], a["passes"], a["pass_rate"]) == (6, 2, 1, 0.5)
-    assert a["excluded"] == {"rollout_timeout": 1, "rollout_infra_error": 1, "verify_infra_error": 1,
-                             "not_verified": 1}
+    assert a["excluded"] == {
+        "rollout_timeout": 1,
+        "rollout_infra_error": 1,
+        "verify_infra_error": 1,
+        "not_verified": 1,
+    }
     assert (b["n"], b["n_valid"], b["passes"], b["pass_rate"]) == (1, 0, 0, None)

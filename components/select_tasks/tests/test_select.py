@@ -14,8 +14,10 @@ from harnessrl.taskset import TaskSet, write_taskset
 
 
 def counts(spec: dict[str, tuple[str, int, int]]) -> list[dict]:
-    return [{"instance_id": iid, "repo": repo, "n": 4, "n_valid": nv, "passes": p}
-            for iid, (repo, nv, p) in spec.items()]
+    return [
+        {"instance_id": iid, "repo": repo, "n": 4, "n_valid": nv, "passes": p}
+        for iid, (repo, nv, p) in spec.items()
+    ]
 
 
 def synthetic_counts(n_tasks=200, seed=1):
@@ -74,24 +76,43 @@ def _bundle(tmp: Path, name: str) -> Path:
     repo = tmp / f"src_{name}"
     repo.mkdir()
     (repo / "a.py").write_text("x = 1\n")
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
-    for cmd in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-qm", "Initial commit"],
-                ["bundle", "create", "-q", str(tmp / f"{name}.bundle"), "--all"]):
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "PATH": "/usr/bin:/bin",
+    }
+    for cmd in (
+        ["init", "-q", "-b", "main"],
+        ["add", "."],
+        ["commit", "-qm", "Initial commit"],
+        ["bundle", "create", "-q", str(tmp / f"{name}.bundle"), "--all"],
+    ):
         subprocess.run(["git", *cmd], cwd=repo, check=True, env=env, capture_output=True)
     return tmp / f"{name}.bundle"
 
 
 def test_run_select_writes_task_sets_plot_and_report(tmp_path):
     rows = synthetic_counts(n_tasks=30)
-    tasks = [{"instance_id": r["instance_id"], "repo": r["repo"], "patch": "", "FAIL_TO_PASS": ["t"],
-              "PASS_TO_PASS": [], "problem_statement": "fix"} for r in rows]
+    tasks = [
+        {
+            "instance_id": r["instance_id"],
+            "repo": r["repo"],
+            "patch": "",
+            "FAIL_TO_PASS": ["t"],
+            "PASS_TO_PASS": [],
+            "problem_statement": "fix",
+        }
+        for r in rows
+    ]
     bundles = {repo: _bundle(tmp_path, repo.replace("/", "_")) for repo in {r["repo"] for r in rows}}
     write_taskset(tmp_path / "tasks", tasks, bundles, source="test")
     write_jsonl(tmp_path / "pass_counts.jsonl", rows)
     out = tmp_path / "selected"
-    metrics = run_select(tmp_path / "tasks", tmp_path / "pass_counts.jsonl", out, k_all_fail=2,
-                         test_fraction=0.3, seed=0)
+    metrics = run_select(
+        tmp_path / "tasks", tmp_path / "pass_counts.jsonl", out, k_all_fail=2, test_fraction=0.3, seed=0
+    )
     train, test = TaskSet.open(out / "train"), TaskSet.open(out / "test")
     assert len(train.rows()) == metrics["train"] and len(test.rows()) == metrics["test"]
     assert metrics["train"] + metrics["test"] == metrics["mixed"] + 2
@@ -110,8 +131,21 @@ def test_run_select_writes_task_sets_plot_and_report(tmp_path):
 
 def test_run_select_rejects_counts_from_another_task_set(tmp_path):
     bundle = _bundle(tmp_path, "r")
-    write_taskset(tmp_path / "tasks", [{"instance_id": "a", "repo": "r", "patch": "", "FAIL_TO_PASS": [],
-                                        "PASS_TO_PASS": [], "problem_statement": ""}], {"r": bundle}, "t")
+    write_taskset(
+        tmp_path / "tasks",
+        [
+            {
+                "instance_id": "a",
+                "repo": "r",
+                "patch": "",
+                "FAIL_TO_PASS": [],
+                "PASS_TO_PASS": [],
+                "problem_statement": "",
+            }
+        ],
+        {"r": bundle},
+        "t",
+    )
     write_jsonl(tmp_path / "pc.jsonl", counts({"zzz": ("r", 4, 1)}))
     with pytest.raises(ValueError, match="not in"):
         run_select(tmp_path / "tasks", tmp_path / "pc.jsonl", tmp_path / "out")
@@ -124,19 +158,52 @@ def test_select_cli_and_clear_error(tmp_path, capsys):
     from harnessrl.cli import main
 
     rows = synthetic_counts(n_tasks=12)
-    tasks = [{"instance_id": r["instance_id"], "repo": r["repo"], "patch": "", "FAIL_TO_PASS": ["t"],
-              "PASS_TO_PASS": [], "problem_statement": "fix"} for r in rows]
+    tasks = [
+        {
+            "instance_id": r["instance_id"],
+            "repo": r["repo"],
+            "patch": "",
+            "FAIL_TO_PASS": ["t"],
+            "PASS_TO_PASS": [],
+            "problem_statement": "fix",
+        }
+        for r in rows
+    ]
     bundles = {repo: _bundle(tmp_path, repo.replace("/", "_")) for repo in {r["repo"] for r in rows}}
     write_taskset(tmp_path / "tasks", tasks, bundles, source="test")
     (tmp_path / "est").mkdir()
     write_jsonl(tmp_path / "est" / "pass_counts.jsonl", rows)
-    code = main(["stage", "select", "--tasks", str(tmp_path / "tasks"), "--estimates", str(tmp_path / "est"),
-                 "--out", str(tmp_path / "sel"), "--k-all-fail", "1", "--test-fraction", "0.5"])
+    code = main(
+        [
+            "stage",
+            "select",
+            "--tasks",
+            str(tmp_path / "tasks"),
+            "--estimates",
+            str(tmp_path / "est"),
+            "--out",
+            str(tmp_path / "sel"),
+            "--k-all-fail",
+            "1",
+            "--test-fraction",
+            "0.5",
+        ]
+    )
     assert code == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["train"] + printed["test"] == printed["mixed"] + min(1, printed["all_fail"])
     (tmp_path / "bad.jsonl").write_text('{"instance_id": "x", "repo": "r", "n_valid": 2}\n')
-    code = main(["stage", "select", "--tasks", str(tmp_path / "tasks"), "--estimates", str(tmp_path / "bad.jsonl"),
-                 "--out", str(tmp_path / "sel2")])
+    code = main(
+        [
+            "stage",
+            "select",
+            "--tasks",
+            str(tmp_path / "tasks"),
+            "--estimates",
+            str(tmp_path / "bad.jsonl"),
+            "--out",
+            str(tmp_path / "sel2"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "bad.jsonl: row 1: missing field 'passes'" in err and "Traceback" not in err
