@@ -31,8 +31,11 @@ demo: setup
 test: setup
 	$(PY) -m pytest
 
+# ruff (lint + format check) and pyright (standard mode; configured in pyproject.toml): 0 errors required.
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pyright
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info runs

@@ -7,11 +7,16 @@ stage's plain-Python `run` code. The image is the project image (it has harnessr
 
 from __future__ import annotations
 
-import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 from kfp import dsl
+from kfp.dsl.python_component import PythonComponent
 
 IMAGE = os.environ.get("HARNESSRL_IMAGE", "ghcr.io/harnessrl/harnessrl:0.1.0")
 
-component = functools.partial(dsl.component, base_image=IMAGE, install_kfp_package=False)
+
+def component(func: Callable[..., Any]) -> PythonComponent:
+    """`@dsl.component` on the project image, without a per-step `pip install kfp`."""
+    return dsl.component(func, base_image=IMAGE, install_kfp_package=False)

@@ -69,16 +69,11 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    from pipelines.full import PipelineUnavailable
     from pipelines.registry import PIPELINES
 
     for entry in PIPELINES.values():
-        try:
-            pipeline = entry.load()
-            params = ", ".join(sorted(pipeline.component_spec.inputs or {}))
-            print(f"{entry.name:16} {entry.summary}\n{'':16} parameters: {params}")
-        except PipelineUnavailable as e:
-            print(f"{entry.name:16} {entry.summary}\n{'':16} unavailable here: {e}")
+        params = ", ".join(sorted(entry.load().component_spec.inputs or {}))
+        print(f"{entry.name:16} {entry.summary}\n{'':16} parameters: {params}")
     return 0
 
 
@@ -88,25 +83,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     for name in args.names or []:
         get_entry(name)  # unknown names: one clear error
-    result = compile_all(args.out, args.names)
-    for name, path in result.written.items():
+    written = compile_all(args.out, args.names)
+    for name, path in written.items():
         print(f"compiled {name:16} -> {path}")
-    for name, why in result.skipped.items():
-        print(f"skipped  {name:16} ({why})")
     problems: list[str] = []
     if args.check:
-        from pipelines.full import STAGE_SLOTS
+        from pipelines.full import S3_STEPS
         from pipelines.spec_checks import CompiledPipeline, placement_problems
 
-        s3 = {slot.stage.replace("_", "-") for slot in STAGE_SLOTS if slot.streams_large_objects}
-        for name, path in result.written.items():
-            problems += [f"{name}: {p}" for p in placement_problems(CompiledPipeline.load(path), s3)]
-        print("\n".join(problems) if problems else f"placement checked: {len(result.written)} pipeline(s) ok")
-    return 0 if result.written and not problems else 1
+        for name, path in written.items():
+            problems += [
+                f"{name}: {p}" for p in placement_problems(CompiledPipeline.load(path), set(S3_STEPS))
+            ]
+        print("\n".join(problems) if problems else f"placement checked: {len(written)} pipeline(s) ok")
+    return 0 if written and not problems else 1
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from pipelines.full import PipelineUnavailable
     from pipelines.submit import SubmitError, submit
 
     try:
@@ -123,7 +116,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             upload=args.upload,
             timeout_s=args.timeout,
         )
-    except (SubmitError, PipelineUnavailable) as e:
+    except SubmitError as e:
         raise UserError(str(e)) from None
     print(f"submitted run {submitted.run_id} ({submitted.run_name}) to {args.host}")
     if submitted.pipeline_version_id:
@@ -155,14 +148,13 @@ def print_run_summary(result) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.full import PipelineUnavailable
     from pipelines.local_run import LocalRunError, run_local
 
     try:
         result = run_local(
             args.pipeline, args.arg, args.run_dir, cache=not args.no_cache, verbose=args.verbose
         )
-    except (LocalRunError, PipelineUnavailable) as e:
+    except LocalRunError as e:
         raise UserError(str(e)) from None
     except KeyboardInterrupt as e:
         print(f"harnessrl: {e}", file=sys.stderr)

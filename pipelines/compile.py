@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from kfp import compiler
 
 from harnessrl.io import atomic_write_text
-from pipelines.full import PipelineUnavailable
 from pipelines.registry import PIPELINES, load_pipeline
-
-
-@dataclass
-class CompileResult:
-    written: dict[str, Path]
-    skipped: dict[str, str]  # pipeline name -> why it could not be built in this checkout
 
 
 def compile_pipeline(name: str, out: Path) -> Path:
@@ -30,13 +22,8 @@ def compile_pipeline(name: str, out: Path) -> Path:
     return out
 
 
-def compile_all(out_dir: str | Path, names: list[str] | None = None) -> CompileResult:
+def compile_all(out_dir: str | Path, names: list[str] | None = None) -> dict[str, Path]:
+    """Compiles the named pipelines (default: all) into `out_dir`; returns name -> written file."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = CompileResult(written={}, skipped={})
-    for name in names or list(PIPELINES):
-        try:
-            result.written[name] = compile_pipeline(name, out_dir / f"{name}.yaml")
-        except PipelineUnavailable as e:
-            result.skipped[name] = str(e)
-    return result
+    return {name: compile_pipeline(name, out_dir / f"{name}.yaml") for name in names or list(PIPELINES)}

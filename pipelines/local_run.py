@@ -74,7 +74,7 @@ def load_runnable(pipeline: str) -> tuple[str, Any]:
     from pipelines.registry import PIPELINES, load_pipeline
 
     if pipeline in PIPELINES:
-        return pipeline, load_pipeline(pipeline, local=True)
+        return pipeline, load_pipeline(pipeline)
     path = Path(pipeline)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         from kfp import components

@@ -12,11 +12,10 @@ class PipelineEntry:
     name: str
     target: str  # "module:attribute": a @dsl.pipeline, or a zero-argument factory returning one
     summary: str
-    local_target: str | None = None  # variant for kfp.local runs (e.g. without GPU placement), if different
 
-    def load(self, local: bool = False) -> Any:
-        """The pipeline (a GraphComponent); raises PipelineUnavailable if a stage it needs is missing."""
-        module_name, attr = ((local and self.local_target) or self.target).split(":")
+    def load(self) -> Any:
+        """The pipeline (a GraphComponent)."""
+        module_name, attr = self.target.split(":")
         obj = getattr(importlib.import_module(module_name), attr)
         return obj if hasattr(obj, "pipeline_spec") else obj()
 
@@ -41,9 +40,8 @@ PIPELINES: dict[str, PipelineEntry] = {
         ),
         PipelineEntry(
             "harnessrl-full",
-            "pipelines.full:full_pipeline",
+            "pipelines.full:harnessrl_full",
             "data-prep → difficulty → select → rounds of generate → verify → train",
-            local_target="pipelines.full:full_pipeline_local",
         ),
     )
 }
@@ -56,5 +54,5 @@ def get_entry(name: str) -> PipelineEntry:
         raise KeyError(f"unknown pipeline {name!r}; known: {', '.join(PIPELINES)}") from None
 
 
-def load_pipeline(name: str, local: bool = False) -> Any:
-    return get_entry(name).load(local=local)
+def load_pipeline(name: str) -> Any:
+    return get_entry(name).load()

@@ -1,141 +1,103 @@
-"""The `harnessrl-full` extension point: stages wired by name, rounds chained through the checkpoint.
+"""`harnessrl-full`: the compiled DAG has exactly the edges pipelines/full.py names at its call sites, rounds
+chain through the trained model, GPU steps are placed, and the whole DAG runs under kfp.local on the tiny
+real model."""
 
-The stage components here are small real KFP components standing in for stages whose owners have not
-landed them; the real slots load `components/<stage>/component.py` the same way.
-"""
+import json
+from pathlib import Path
 
 import pytest
 from kfp import compiler
-from kfp.dsl import Dataset, Input, Model, Output
 
-from components.common import component
-from pipelines.full import STAGE_SLOTS, PipelineUnavailable, StageSlot, build_full_pipeline
+from pipelines.full import ROUNDS, harnessrl_full
+from pipelines.local_run import run_local
 from pipelines.spec_checks import CompiledPipeline, gpu_problems, secret_env_problems
 
-
-@component
-def estimate_difficulty(tasks: Input[Dataset], policy: Input[Model], estimates: Output[Dataset]):
-    open(estimates.path, "w").write("estimates\n")
+REPO = Path(__file__).resolve().parents[2]
+MINIREPO = REPO / "tests" / "fixtures" / "minirepo"
 
 
-@component
-def select(tasks: Input[Dataset], estimates: Input[Dataset], selected: Output[Dataset]):
-    import shutil
-
-    shutil.copytree(tasks.path, selected.path)
-
-
-@component
-def generate_rollouts(
-    tasks: Input[Dataset],
-    policy: Input[Model],
-    rollouts: Output[Dataset],
-    samples: Output[Dataset],
-    n_samples: int = 2,
-):
-    text = open(policy.path + "/weights.txt").read() if not policy.path.endswith(".txt") else "base"
-    open(rollouts.path, "w").write(f"rollouts of {text.strip()}\n")
-    open(samples.path, "w").write(f"samples x{n_samples}\n")
-
-
-@component
-def verify(tasks: Input[Dataset], rollouts: Input[Dataset], verified: Output[Dataset]):
-    open(verified.path, "w").write(open(rollouts.path).read())
-
-
-@component
-def train_grpo(
-    samples: Input[Dataset],
-    verified: Input[Dataset],
-    policy: Input[Model],
-    model: Output[Model],
-    seed: int = 0,
-):
-    import os
-
-    os.makedirs(model.path)
-    used = open(verified.path).read().strip()
-    open(os.path.join(model.path, "weights.txt"), "w").write(f"trained on [{used}]\n")
-
-
-def slots():
-    impl = {
-        "estimate_difficulty": estimate_difficulty,
-        "select": select,
-        "generate_rollouts": generate_rollouts,
-        "verify": verify,
-        "train_grpo": train_grpo,
-    }
-    return [
-        StageSlot(s.stage, impl[s.stage], s.per_round, s.gpus, s.streams_large_objects, s.aliases)
-        for s in STAGE_SLOTS
-    ]
-
-
-def test_missing_stage_is_named():
-    broken = [StageSlot("select", "components.nonexistent.component:select")]
-    with pytest.raises(PipelineUnavailable, match="select: module components.nonexistent"):
-        build_full_pipeline(broken)
-
-    @component
-    def needs_unknown(mystery: Input[Dataset]):
-        pass
-
-    with pytest.raises(PipelineUnavailable, match=r"input\(s\) \['mystery'\] have no upstream"):
-        build_full_pipeline([StageSlot("odd", needs_unknown)])
-
-
-def test_full_pipeline_compiles_with_rounds_chained_and_gpu_placement(tmp_path):
-    path = tmp_path / "full.yaml"
-    compiler.Compiler().compile(build_full_pipeline(slots(), rounds=2), str(path))
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    path = tmp_path_factory.mktemp("full") / "full.yaml"
+    compiler.Compiler().compile(harnessrl_full, str(path))
     pipeline = CompiledPipeline.load(path)
     dag = pipeline.spec["root"]["dag"]["tasks"]
-    by_display = {t["taskInfo"]["name"]: name for name, t in dag.items()}
-    for stage in (
-        "estimate-difficulty",
-        "select",
-        "generate-rollouts-round-1",
-        "verify-round-1",
-        "train-grpo-round-1",
-        "generate-rollouts-round-2",
-        "verify-round-2",
-        "train-grpo-round-2",
-    ):
-        assert stage in by_display, sorted(by_display)
+    return pipeline, dag, {t["taskInfo"]["name"]: name for name, t in dag.items()}
 
-    def source(display, artifact):
-        return dag[by_display[display]]["inputs"]["artifacts"][artifact]
 
-    # round 2 samples from round 1's trained policy; round 1 from the imported base model
-    assert source("generate-rollouts-round-2", "policy")["taskOutputArtifact"] == {
-        "producerTask": by_display["train-grpo-round-1"],
-        "outputArtifactKey": "model",
+# (consumer step, its input) <- (producer step, its output): every artifact edge of the DAG, by display name.
+EDGES = [
+    ("synthesize", "source", "import-source", "artifact"),
+    ("clean", "tasks", "synthesize", "tasks"),
+    ("validate", "tasks", "clean", "kept"),
+    ("estimate-difficulty", "tasks", "clean", "kept"),
+    ("estimate-difficulty", "policy", "import-base-model", "artifact"),
+    ("select", "tasks", "clean", "kept"),
+    ("select", "difficulty", "estimate-difficulty", "estimates"),
+    ("generate-rollouts-round-1", "tasks", "select", "selected"),
+    ("generate-rollouts-round-1", "policy", "import-base-model", "artifact"),
+    ("verify-round-1", "tasks", "select", "selected"),
+    ("verify-round-1", "rollouts", "generate-rollouts-round-1", "rollouts"),
+    ("train-grpo-round-1", "samples", "generate-rollouts-round-1", "samples"),
+    ("train-grpo-round-1", "verified", "verify-round-1", "verified"),
+    ("train-grpo-round-1", "policy", "import-base-model", "artifact"),
+    ("generate-rollouts-round-2", "tasks", "select", "selected"),
+    ("generate-rollouts-round-2", "policy", "train-grpo-round-1", "model"),
+    ("verify-round-2", "tasks", "select", "selected"),
+    ("verify-round-2", "rollouts", "generate-rollouts-round-2", "rollouts"),
+    ("train-grpo-round-2", "samples", "generate-rollouts-round-2", "samples"),
+    ("train-grpo-round-2", "verified", "verify-round-2", "verified"),
+    ("train-grpo-round-2", "policy", "train-grpo-round-1", "model"),
+]
+
+
+@pytest.mark.parametrize(
+    ("consumer", "input_name", "producer", "output"), EDGES, ids=[f"{c}.{i}" for c, i, *_ in EDGES]
+)
+def test_artifact_edge(compiled, consumer, input_name, producer, output):
+    _, dag, by_display = compiled
+    source = dag[by_display[consumer]]["inputs"]["artifacts"][input_name]["taskOutputArtifact"]
+    assert source == {"producerTask": by_display[producer], "outputArtifactKey": output}
+
+
+def test_the_dag_has_no_other_artifact_edges_and_waits_for_validation(compiled):
+    _, dag, by_display = compiled
+    name_of = {v: k for k, v in by_display.items()}
+    edges = {
+        (name_of[task], input_name)
+        for task, spec in dag.items()
+        for input_name, source in spec.get("inputs", {}).get("artifacts", {}).items()
+        if "taskOutputArtifact" in source
     }
-    assert (
-        source("generate-rollouts-round-1", "policy")["taskOutputArtifact"]["producerTask"]
-        == by_display["import-base-model"]
-    )
-    assert source("generate-rollouts-round-1", "tasks")["taskOutputArtifact"] == {
-        "producerTask": by_display["select"],
-        "outputArtifactKey": "selected",
-    }
-    assert source("estimate-difficulty", "tasks")["taskOutputArtifact"] == {
-        "producerTask": by_display["clean"],
-        "outputArtifactKey": "kept",
-    }
+    assert edges == {(c, i) for c, i, _, _ in EDGES}
+    assert ROUNDS == 2 and len([d for d in by_display if d.startswith("train-grpo-round-")]) == ROUNDS
     assert "validate" in dag[by_display["estimate-difficulty"]]["dependentTasks"]
-    for display in ("generate-rollouts-round-1", "train-grpo-round-2", "estimate-difficulty"):
-        label = pipeline.spec["components"][dag[by_display[display]]["componentRef"]["name"]]["executorLabel"]
-        assert gpu_problems(pipeline, label, gpus=1) == [], display
+
+
+def test_gpu_steps_and_s3_credentials(compiled):
+    pipeline, dag, by_display = compiled
+
+    def label(display):
+        return pipeline.spec["components"][dag[by_display[display]]["componentRef"]["name"]]["executorLabel"]
+
+    for display in ("estimate-difficulty", "generate-rollouts-round-1", "train-grpo-round-2"):
+        assert gpu_problems(pipeline, label(display), gpus=1) == [], display
     for display in ("generate-rollouts-round-2", "train-grpo-round-1"):
-        label = pipeline.spec["components"][dag[by_display[display]]["componentRef"]["name"]]["executorLabel"]
-        assert secret_env_problems(pipeline, label) == [], display
-    verify_label = pipeline.spec["components"][dag[by_display["verify-round-1"]]["componentRef"]["name"]][
-        "executorLabel"
-    ]
-    assert gpu_problems(pipeline, verify_label)  # CPU stage: no GPU placement
+        assert secret_env_problems(pipeline, label(display)) == [], display
+    assert gpu_problems(pipeline, label("verify-round-1"))  # a CPU step: no GPU placement
 
 
-def test_rounds_must_be_positive():
-    with pytest.raises(ValueError, match="rounds must be >= 1"):
-        build_full_pipeline(slots(), rounds=0)
+@pytest.mark.slow
+def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
+    """The real DAG under kfp.local: real components, the real tiny model, real sandboxes, tiny sizes."""
+    from pipelines.demo import demo_arguments
+
+    args = {**demo_arguments(MINIREPO, max_tasks=2), "difficulty_n": 1, "group_size": 2}
+    result = run_local("harnessrl-full", args, tmp_path / "full")
+    assert result.status == "succeeded", result.failed_log[-20:]
+    index = json.loads(result.index_path.read_text())
+    steps = set(index["tasks"])
+    assert {"synthesize", "clean", "validate", "estimate-difficulty", "select"} <= steps
+    trained = [index["tasks"][f"train-grpo-{r}"] for r in range(1, ROUNDS + 1)]
+    assert all(t["status"] == "succeeded" for t in trained)
+    assert Path(trained[-1]["outputs"]["model"]["path"]).is_dir()

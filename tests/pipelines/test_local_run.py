@@ -5,8 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from kfp import compiler
 
 from harnessrl.cli import main
 from harnessrl.taskset import TaskSet
@@ -132,31 +130,6 @@ def test_bad_run_arguments_are_one_line_errors(capsys, tmp_path):
     assert "no such file or directory" in capsys.readouterr().err
     assert main(["run", "clean-only", "--arg", "tasks_uri"]) == 2
     assert "expected NAME=VALUE" in capsys.readouterr().err
-
-
-def test_full_pipeline_with_stand_in_stages_runs_locally(data_prep_run, runs_root):
-    """Stand-in stage components (tests/pipelines/test_full_pipeline.py) slot into the real data-prep steps."""
-    from test_full_pipeline import slots
-
-    from pipelines.full import build_full_pipeline
-
-    base_model = runs_root / "base-model.txt"
-    base_model.write_text("base weights\n")
-    path = runs_root / "full.yaml"
-    compiler.Compiler().compile(build_full_pipeline(slots(), rounds=2, cluster=False), str(path))
-    assert len(list(yaml.safe_load_all(path.read_text()))) == 1  # local build: no Kubernetes platform config
-    result = run_local(
-        str(path),
-        [f"source_uri={MINIREPO}", f"base_model_uri={base_model}", "max_tasks=2", "seed=0"],
-        runs_root / "full",
-    )
-    assert result.status == "succeeded", result.failed_log[-20:]
-    index = json.loads(result.index_path.read_text())
-    assert index["tasks"]["synthesize"]["status"] == "cached"  # same step + inputs as the data-prep run
-    models = {k: v for k, v in index["tasks"].items() if k.startswith("train-grpo")}
-    assert len(models) == 2
-    round2 = Path(models["train-grpo-2"]["outputs"]["model"]["path"]) / "weights.txt"
-    assert round2.read_text() == "trained on [rollouts of trained on [rollouts of base]]\n"
 
 
 def test_s3_inputs_are_fetched_for_local_runs(data_prep_run, runs_root, s3_env, capsys):
