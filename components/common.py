@@ -19,4 +19,6 @@ IMAGE = os.environ.get("HARNESSRL_IMAGE", "ghcr.io/harnessrl/harnessrl:0.1.0")
 
 def component(func: Callable[..., Any]) -> PythonComponent:
     """`@dsl.component` on the project image, without a per-step `pip install kfp`."""
-    return dsl.component(func, base_image=IMAGE, install_kfp_package=False)
+    built = dsl.component(func, base_image=IMAGE, install_kfp_package=False)
+    assert isinstance(built, PythonComponent)  # given a function (not None), dsl.component builds it
+    return built

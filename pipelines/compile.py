@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from kfp import compiler
 
@@ -10,9 +11,8 @@ from harnessrl.io import atomic_write_text
 from pipelines.registry import PIPELINES, load_pipeline
 
 
-def compile_pipeline(name: str, out: Path) -> Path:
-    """Compiles one pipeline to `out` (a .yaml file) atomically."""
-    pipeline = load_pipeline(name)
+def compile_to_file(pipeline: Any, out: Path) -> Path:
+    """Compiles a pipeline (a `@dsl.pipeline`; typed Any: kfp's decorator is untyped) to `out` atomically."""
     tmp = out.with_name(f".{out.name}.compiling.yaml")
     try:
         compiler.Compiler().compile(pipeline, str(tmp))
@@ -20,6 +20,11 @@ def compile_pipeline(name: str, out: Path) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def compile_pipeline(name: str, out: Path) -> Path:
+    """Compiles one registered pipeline to `out` (a .yaml file) atomically."""
+    return compile_to_file(load_pipeline(name), out)
 
 
 def compile_all(out_dir: str | Path, names: list[str] | None = None) -> dict[str, Path]:

@@ -8,7 +8,7 @@ consume; `harnessrl-full` (pipelines/full.py) reuses them unchanged.
 from dataclasses import dataclass
 
 from kfp import dsl
-from kfp.dsl.pipeline_channel import PipelineChannel
+from kfp.dsl.pipeline_channel import PipelineChannel, PipelineParameterChannel
 
 from components.clean.component import clean
 from components.synthesize.component import synthesize
@@ -21,7 +21,7 @@ class DataPrepOutputs:
     gate: dsl.PipelineTask  # downstream steps run `.after(gate)`: only validated data flows on
 
 
-def import_dataset(uri: str | PipelineChannel) -> dsl.PipelineTask:
+def import_dataset(uri: str | PipelineParameterChannel) -> dsl.PipelineTask:
     """An upstream Dataset by URI (`minio://…`, `s3://…` on a cluster, an absolute path locally)."""
     return dsl.importer(artifact_uri=uri, artifact_class=dsl.Dataset, reimport=False)
 

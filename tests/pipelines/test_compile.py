@@ -8,7 +8,7 @@ from kfp import components, dsl
 
 from components.validate.component import validate
 from harnessrl.cli import main
-from pipelines.compile import compile_all
+from pipelines.compile import compile_all, compile_to_file
 from pipelines.k8s import gpu_step, use_s3_credentials
 from pipelines.registry import PIPELINES
 from pipelines.spec_checks import (
@@ -122,14 +122,13 @@ def test_gpu_step_helper_and_checker(tmp_path):
     def gpu_check(tasks_uri: str):
         imported = dsl.importer(artifact_uri=tasks_uri, artifact_class=dsl.Dataset)
         on_gpu = validate(tasks=imported.output).set_display_name("on-gpu")
+        with pytest.raises(ValueError, match="gpus must be >= 1"):
+            gpu_step(on_gpu, gpus=0)
         gpu_step(on_gpu, gpus=4, accelerator="nvidia.com/gpu", cpu="16", memory="128G")
         use_s3_credentials(on_gpu)
         validate(tasks=imported.output).set_display_name("on-cpu")
 
-    from kfp import compiler
-
-    path = tmp_path / "gpu.yaml"
-    compiler.Compiler().compile(gpu_check, str(path))
+    path = compile_to_file(gpu_check, tmp_path / "gpu.yaml")
     pipeline = CompiledPipeline.load(path)
     (gpu_task,) = pipeline.gpu_tasks()
     label = gpu_task[2]
@@ -146,8 +145,6 @@ def test_gpu_step_helper_and_checker(tmp_path):
     problems = gpu_problems(pipeline, cpu_label)
     assert any("accelerator type None" in p for p in problems) and any("node selector" in p for p in problems)
     assert secret_env_problems(pipeline, cpu_label)
-    with pytest.raises(ValueError, match="gpus must be >= 1"):
-        gpu_step(None, gpus=0)
     assert placement_problems(pipeline) == []
     (problem,) = placement_problems(pipeline, s3_components={"validate"})  # the CPU copy has no Secret env
     assert "not taken from a Secret" in problem

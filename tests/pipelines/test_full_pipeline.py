@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from kfp import compiler
 
+from pipelines.compile import compile_to_file
 from pipelines.full import ROUNDS, harnessrl_full
 from pipelines.local_run import run_local
 from pipelines.spec_checks import CompiledPipeline, gpu_problems, secret_env_problems
@@ -19,7 +19,7 @@ MINIREPO = REPO / "tests" / "fixtures" / "minirepo"
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     path = tmp_path_factory.mktemp("full") / "full.yaml"
-    compiler.Compiler().compile(harnessrl_full, str(path))
+    compile_to_file(harnessrl_full, path)
     pipeline = CompiledPipeline.load(path)
     dag = pipeline.spec["root"]["dag"]["tasks"]
     return pipeline, dag, {t["taskInfo"]["name"]: name for name, t in dag.items()}
