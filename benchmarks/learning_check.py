@@ -4,8 +4,8 @@ Task (verifiable, programmatic reward): "Reply with only the word 'X' and nothin
 sampled reply contains the word X (case-insensitive), else 0. SmolLM2-135M-Instruct sampled at T=1 succeeds
 on roughly a third of attempts, so groups are mixed and GRPO has signal. Training words and held-out
 evaluation words are disjoint. Rollouts are sampled with plain `model.generate` (behavior logprobs from the
-sampling distribution), trained through the train stage's own code (data.assemble → stage.plan_round →
-stage.step_items → Trainer.step, rollout-level GRPO, rollout-token-mean loss).
+sampling distribution), trained through the train stage's own code (data.assemble → round.plan_round →
+round.step_items → Trainer.step, rollout-level GRPO, rollout-token-mean loss).
 
     .venv/bin/python benchmarks/learning_check.py [--steps 20] [--threads 1]
 
@@ -125,12 +125,12 @@ def main() -> None:
     from harnessrl.schema import Sample
     from harnessrl.tinymodel import load_model, load_tokenizer
     from harnessrl.train.data import assemble
-    from harnessrl.train.round import StageConfig, plan_round, step_items
+    from harnessrl.train.round import TrainConfig, plan_round, step_items
     from harnessrl.train.trainer import Trainer
 
     tok = load_tokenizer()
     model = load_model()
-    cfg = StageConfig.from_dict(
+    cfg = TrainConfig.from_dict(
         {"train": {"seed": args.seed, "optim": {"lr": args.lr, "max_grad_norm": 1.0}}}
     )
     trainer = Trainer(model, cfg.train)

@@ -32,7 +32,8 @@ def child(mode: str, threads: int) -> None:
     from harnessrl.tinymodel import load_model
     from harnessrl.train.batching import SeqItem
     from harnessrl.train.losses import sequence_weights
-    from harnessrl.train.trainer import TrainConfig, Trainer
+    from harnessrl.train.modes import LossMode
+    from harnessrl.train.trainer import Trainer, TrainerConfig
 
     rng = random.Random(0)
     lengths = list(LENGTHS)
@@ -44,12 +45,14 @@ def child(mode: str, threads: int) -> None:
         mask = [0] * prompt + [1] * (n - prompt)
         beh = [0.0] * prompt + [-rng.uniform(0.1, 3.0) for _ in range(n - prompt)]
         seqs.append((ids, mask, beh, f"r{i % 4}"))
-    w = sequence_weights([sum(m[1:]) for _, m, _, _ in seqs], [r for *_, r in seqs], "rollout-token-mean")
+    w = sequence_weights(
+        [sum(m[1:]) for _, m, _, _ in seqs], [r for *_, r in seqs], LossMode.ROLLOUT_TOKEN_MEAN
+    )
     items = [
         SeqItem(i, m, b, 1.0 if k % 2 else -1.0, wk, r)
         for k, ((i, m, b, r), wk) in enumerate(zip(seqs, w, strict=True))
     ]
-    cfg = TrainConfig(
+    cfg = TrainerConfig(
         packing=(mode == "packed"), max_tokens_per_micro_batch=4 * max(LENGTHS), seqs_per_micro_batch=4
     )
     trainer = Trainer(load_model(), cfg)

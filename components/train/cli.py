@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from harnessrl.train.modes import AdvantageLevel, Estimator, LossMode, NonOkPolicy, Precision
+
 
 def register(commands, stages) -> None:
     p = stages.add_parser(
@@ -26,22 +28,12 @@ def register(commands, stages) -> None:
     p.add_argument(
         "--resume", action="store_true", help="continue from the latest checkpoint in OUT/checkpoints"
     )
-    p.add_argument("--config", help="JSON file with StageConfig fields (flags below override it)")
-    p.add_argument("--estimator", choices=["grpo", "drgrpo", "rloo"])
-    p.add_argument("--advantage-level", choices=["rollout", "sample"])
+    p.add_argument("--config", help="JSON file with TrainConfig fields (flags below override it)")
+    p.add_argument("--estimator", choices=list(Estimator))
+    p.add_argument("--advantage-level", choices=list(AdvantageLevel))
+    p.add_argument("--loss-mode", choices=list(LossMode))
     p.add_argument(
-        "--loss-mode",
-        choices=[
-            "token-mean",
-            "token-sum",
-            "seq-mean-token-sum",
-            "seq-mean-token-mean",
-            "seq-mean-token-sum-norm",
-            "rollout-token-mean",
-        ],
-    )
-    p.add_argument(
-        "--nonok", choices=["drop", "mask"], help="what to do with rollouts whose status is not ok"
+        "--nonok", choices=list(NonOkPolicy), help="what to do with rollouts whose status is not ok"
     )
     p.add_argument("--lr", type=float)
     p.add_argument("--groups-per-step", type=int)
@@ -49,7 +41,7 @@ def register(commands, stages) -> None:
     p.add_argument("--max-steps", type=int)
     p.add_argument("--save-every", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument("--precision", choices=list(Precision))
     p.add_argument("--no-packing", action="store_true", help="padded micro-batches instead of packed")
     p.add_argument("--max-tokens-per-micro-batch", type=int)
     p.add_argument("--history", help="pass-rate history JSONL for dynamic sampling")
@@ -63,7 +55,7 @@ def register(commands, stages) -> None:
 
 
 def build_config(args):
-    from harnessrl.train.round import StageConfig
+    from harnessrl.train.round import TrainConfig
 
     base: dict = {}
     if args.config:
@@ -100,7 +92,7 @@ def build_config(args):
     train["optim"] = optim
     base["train"] = train
     try:
-        return StageConfig.from_dict(base)
+        return TrainConfig.from_dict(base)
     except TypeError as e:
         raise ValueError(f"{args.config or 'config'}: {e}") from None
 
@@ -114,10 +106,10 @@ def _is_worker_rank() -> bool:
 
 def _run(args) -> int:
     from harnessrl.tinymodel import tiny_model_dir
-    from harnessrl.train.round import run
+    from harnessrl.train.round import run_train
 
     cfg = build_config(args)
-    summary = run(
+    summary = run_train(
         args.samples,
         args.rewards,
         args.policy or tiny_model_dir(),
@@ -126,7 +118,6 @@ def _run(args) -> int:
         resume=args.resume,
         model_out=args.model_out,
         upload_to=args.upload_to,
-        progress=not _is_worker_rank(),
     )
     if _is_worker_rank():
         return 0

@@ -1,4 +1,4 @@
-"""KFP component `train_grpo` (thin: the work is in stage.run). A GPU step on the cluster: the full pipeline's
+"""KFP component `train_grpo` (thin: the work is in harnessrl.train.round.run_train). A GPU step on the cluster: the full pipeline's
 StageSlot requests it through `pipelines.k8s.gpu_step`. With more than one GPU visible in the pod the
 component launches one rank per GPU with torchrun (FSDP2 data parallelism, see docs/train.md)."""
 
@@ -28,11 +28,11 @@ def train_grpo(
     import torch
 
     from harnessrl.train.launch import run_multiprocess
-    from harnessrl.train.round import StageConfig, run
+    from harnessrl.train.round import TrainConfig, run_train
 
     cfg_d = json.loads(config_json or "{}")
     cfg_d.setdefault("train", {})["seed"] = seed
-    cfg = StageConfig.from_dict(cfg_d)
+    cfg = TrainConfig.from_dict(cfg_d)
     # Work (checkpoints for --resume) lives beside the output artifact so a retried step on the same
     # artifact path resumes instead of starting over.
     work = Path(model.path).parent / (Path(model.path).name + ".work")
@@ -42,7 +42,7 @@ def train_grpo(
             gpus, samples.path, verified.path, policy.path, work, cfg, resume=resume, model_out=model.path
         )
     else:
-        summary = run(
+        summary = run_train(
             samples.path,
             verified.path,
             policy.path,
@@ -50,7 +50,6 @@ def train_grpo(
             cfg,
             resume=resume,
             model_out=model.path,
-            progress=False,
         )
     for key, value in summary.items():
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):

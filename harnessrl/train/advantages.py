@@ -16,11 +16,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
-Estimator = Literal["grpo", "drgrpo", "rloo"]
-ESTIMATORS: tuple[str, ...] = ("grpo", "drgrpo", "rloo")
-SingletonPolicy = Literal["zero", "raw"]
+from harnessrl.train.modes import Estimator, SingletonPolicy, parse_mode
 
 
 @dataclass(frozen=True)
@@ -34,40 +31,40 @@ class Scored:
 
 @dataclass
 class AdvantageStats:
-    groups: int = 0
     singleton_groups: int = 0
     zero_variance_groups: int = 0
-    units: int = 0
 
 
 def group_advantages(
-    rewards: list[float], estimator: Estimator, eps: float = 1e-6, singleton: SingletonPolicy = "zero"
+    rewards: list[float],
+    estimator: Estimator,
+    eps: float = 1e-6,
+    singleton: SingletonPolicy = SingletonPolicy.ZERO,
 ) -> list[float]:
     """Advantages for the rewards of one group, in the same order."""
+    estimator = parse_mode(Estimator, estimator, "advantage estimator")
     n = len(rewards)
     if n == 0:
         return []
     if n == 1:
-        return [0.0] if singleton == "zero" else [float(rewards[0])]
+        return [0.0] if singleton == SingletonPolicy.ZERO else [float(rewards[0])]
     mean = sum(rewards) / n
     if all(r == rewards[0] for r in rewards):
         return [0.0] * n
-    if estimator == "grpo":
+    if estimator == Estimator.GRPO:
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1))  # unbiased, as torch.std
         return [(r - mean) / (std + eps) for r in rewards]
-    if estimator == "drgrpo":
+    if estimator == Estimator.DRGRPO:
         return [r - mean for r in rewards]
-    if estimator == "rloo":
-        # mean of the *other* rewards as baseline: r - (S - r)/(n-1) == n/(n-1) * (r - mean)
-        return [n / (n - 1) * (r - mean) for r in rewards]
-    raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    # RLOO, mean of the *other* rewards as baseline: r - (S - r)/(n-1) == n/(n-1) * (r - mean)
+    return [n / (n - 1) * (r - mean) for r in rewards]
 
 
 def compute_advantages(
     units: Iterable[Scored],
-    estimator: Estimator = "grpo",
+    estimator: Estimator = Estimator.GRPO,
     eps: float = 1e-6,
-    singleton: SingletonPolicy = "zero",
+    singleton: SingletonPolicy = SingletonPolicy.ZERO,
 ) -> tuple[dict[str, float], AdvantageStats]:
     """Advantage per unit key. Keys must be unique; a unit's group is its task."""
     by_group: dict[str, list[Scored]] = defaultdict(list)
@@ -79,7 +76,7 @@ def compute_advantages(
         if u.reward is None or not math.isfinite(u.reward):
             raise ValueError(f"unit {u.key!r} (group {u.group_id!r}) has no finite reward: {u.reward!r}")
         by_group[u.group_id].append(u)
-    stats = AdvantageStats(groups=len(by_group), units=len(seen))
+    stats = AdvantageStats()
     out: dict[str, float] = {}
     for members in by_group.values():
         rewards = [m.reward for m in members]
@@ -94,9 +91,9 @@ def compute_advantages(
 
 def rollout_level(
     rollout_rewards: Mapping[str, tuple[str, float]],
-    estimator: Estimator = "grpo",
+    estimator: Estimator = Estimator.GRPO,
     eps: float = 1e-6,
-    singleton: SingletonPolicy = "zero",
+    singleton: SingletonPolicy = SingletonPolicy.ZERO,
 ) -> tuple[dict[str, float], AdvantageStats]:
     """{rollout_id: (group_id, reward)} → {rollout_id: advantage}."""
     return compute_advantages(
@@ -106,9 +103,9 @@ def rollout_level(
 
 def sample_level(
     samples: Iterable[tuple[str, str, float]],
-    estimator: Estimator = "grpo",
+    estimator: Estimator = Estimator.GRPO,
     eps: float = 1e-6,
-    singleton: SingletonPolicy = "zero",
+    singleton: SingletonPolicy = SingletonPolicy.ZERO,
 ) -> tuple[dict[str, float], AdvantageStats]:
     """Ablation: every sample (sample_id, group_id, reward of its rollout) is its own unit in the group."""
     return compute_advantages((Scored(s, g, r) for s, g, r in samples), estimator, eps, singleton)

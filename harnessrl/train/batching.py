@@ -142,8 +142,3 @@ def pad(items: Sequence[SeqItem], seqs_per_batch: int, pad_id: int = 0) -> list[
             )
         )
     return batches
-
-
-def padding_fraction(batches: Sequence[MicroBatch]) -> float:
-    total = sum(b.real_tokens + b.pad_tokens for b in batches)
-    return sum(b.pad_tokens for b in batches) / total if total else 0.0

@@ -14,9 +14,12 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from harnessrl.io import atomic_output, atomic_write_json
 
@@ -26,7 +29,7 @@ STATE_JSON = "trainer_state.json"
 
 
 def save_model(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tokenizer: Any,
     dest: str | Path,
     extra_json: dict | None = None,
@@ -36,7 +39,7 @@ def save_model(
     sharded (FSDP) model."""
     dest = Path(dest)
     with atomic_output(dest) as tmp:
-        _unwrap(model).save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if extra_json:
@@ -45,14 +48,10 @@ def save_model(
     return dest
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)
-
-
 def save_checkpoint(
     root: str | Path,
     step: int,
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tokenizer: Any,
     trainer_state: dict,
     meta: dict,
@@ -62,7 +61,7 @@ def save_checkpoint(
     root = Path(root)
     dest = root / f"step-{step:06d}"
     with atomic_output(dest) as tmp:
-        _unwrap(model).save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, Path(tmp) / STATE_PT)

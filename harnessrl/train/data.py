@@ -14,12 +14,10 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from harnessrl.io import read_jsonl
 from harnessrl.schema import Sample
-
-NonOkPolicy = Literal["drop", "mask"]
+from harnessrl.train.modes import NonOkPolicy, parse_mode
 
 
 @dataclass
@@ -134,13 +132,12 @@ def assemble(
     samples: list[Sample],
     rewards: dict[str, RewardRow] | None,
     *,
-    nonok: NonOkPolicy = "drop",
+    nonok: NonOkPolicy = NonOkPolicy.DROP,
     mask_reward: float = 0.0,
     ok_statuses: frozenset[str] = frozenset({"ok"}),
 ) -> Prepared:
     """Groups samples by rollout and attaches each rollout's reward and status."""
-    if nonok not in ("drop", "mask"):
-        raise ValueError(f"non-ok policy must be drop or mask, got {nonok!r}")
+    nonok = parse_mode(NonOkPolicy, nonok, "nonok")
     by_rollout: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         by_rollout[s.rollout_id].append(s)
@@ -160,7 +157,7 @@ def assemble(
                 prepared.excluded["missing_reward"] += 1
                 continue
             prepared.rollouts.append(Rollout(rid, members[0].group_id, reward, status, members))
-        elif nonok == "drop":
+        elif nonok == NonOkPolicy.DROP:
             prepared.excluded[f"status:{status}"] += 1
         else:
             prepared.masked[status] += 1

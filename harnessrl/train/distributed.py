@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,7 +99,7 @@ def is_fsdp(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     """Unsharded CPU state dict (collective; complete on rank 0 — other ranks get an empty dict)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

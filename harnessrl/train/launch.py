@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harnessrl.train.round import StageConfig
+from harnessrl.train.round import TrainConfig
 
 
 def torchrun_command(
@@ -64,7 +64,7 @@ def run_multiprocess(
     rewards: str | Path | None,
     policy: str | Path,
     out: str | Path,
-    cfg: StageConfig,
+    cfg: TrainConfig,
     *,
     resume: bool = False,
     model_out: str | Path | None = None,

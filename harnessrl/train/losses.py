@@ -28,26 +28,17 @@ from dataclasses import dataclass
 
 import torch
 
-LOSS_MODES: tuple[str, ...] = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-    "rollout-token-mean",
-)
-
-
-def check_mode(mode: str) -> None:
-    if mode not in LOSS_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; choose one of {', '.join(LOSS_MODES)}")
+from harnessrl.train.modes import LossMode, parse_mode
 
 
 def sequence_weights(
-    token_counts: Sequence[int], rollout_ids: Sequence[str], mode: str, loss_scale_factor: float | None = None
+    token_counts: Sequence[int],
+    rollout_ids: Sequence[str],
+    mode: LossMode,
+    loss_scale_factor: float | None = None,
 ) -> list[float]:
     """Weight per sequence for one optimizer step (all its sequences, on all ranks)."""
-    check_mode(mode)
+    mode = parse_mode(LossMode, mode, "loss_mode")
     if len(token_counts) != len(rollout_ids):
         raise ValueError("token_counts and rollout_ids must have the same length")
     live = [n > 0 for n in token_counts]
@@ -55,15 +46,15 @@ def sequence_weights(
     n_seqs = sum(live)
     if n_tokens == 0:
         return [0.0] * len(token_counts)
-    if mode == "token-mean":
+    if mode == LossMode.TOKEN_MEAN:
         return [1.0 / n_tokens if ok else 0.0 for ok in live]
-    if mode == "token-sum":
+    if mode == LossMode.TOKEN_SUM:
         return [1.0 if ok else 0.0 for ok in live]
-    if mode == "seq-mean-token-sum":
+    if mode == LossMode.SEQ_MEAN_TOKEN_SUM:
         return [1.0 / n_seqs if ok else 0.0 for ok in live]
-    if mode == "seq-mean-token-mean":
+    if mode == LossMode.SEQ_MEAN_TOKEN_MEAN:
         return [1.0 / (n_seqs * n) if n > 0 else 0.0 for n in token_counts]
-    if mode == "seq-mean-token-sum-norm":
+    if mode == LossMode.SEQ_MEAN_TOKEN_SUM_NORM:
         if not loss_scale_factor or loss_scale_factor <= 0:
             raise ValueError(
                 "seq-mean-token-sum-norm needs a positive loss_scale_factor (e.g. the max response "
@@ -83,7 +74,7 @@ def sequence_weights(
 def agg_loss(
     loss_mat: torch.Tensor,
     loss_mask: torch.Tensor,
-    mode: str,
+    mode: LossMode,
     *,
     rollout_ids: Sequence[str] | None = None,
     loss_scale_factor: float | None = None,
@@ -95,7 +86,6 @@ def agg_loss(
     Without `weights` the batch is taken to be the whole step (local denominators). Pass `weights` from
     `sequence_weights` over the whole step to get a micro-batch's / rank's share of the global loss.
     """
-    check_mode(mode)
     mask = loss_mask.to(loss_mat.dtype)
     seq_sums = (loss_mat * mask).sum(dim=-1)
     if weights is None:

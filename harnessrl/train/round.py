@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import random
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.difficulty.history import PassRateHistory
 from harnessrl.io import atomic_write_json, write_jsonl
+from harnessrl.progress import ProgressBar
 from harnessrl.train import advantages as adv_mod
 from harnessrl.train import distributed as dist_mod
 from harnessrl.train.batching import SeqItem
@@ -33,17 +36,25 @@ from harnessrl.train.checkpoint import (
 )
 from harnessrl.train.data import Prepared, Rollout, assemble, load_rewards, load_samples
 from harnessrl.train.losses import sequence_weights
-from harnessrl.train.trainer import TrainConfig, Trainer, seed_everything
+from harnessrl.train.modes import AdvantageLevel, Estimator, NonOkPolicy, SingletonPolicy, parse_mode
+from harnessrl.train.trainer import Trainer, TrainerConfig, seed_everything
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
-class StageConfig:
-    train: TrainConfig = field(default_factory=TrainConfig)
-    estimator: str = "grpo"  # grpo | drgrpo | rloo
-    advantage_level: str = "rollout"  # rollout | sample (ablation)
+class TrainConfig:
+    """The train stage's settings (the `--config` JSON); `train` holds the optimizer-step settings."""
+
+    train: TrainerConfig = field(default_factory=TrainerConfig)
+    estimator: Estimator = Estimator.GRPO
+    advantage_level: AdvantageLevel = AdvantageLevel.ROLLOUT  # SAMPLE is an ablation
     adv_eps: float = 1e-6
-    singleton: str = "zero"  # zero | raw
-    nonok: str = "drop"  # drop | mask (see data.py)
+    singleton: SingletonPolicy = SingletonPolicy.ZERO
+    nonok: NonOkPolicy = NonOkPolicy.DROP  # see data.py
     mask_reward: float = 0.0
     ok_statuses: tuple[str, ...] = ("ok",)
     groups_per_step: int = 0  # 0 = every group in one optimizer step
@@ -57,25 +68,25 @@ class StageConfig:
     keep_checkpoints: int = 2
     max_steps: int | None = None
     device: str = "auto"
-    reference_kl: bool = (
-        False  # load a frozen copy of the input policy as reference (needs policy.kl_coef > 0)
-    )
+    reference_kl: bool = False  # a frozen copy of the input policy as KL reference (needs policy.kl_coef > 0)
 
     def __post_init__(self) -> None:
-        if self.estimator not in adv_mod.ESTIMATORS:
-            raise ValueError(f"estimator must be one of {adv_mod.ESTIMATORS}, got {self.estimator!r}")
-        if self.advantage_level not in ("rollout", "sample"):
-            raise ValueError("advantage_level must be rollout or sample")
+        self.estimator = parse_mode(Estimator, self.estimator, "estimator")
+        self.advantage_level = parse_mode(AdvantageLevel, self.advantage_level, "advantage_level")
+        self.singleton = parse_mode(SingletonPolicy, self.singleton, "singleton")
+        self.nonok = parse_mode(NonOkPolicy, self.nonok, "nonok")
         if self.epochs < 1 or self.groups_per_step < 0:
             raise ValueError("epochs must be ≥ 1 and groups_per_step ≥ 0")
+        if self.record_round is not None and not self.history:
+            raise ValueError("record_round needs history (the pass-rate history JSONL to record into)")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> StageConfig:
+    def from_dict(cls, d: dict) -> TrainConfig:
         d = dict(d)
-        train = TrainConfig.from_dict(d.pop("train", {}))
+        train = TrainerConfig.from_dict(d.pop("train", {}))
         if "ok_statuses" in d:
             d["ok_statuses"] = tuple(d["ok_statuses"])
         return cls(train=train, **d)
@@ -89,7 +100,7 @@ class Plan:
     counts: dict[str, float]
 
 
-def plan_round(prepared: Prepared, cfg: StageConfig) -> Plan:
+def plan_round(prepared: Prepared, cfg: TrainConfig) -> Plan:
     counts: dict[str, float] = {f"excluded_{k}": v for k, v in prepared.excluded.items()}
     counts.update({f"masked_{k}": v for k, v in prepared.masked.items()})
     rollouts = prepared.rollouts
@@ -103,7 +114,7 @@ def plan_round(prepared: Prepared, cfg: StageConfig) -> Plan:
         skip &= set(groups)
     counts["groups_skipped_history"] = len(skip)
     rollouts = [r for r in rollouts if r.group_id not in skip]
-    if cfg.advantage_level == "rollout":
+    if cfg.advantage_level == AdvantageLevel.ROLLOUT:
         advs, st = adv_mod.rollout_level(
             {r.rollout_id: (r.group_id, r.reward) for r in rollouts},
             cfg.estimator,
@@ -142,7 +153,7 @@ def plan_round(prepared: Prepared, cfg: StageConfig) -> Plan:
     return Plan(rollouts=rollouts, advantages=advs, steps=steps, counts=counts)
 
 
-def step_items(plan: Plan, group_ids: list[str], cfg: StageConfig) -> tuple[list[SeqItem], list[Rollout]]:
+def step_items(plan: Plan, group_ids: list[str], cfg: TrainConfig) -> tuple[list[SeqItem], list[Rollout]]:
     gset = set(group_ids)
     members = [r for r in plan.rollouts if r.group_id in gset and r.trainable]
     seqs = [(r, s) for r in members for s in r.samples]
@@ -152,14 +163,14 @@ def step_items(plan: Plan, group_ids: list[str], cfg: StageConfig) -> tuple[list
     )
     items = []
     for (r, s), w in zip(seqs, weights, strict=True):
-        a = plan.advantages[r.rollout_id if cfg.advantage_level == "rollout" else s.sample_id]
+        a = plan.advantages[r.rollout_id if cfg.advantage_level == AdvantageLevel.ROLLOUT else s.sample_id]
         items.append(
             SeqItem(list(s.input_ids), list(s.loss_mask), list(s.behavior_logprobs), a, w, r.rollout_id)
         )
     return items, members
 
 
-def fingerprint(prepared: Prepared, cfg: StageConfig) -> str:
+def fingerprint(prepared: Prepared, cfg: TrainConfig) -> str:
     h = hashlib.sha256()
     h.update(
         json.dumps(
@@ -185,9 +196,10 @@ def _device(name: str) -> str:
     return name
 
 
-def _stats(xs: list[float]) -> dict[str, float]:
+def _stats(xs: list[float]) -> dict[str, float | None]:
+    """Mean/std/min/max; None for an empty list (metrics must be strict JSON: no NaN)."""
     if not xs:
-        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
+        return {"mean": None, "std": None, "min": None, "max": None}
     return {
         "mean": statistics.fmean(xs),
         "std": statistics.pstdev(xs) if len(xs) > 1 else 0.0,
@@ -196,17 +208,16 @@ def _stats(xs: list[float]) -> dict[str, float]:
     }
 
 
-def run(
+def run_train(
     samples: str | Path,
     rewards: str | Path | None,
     policy: str | Path,
     out: str | Path,
-    cfg: StageConfig | None = None,
+    cfg: TrainConfig | None = None,
     *,
     resume: bool = False,
     model_out: str | Path | None = None,
     upload_to: str | None = None,
-    progress: bool = True,
 ) -> dict:
     """Runs the stage; writes <out>/{model/,checkpoints/,metrics.json,steps.jsonl,report.md,curves.png}.
 
@@ -217,7 +228,7 @@ def run(
     from harnessrl.tinymodel import load_model, load_tokenizer
     from harnessrl.train.report import write_report
 
-    cfg = cfg or StageConfig()
+    cfg = cfg or TrainConfig()
     out = Path(out)
     model_out = Path(model_out) if model_out else out / "model"
     ckpt_root = out / "checkpoints"
@@ -242,8 +253,17 @@ def run(
         )
         plan = plan_round(prepared, cfg)
         fp = fingerprint(prepared, cfg)
+        if main:
+            logger.info(
+                "%d rollouts in, %d trained in %d groups over %d optimizer steps; counts %s",
+                plan.counts["rollouts_in"],
+                plan.counts["rollouts_trained"],
+                plan.counts["groups_trained"],
+                len(plan.steps),
+                plan.counts,
+            )
         if main and cfg.history and cfg.record_round is not None:
-            _record_history(prepared, cfg)
+            _record_history(prepared, cfg.history, cfg.record_round, cfg.pass_threshold)
 
         seed_everything(cfg.train.seed)
         start_step = 0
@@ -251,12 +271,16 @@ def run(
         ckpt = latest_checkpoint(ckpt_root) if resume else None
         source = ckpt if ckpt is not None else policy
         tokenizer = load_tokenizer(policy)
-        model = load_model(source).to(device)
+        model: PreTrainedModel = load_model(source)
+        # PreTrainedModel.to is decorated with functools.wraps(nn.Module.to), which pyright misreads
+        model.to(device)  # pyright: ignore[reportArgumentType]
         if ctx.enabled:
             dist_mod.wrap_fsdp(model)
-        ref_model = None
+        ref_model: PreTrainedModel | None = None
         if cfg.reference_kl and cfg.train.policy.kl_coef > 0:  # frozen, so every rank holds a full copy
-            ref_model = load_model(policy).to(device).eval().requires_grad_(False)
+            ref_model = load_model(policy)
+            ref_model.to(device)  # pyright: ignore[reportArgumentType]
+            ref_model.eval().requires_grad_(False)
         pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         )
@@ -272,16 +296,15 @@ def run(
             trainer.load_state_dict(state)
             start_step = int(meta["step"])
             history = list(meta.get("history", []))
+            if main:
+                logger.info("resuming from %s: step %d of %d", ckpt, start_step, len(plan.steps))
 
         reward_by_rollout = {r.rollout_id: r.reward for r in plan.rollouts}
         steps = plan.steps
-        from rich.progress import Progress
-
-        with Progress(disable=not (progress and main), transient=True) as bar:
-            task = bar.add_task("GRPO steps", total=len(steps), completed=start_step)
+        with ProgressBar("GRPO steps", total=len(steps), completed=start_step, transient=True) as bar:
             for step_index in range(start_step, len(steps)):
                 items, members = step_items(plan, steps[step_index], cfg)
-                m = trainer.step(dist_mod.shard_items(items, ctx.rank, ctx.world_size))
+                m: dict[str, Any] = dict(trainer.step(dist_mod.shard_items(items, ctx.rank, ctx.world_size)))
                 rewards_step = [reward_by_rollout[r.rollout_id] for r in members]
                 advs_step = [it.advantage for it in items]
                 m.update(
@@ -296,7 +319,7 @@ def run(
                         "world_size": ctx.world_size,
                     }
                 )
-                history.append(m)
+                history.append(strict_json(m))
                 done = step_index + 1
                 if cfg.save_every and done % cfg.save_every == 0 and done < len(steps):
                     weights = dist_mod.full_state_dict(model) if ctx.enabled else None  # collective
@@ -315,7 +338,7 @@ def run(
                     dist_mod.barrier()
                 if main:
                     write_jsonl(out / "steps.jsonl", history)
-                bar.update(task, completed=done)
+                bar.advance()
 
         summary = summarize(plan, history)
         summary["fingerprint"] = fp
@@ -342,6 +365,7 @@ def run(
             write_jsonl(out / "steps.jsonl", history)
             atomic_write_json(out / "metrics.json", summary)
             write_report(out, summary, history, cfg)
+            logger.info("wrote %s after %d optimizer steps; metrics in %s", model_out, len(history), out)
         dist_mod.barrier()
         del model, trainer
         if torch.cuda.is_available():
@@ -356,14 +380,13 @@ def summarize(plan: Plan, history: list[dict]) -> dict:
     rewards = [r.reward for r in plan.rollouts]
     advs = list(plan.advantages.values())
     s: dict = {"steps": len(history), **plan.counts}
-    s["reward_mean"] = _stats(rewards)["mean"]
-    s["reward_std"] = _stats(rewards)["std"]
+    reward_stats = _stats(rewards)
+    s["reward_mean"], s["reward_std"] = reward_stats["mean"], reward_stats["std"]
     for k, v in _stats(advs).items():
         s[f"advantage_{k}"] = v
-    s["advantage_zero_fraction"] = sum(1 for a in advs if a == 0) / len(advs) if advs else math.nan
+    s["advantage_zero_fraction"] = sum(1 for a in advs if a == 0) / len(advs) if advs else None
     if history:
-        last = history[-1]
-        s["loss"] = last["loss"]
+        s["loss"] = history[-1]["loss"]
         s["loss_first"] = history[0]["loss"]
         for key in (
             "entropy",
@@ -375,19 +398,38 @@ def summarize(plan: Plan, history: list[dict]) -> dict:
             "is_weight_mean",
             "approx_kl",
         ):
-            s[key] = statistics.fmean(h[key] for h in history)
+            values = [h[key] for h in history if h.get(key) is not None]
+            s[key] = statistics.fmean(values) if values else None
         s["trained_tokens"] = sum(h["trained_tokens"] for h in history)
+    elif not plan.counts["rollouts_in"]:
+        excluded = ", ".join(
+            f"{k[9:]}: {v}" for k, v in sorted(plan.counts.items()) if k.startswith("excluded_")
+        )
+        s["note"] = (
+            f"no rollout has a usable reward (excluded {excluded or 'none: the samples hold no rollout'}), so "
+            "reward and advantage statistics are null and the output model is the input policy unchanged"
+        )
     else:
         s["note"] = "no trainable groups after filtering: the output model is the input policy unchanged"
-    return s
+    return strict_json(s)
 
 
-def _record_history(prepared: Prepared, cfg: StageConfig) -> None:
+def strict_json(row: dict) -> dict:
+    """`row` with every non-finite float replaced by None (named under "nonfinite"): metrics files are strict
+    JSON, which has no NaN or Infinity."""
+    bad = sorted(k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v))
+    if not bad:
+        return row
+    logger.warning("non-finite metric(s) %s written as null", ", ".join(bad))
+    return {**{k: None if k in bad else v for k, v in row.items()}, "nonfinite": bad}
+
+
+def _record_history(prepared: Prepared, history: str, round_: int, pass_threshold: float) -> None:
     n: Counter = Counter()
     passes: Counter = Counter()
     for r in prepared.rollouts:
         if not r.trainable:  # same rule as the difficulty store: only finished rollouts are evidence
             continue
         n[r.group_id] += 1
-        passes[r.group_id] += int(r.reward >= cfg.pass_threshold)
-    PassRateHistory(cfg.history).record_round(int(cfg.record_round), {g: (n[g], passes[g]) for g in n})
+        passes[r.group_id] += int(r.reward >= pass_threshold)
+    PassRateHistory(history).record_round(round_, {g: (n[g], passes[g]) for g in n})

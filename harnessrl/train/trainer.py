@@ -1,14 +1,13 @@
 """The torch training loop for one optimizer step over a set of whole rollouts.
 
-Same code on CPU and GPU: `device` picks where the model lives; under torch.distributed each rank passes
-its share of the step's sequences (weights stay global, see losses.py) and gradients are averaged across
-ranks (by DDP/FSDP if the model is wrapped, else by an explicit all-reduce here).
+Same code on CPU and GPU: `device` picks where the model lives; under torch.distributed the model is sharded
+with FSDP2 (distributed.wrap_fsdp), each rank passes its share of the step's sequences (weights stay global,
+see losses.py) and FSDP's reduce-scatter averages the gradients across ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -16,10 +15,15 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from harnessrl.train import distributed as dist_mod
 from harnessrl.train.batching import MicroBatch, SeqItem, pack, pad
-from harnessrl.train.losses import PolicyLossConfig, check_mode, low_var_kl, ppo_token_losses
+from harnessrl.train.losses import PolicyLossConfig, entropy_from_logits, low_var_kl, ppo_token_losses
+from harnessrl.train.modes import LossMode, Precision, parse_mode
+
+# how a checkpoint's optimizer state is keyed: a DP run saves the full, FQN-keyed state (see state_dict)
+FULL_FQN_OPTIMIZER = "full_fqn"
 
 
 @dataclass
@@ -35,22 +39,23 @@ class OptimConfig:
 
 
 @dataclass
-class TrainConfig:
-    loss_mode: str = "rollout-token-mean"
+class TrainerConfig:
+    """Settings of one optimizer step (the stage's settings are round.TrainConfig, which holds one of these)."""
+
+    loss_mode: LossMode = LossMode.ROLLOUT_TOKEN_MEAN
     loss_scale_factor: float | None = None  # only for seq-mean-token-sum-norm
     policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     packing: bool = True
     max_tokens_per_micro_batch: int = 4096  # packed micro-batch budget
     seqs_per_micro_batch: int = 4  # padded micro-batches (packing=False)
-    precision: str = "fp32"  # fp32 | bf16 (autocast; master weights stay fp32)
+    precision: Precision = Precision.FP32
     ppo_epochs: int = 1  # optimizer steps per batch; >1 recomputes π_old once before the first
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_mode(self.loss_mode)
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        self.loss_mode = parse_mode(LossMode, self.loss_mode, "train.loss_mode")
+        self.precision = parse_mode(Precision, self.precision, "train.precision")
         if self.ppo_epochs < 1:
             raise ValueError("ppo_epochs must be ≥ 1")
 
@@ -58,7 +63,7 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
+    def from_dict(cls, d: dict) -> TrainerConfig:
         d = dict(d)
         policy = PolicyLossConfig(**d.pop("policy", {}))
         optim_d = dict(d.pop("optim", {}))
@@ -90,7 +95,7 @@ def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     return torch.cat(out).view(logits.shape[:-1])
 
 
-def micro_batches(items: Sequence[SeqItem], cfg: TrainConfig, pad_id: int = 0) -> list[MicroBatch]:
+def micro_batches(items: Sequence[SeqItem], cfg: TrainerConfig, pad_id: int = 0) -> list[MicroBatch]:
     if cfg.packing:
         return pack(items, cfg.max_tokens_per_micro_batch)
     return pad(items, cfg.seqs_per_micro_batch, pad_id)
@@ -100,7 +105,7 @@ class Trainer:
     def __init__(
         self,
         model: torch.nn.Module,
-        cfg: TrainConfig,
+        cfg: TrainerConfig,
         ref_model: torch.nn.Module | None = None,
         device: str | torch.device = "cpu",
         pad_id: int = 0,
@@ -114,6 +119,11 @@ class Trainer:
         self.pad_id = pad_id
         if cfg.policy.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
+        if self.world_size > 1 and not dist_mod.is_fsdp(model):
+            raise ValueError(
+                "under torch.distributed the model must be sharded first (distributed.wrap_fsdp): FSDP "
+                "averages the gradients across ranks"
+            )
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -133,7 +143,7 @@ class Trainer:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
     def _autocast(self):
-        if self.cfg.precision == "bf16":
+        if self.cfg.precision == Precision.BF16:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -168,9 +178,8 @@ class Trainer:
         old_lp = None
         if cfg.ppo_epochs > 1:
             old_lp = [self._logprobs_no_grad(self.model, mb) for mb in mbs]
-        ref_lp = (
-            [self._logprobs_no_grad(self.ref_model, mb) for mb in mbs] if cfg.policy.kl_coef > 0 else None
-        )
+        ref_model = self.ref_model if cfg.policy.kl_coef > 0 else None
+        ref_lp = [self._logprobs_no_grad(ref_model, mb) for mb in mbs] if ref_model is not None else None
         metrics: dict[str, float] = {}
         for _epoch in range(cfg.ppo_epochs):
             sums = {
@@ -200,9 +209,7 @@ class Trainer:
                 sel = mask > 0
                 ent_sum = float(token_entropy(logits[sel]).sum()) if bool(sel.any()) else 0.0
                 if cfg.policy.entropy_coef > 0:
-                    lsm = torch.log_softmax(logits.float(), dim=-1)
-                    ent_grad = -(lsm.exp() * lsm).sum(-1)
-                    per_token = per_token - cfg.policy.entropy_coef * ent_grad
+                    per_token = per_token - cfg.policy.entropy_coef * entropy_from_logits(logits)
                 kl = torch.zeros_like(lp)
                 if ref_lp is not None:
                     kl = low_var_kl(lp, ref_lp[i])
@@ -220,12 +227,11 @@ class Trainer:
                 sums["approx_kl"] += float((tl.approx_kl * mask).sum())
                 sums["tokens"] += n
                 del logits, lp, loss, per_token
-            self._all_reduce_grads()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+            if isinstance(grad_norm, DTensor):  # FSDP2: a replicated DTensor
                 grad_norm = grad_norm.full_tensor()
             sums = dist_mod.all_reduce_sum(sums, str(self.device))
-            lr = self.scheduler.get_last_lr()[0]
+            lr = float(self.scheduler.get_last_lr()[0])
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -264,21 +270,10 @@ class Trainer:
                 "tokens": real,
                 "padding_fraction": counts["pad"] / (real + counts["pad"]) if real + counts["pad"] else 0.0,
                 "step_seconds": elapsed,
-                "tokens_per_s": real * cfg.ppo_epochs / elapsed if elapsed > 0 else math.nan,
+                "tokens_per_s": real * cfg.ppo_epochs / max(elapsed, 1e-9),
             }
         )
         return metrics
-
-    def _all_reduce_grads(self) -> None:
-        if self.world_size == 1 or isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
-            return
-        if dist_mod.is_fsdp(self.model) or type(self.model).__name__.startswith("FullyShardedDataParallel"):
-            return
-        dist = torch.distributed
-        for p in self.model.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                p.grad.div_(self.world_size)
 
     def state_dict(self) -> dict:
         """Under FSDP a collective: every rank calls it; the full (unsharded, FQN-keyed) optimizer state
@@ -291,7 +286,7 @@ class Trainer:
             )
             return {
                 "optimizer": optim,
-                "optimizer_format": "full_fqn",
+                "optimizer_format": FULL_FQN_OPTIMIZER,
                 "scheduler": self.scheduler.state_dict(),
                 "global_step": self.global_step,
                 "torch_rng": torch.get_rng_state(),
@@ -306,8 +301,8 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("optimizer_format") == "full_fqn" or dist_mod.is_fsdp(self.model):
-            if state.get("optimizer_format") != "full_fqn":
+        if state.get("optimizer_format") == FULL_FQN_OPTIMIZER or dist_mod.is_fsdp(self.model):
+            if state.get("optimizer_format") != FULL_FQN_OPTIMIZER:
                 raise ValueError(
                     "this checkpoint was written by a single-process run; resume it with the same "
                     "world size (1), or start a new --out"

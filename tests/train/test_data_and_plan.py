@@ -10,7 +10,8 @@ from harnessrl.difficulty.history import PassRateHistory
 from harnessrl.io import write_jsonl
 from harnessrl.schema import Sample
 from harnessrl.train.data import assemble, load_rewards, load_samples
-from harnessrl.train.round import StageConfig, plan_round, step_items
+from harnessrl.train.modes import NonOkPolicy
+from harnessrl.train.round import TrainConfig, plan_round, step_items
 from tests.train.support import write_round
 
 
@@ -78,11 +79,11 @@ def test_nonok_drop_versus_mask_and_missing_rewards():
         _rollout("c", "g", None, "timeout"),
         _rollout("d", "g", None),
     ]
-    dropped = assemble(samples, None, nonok="drop")
-    masked = assemble(samples, None, nonok="mask", mask_reward=0.0)
+    dropped = assemble(samples, None, nonok=NonOkPolicy.DROP)
+    masked = assemble(samples, None, nonok=NonOkPolicy.MASK, mask_reward=0.0)
     assert dropped.excluded == {"status:timeout": 1, "missing_reward": 1}
     assert masked.masked == {"timeout": 1} and masked.excluded == {"missing_reward": 1}
-    cfg = StageConfig()
+    cfg = TrainConfig()
     plan_d, plan_m = plan_round(dropped, cfg), plan_round(masked, cfg)
     # mask: the timeout counts as a failure in the baseline (a's advantage grows) but is never trained
     assert plan_m.advantages["a"] > plan_d.advantages["a"]
@@ -98,7 +99,7 @@ def test_dynamic_sampling_from_history_and_zero_variance_groups(tmp_path):
         _rollout(f"{g}{i}", g, float(i % 2)) for g in ("easy", "hard", "mixed", "new") for i in range(4)
     ]
     samples += [_rollout(f"flat{i}", "flat", 1.0) for i in range(3)]
-    cfg = StageConfig(history=str(hist), history_last_k=2, record_round=2, groups_per_step=2)
+    cfg = TrainConfig(history=str(hist), history_last_k=2, record_round=2, groups_per_step=2)
     plan = plan_round(assemble(samples, None), cfg)
     assert plan.counts["groups_skipped_history"] == 2
     assert plan.counts["groups_skipped_zero_variance"] == 1

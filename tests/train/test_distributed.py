@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from harnessrl.train.batching import SeqItem
 from harnessrl.train.distributed import shard_items
 from harnessrl.train.launch import run_multiprocess, torchrun_command
-from harnessrl.train.round import StageConfig, run
+from harnessrl.train.round import TrainConfig, run_train
 from tests.train.support import write_round
 
 CONFIG = {
@@ -92,16 +92,15 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
             rewards,
             dp_policy_dir,
             tmp_path / "dp",
-            StageConfig.from_dict(CONFIG),
+            TrainConfig.from_dict(CONFIG),
             timeout=240,
         )
-        single = run(
+        single = run_train(
             samples,
             rewards,
             dp_policy_dir,
             tmp_path / "single",
-            StageConfig.from_dict(CONFIG),
-            progress=False,
+            TrainConfig.from_dict(CONFIG),
         )
         summary = dp.result()
     assert single["steps"] >= 2
@@ -147,7 +146,7 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
         tmp_path / "single" / "checkpoints" / "step-000001" / "trainer_state.pt", weights_only=False
     )
     trainer = Trainer(
-        load_model(tmp_path / "dp" / "checkpoints" / "step-000001"), StageConfig.from_dict(CONFIG).train
+        load_model(tmp_path / "dp" / "checkpoints" / "step-000001"), TrainConfig.from_dict(CONFIG).train
     )
     trainer.load_state_dict(state)
     got = trainer.optimizer.state_dict()["state"]

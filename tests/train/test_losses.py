@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from harnessrl.train.losses import (
-    LOSS_MODES,
     PolicyLossConfig,
     agg_loss,
     entropy_from_logits,
@@ -16,6 +15,7 @@ from harnessrl.train.losses import (
     ppo_token_losses,
     sequence_weights,
 )
+from harnessrl.train.modes import LossMode
 
 # 3 sequences (rows), the last fully masked; rollouts: rows 0,1 → "a", row 2 → "b"
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0], [7.0, 8.0, 9.0, 1.0]], dtype=torch.float64)
@@ -24,12 +24,12 @@ ROLLOUTS = ["a", "a", "b"]
 
 # hand computed: row sums 6 and 11 over 3 and 2 tokens; the masked row is excluded from every count
 PARITY = [
-    ("token-mean", None, (6 + 11) / 5),
-    ("token-sum", None, 17.0),
-    ("seq-mean-token-sum", None, (6 + 11) / 2),
-    ("seq-mean-token-mean", None, (6 / 3 + 11 / 2) / 2),
-    ("seq-mean-token-sum-norm", 4.0, (6 + 11) / 2 / 4),
-    ("rollout-token-mean", None, (6 + 11) / 5),  # one live rollout "a" with 5 tokens
+    (LossMode.TOKEN_MEAN, None, (6 + 11) / 5),
+    (LossMode.TOKEN_SUM, None, 17.0),
+    (LossMode.SEQ_MEAN_TOKEN_SUM, None, (6 + 11) / 2),
+    (LossMode.SEQ_MEAN_TOKEN_MEAN, None, (6 / 3 + 11 / 2) / 2),
+    (LossMode.SEQ_MEAN_TOKEN_SUM_NORM, 4.0, (6 + 11) / 2 / 4),
+    (LossMode.ROLLOUT_TOKEN_MEAN, None, (6 + 11) / 5),  # one live rollout "a" with 5 tokens
 ]
 
 
@@ -42,7 +42,7 @@ def test_parity_table(mode, scale, expected):
 def test_rollout_token_mean_formula_two_rollouts():
     # L = 1/R Σ_r Σ_{s∈r,t} ℓm / Σ_{s∈r,t} m with rollout a = rows 0,1 (5 tokens), b = row 2 (2 tokens)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 1]])
-    got = agg_loss(LOSS, mask, "rollout-token-mean", rollout_ids=ROLLOUTS)
+    got = agg_loss(LOSS, mask, LossMode.ROLLOUT_TOKEN_MEAN, rollout_ids=ROLLOUTS)
     assert float(got) == pytest.approx(((6 + 11) / 5 + (7 + 1) / 2) / 2)
 
 
@@ -79,7 +79,7 @@ def verl_agg_loss(
     raise ValueError(mode)
 
 
-VERL_MODES = [m for m in LOSS_MODES if m != "rollout-token-mean"]
+VERL_MODES = [m for m in LossMode if m != LossMode.ROLLOUT_TOKEN_MEAN]
 
 
 def random_batch(seed: int, rows: int = 8, width: int = 9):
@@ -96,7 +96,7 @@ def random_batch(seed: int, rows: int = 8, width: int = 9):
 @pytest.mark.parametrize("seed", range(3))
 def test_matches_verl_agg_loss_whole_batch(mode, seed):
     loss, mask, _ = random_batch(seed)
-    scale = 9.0 if mode == "seq-mean-token-sum-norm" else None
+    scale = 9.0 if mode == LossMode.SEQ_MEAN_TOKEN_SUM_NORM else None
     ours = agg_loss(loss, mask, mode, loss_scale_factor=scale)
     # verl adds 1e-8 to per-sequence token counts in seq-mean-token-mean; we divide exactly
     assert float(ours) == pytest.approx(
@@ -109,7 +109,7 @@ def test_matches_verl_agg_loss_whole_batch(mode, seed):
 def test_matches_verl_global_denominators_across_ranks(mode, dp_size):
     """verl: each rank scales by dp_size with global token/sequence counts; DDP averages the ranks."""
     loss, mask, rollouts = random_batch(7, rows=8)
-    scale = 9.0 if mode == "seq-mean-token-sum-norm" else None
+    scale = 9.0 if mode == LossMode.SEQ_MEAN_TOKEN_SUM_NORM else None
     w = torch.tensor(sequence_weights(mask.sum(-1).tolist(), rollouts, mode, scale), dtype=loss.dtype)
     n_tokens, n_seqs = mask.sum(), (mask.sum(-1) > 0).sum()
     shards = [list(range(r, 8, dp_size)) for r in range(dp_size)]
@@ -122,11 +122,11 @@ def test_matches_verl_global_denominators_across_ranks(mode, dp_size):
     )
 
 
-@pytest.mark.parametrize("mode", LOSS_MODES)
+@pytest.mark.parametrize("mode", list(LossMode))
 @pytest.mark.parametrize("micro", [1, 2, 3, 8])
 def test_micro_batching_does_not_change_loss_or_gradient(mode, micro):
     loss, mask, rollouts = random_batch(3)
-    scale = 9.0 if mode == "seq-mean-token-sum-norm" else None
+    scale = 9.0 if mode == LossMode.SEQ_MEAN_TOKEN_SUM_NORM else None
     w = torch.tensor(sequence_weights(mask.sum(-1).tolist(), rollouts, mode, scale), dtype=loss.dtype)
     full_param = loss.clone().requires_grad_(True)
     full = agg_loss(full_param, mask, mode, rollout_ids=rollouts, loss_scale_factor=scale)
@@ -138,26 +138,27 @@ def test_micro_batching_does_not_change_loss_or_gradient(mode, micro):
         part.backward()
         total += float(part.detach())
     assert total == pytest.approx(float(full))
+    assert param.grad is not None and full_param.grad is not None
     assert torch.allclose(param.grad, full_param.grad)
 
 
 def test_splitting_a_rollout_keeps_its_weight_only_under_rollout_level_mode():
     """Rollout a = 4 tokens in one sample, or the same 4 tokens as 2 samples of 2; rollout b = 2 tokens."""
-    one = sequence_weights([4, 2], ["a", "b"], "rollout-token-mean")
-    split = sequence_weights([2, 2, 2], ["a", "a", "b"], "rollout-token-mean")
+    one = sequence_weights([4, 2], ["a", "b"], LossMode.ROLLOUT_TOKEN_MEAN)
+    split = sequence_weights([2, 2, 2], ["a", "a", "b"], LossMode.ROLLOUT_TOKEN_MEAN)
     weight_a = lambda w, n: sum(wi * ni for wi, ni in zip(w, n, strict=True))  # noqa: E731
     assert weight_a(one[:1], [4]) == pytest.approx(weight_a(split[:2], [2, 2])) == pytest.approx(0.5)
     assert one[1] * 2 == pytest.approx(split[2] * 2) == pytest.approx(0.5)
     # seq-mean-token-mean gives the split rollout 2/3 of the weight instead of 1/2
-    sm = sequence_weights([2, 2, 2], ["a", "a", "b"], "seq-mean-token-mean")
+    sm = sequence_weights([2, 2, 2], ["a", "a", "b"], LossMode.SEQ_MEAN_TOKEN_MEAN)
     assert weight_a(sm[:2], [2, 2]) == pytest.approx(2 / 3)
 
 
 def test_seq_mean_token_sum_norm_requires_a_constant_scale():
     with pytest.raises(ValueError, match="loss_scale_factor"):
-        sequence_weights([3], ["a"], "seq-mean-token-sum-norm")
-    with pytest.raises(ValueError, match="unknown loss aggregation mode"):
-        sequence_weights([3], ["a"], "sum-everything")
+        sequence_weights([3], ["a"], LossMode.SEQ_MEAN_TOKEN_SUM_NORM)
+    with pytest.raises(ValueError, match="loss_mode must be one of token-mean, .*, got 'sum-everything'"):
+        sequence_weights([3], ["a"], "sum-everything")  # type: ignore[arg-type]
 
 
 # ---- policy loss -------------------------------------------------------------------------------------
@@ -196,8 +197,8 @@ def test_policy_loss_matches_verl_vanilla(seed):
     ours = ppo_token_losses(logp, old, adv, cfg).pg
     theirs = verl_vanilla(old, logp, adv, 0.2, 0.3, 3.0)
     assert torch.allclose(ours, theirs)
-    assert float(agg_loss(ours, mask, "token-mean")) == pytest.approx(
-        float(verl_agg_loss(theirs, mask, "token-mean"))
+    assert float(agg_loss(ours, mask, LossMode.TOKEN_MEAN)) == pytest.approx(
+        float(verl_agg_loss(theirs, mask, LossMode.TOKEN_MEAN))
     )
 
 
@@ -210,6 +211,7 @@ def test_truncated_importance_weights_from_behavior_logprobs():
     tl = ppo_token_losses(logp, old, adv, cfg, behavior)
     assert tl.is_weight.tolist() == pytest.approx([1.0, 2.0, math.exp(-0.5)])  # e^2 truncated to 2
     tl.pg.sum().backward()
+    assert logp.grad is not None
     assert logp.grad.tolist() == pytest.approx(
         [-1.0, -2.0, -math.exp(-0.5)]
     )  # weights are not differentiated

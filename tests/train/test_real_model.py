@@ -7,7 +7,8 @@ import torch
 
 from harnessrl.train.batching import SeqItem, pack
 from harnessrl.train.losses import sequence_weights
-from harnessrl.train.trainer import TrainConfig, Trainer, token_logprobs
+from harnessrl.train.modes import LossMode
+from harnessrl.train.trainer import Trainer, TrainerConfig, token_logprobs
 from tests.train.support import chat_ids
 
 
@@ -42,11 +43,13 @@ def test_packed_logprobs_match_and_a_step_updates_the_real_model(tokenizer):
                 model(input_ids=torch.tensor([ids]), use_cache=False).logits, torch.tensor([ids[1:] + [0]])
             )[0]
             it.behavior_logprobs = [0.0] + lp[:-1].tolist()
-    w = sequence_weights([sum(m[1:]) for _, m in seqs], [it.rollout_id for it in items], "rollout-token-mean")
+    w = sequence_weights(
+        [sum(m[1:]) for _, m in seqs], [it.rollout_id for it in items], LossMode.ROLLOUT_TOKEN_MEAN
+    )
     for it, wi in zip(items, w, strict=True):
         it.weight = wi
     before = model.model.embed_tokens.weight.detach().clone()
-    cfg = TrainConfig()
+    cfg = TrainerConfig()
     cfg.optim.lr = 1e-5
     m = Trainer(model, cfg).step(items)
     assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.train.round import StageConfig, run
+from harnessrl.train.round import TrainConfig, run_train
 from tests.train.support import write_round
 
 CONFIG = {
@@ -57,6 +57,7 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
         env=env,
     )
     deadline = time.monotonic() + 240
+    assert proc.stderr is not None
     try:
         while not (killed / "checkpoints" / "step-000002" / "trainer_state.json").exists():
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
@@ -70,9 +71,9 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
     assert proc.returncode == -signal.SIGKILL
     assert not (killed / "model").exists(), "the run finished before it could be killed"
 
-    cfg = StageConfig.from_dict(CONFIG)
-    full = run(sp, rp, tiny_policy_dir, tmp_path / "full", cfg, progress=False)
-    resumed = run(sp, rp, tiny_policy_dir, killed, cfg, resume=True, progress=False)
+    cfg = TrainConfig.from_dict(CONFIG)
+    full = run_train(sp, rp, tiny_policy_dir, tmp_path / "full", cfg)
+    resumed = run_train(sp, rp, tiny_policy_dir, killed, cfg, resume=True)
     assert full["steps"] == resumed["steps"] >= 4
     assert read_losses(killed) == read_losses(tmp_path / "full")  # bit-identical on CPU
     assert resumed["loss"] == full["loss"]
@@ -100,9 +101,9 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
     assert "data:image/png;base64," in (killed / "report.md").read_text()
 
     # a checkpoint written for other settings is refused, not silently mixed in
-    other = StageConfig.from_dict({**CONFIG, "estimator": "rloo"})
+    other = TrainConfig.from_dict({**CONFIG, "estimator": "rloo"})
     with pytest.raises(ValueError, match="different inputs or settings"):
-        run(sp, rp, tiny_policy_dir, killed, other, resume=True, progress=False)
+        run_train(sp, rp, tiny_policy_dir, killed, other, resume=True)
 
 
 def test_component_compiles_with_typed_artifacts(tmp_path):
@@ -184,3 +185,32 @@ def test_component_runs_under_kfp_local(tmp_path, tokenizer, tiny_policy_dir):
     executor = json.loads((models[0].parent.parent / "executor_output.json").read_text())
     logged = executor["artifacts"]["metrics"]["artifacts"][0]["metadata"]
     assert logged["steps"] == 2 and logged["groups_trained"] == 2 and logged["padding_fraction"] == 0
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN/Infinity, which Python writes by default but JSON does not allow."""
+
+    def refuse(constant: str):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_no_usable_rewards_writes_strict_json_with_null_and_a_reason(tmp_path, tokenizer, tiny_policy_dir):
+    from harnessrl.cli import main
+    from harnessrl.io import write_jsonl
+
+    sp, rp, samples = write_round(tmp_path, tokenizer, groups=2, per_group=2, failed=0)
+    write_jsonl(
+        rp, [{"rollout_id": rid, "reward": None, "status": "ok"} for rid in {s.rollout_id for s in samples}]
+    )
+    out = tmp_path / "out"
+    argv = ["stage", "train", "--samples", str(sp), "--rewards", str(rp), "--policy", str(tiny_policy_dir)]
+    assert main([*argv, "--out", str(out)]) == 0
+    metrics = strict_json((out / "metrics.json").read_text())
+    assert metrics["steps"] == 0 and metrics["excluded_missing_reward"] == 4
+    assert metrics["reward_mean"] is None and metrics["reward_std"] is None
+    assert metrics["advantage_mean"] is None and metrics["advantage_zero_fraction"] is None
+    assert "no rollout has a usable reward (excluded missing_reward: 4)" in metrics["note"]
+    assert "input policy unchanged" in metrics["note"]
+    assert (out / "model" / "config.json").is_file()

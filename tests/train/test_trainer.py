@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harnessrl.train.batching import SeqItem, pack, pad, padding_fraction, plan_packs
-from harnessrl.train.losses import sequence_weights
-from harnessrl.train.trainer import TrainConfig, Trainer, token_logprobs
+from harnessrl.train.batching import MicroBatch, SeqItem, pack, pad, plan_packs
+from harnessrl.train.losses import ppo_token_losses, sequence_weights
+from harnessrl.train.modes import LossMode, Precision
+from harnessrl.train.trainer import Trainer, TrainerConfig, token_logprobs
 from tests.train.support import tiny_llama
 
 VOCAB = 512  # small vocabulary: the invariances are about batching, not the tokenizer
@@ -18,7 +19,7 @@ def small_llama(seed: int = 0):
     return tiny_llama(seed, vocab=VOCAB)
 
 
-def make_items(mode: str, seed: int = 0) -> list[SeqItem]:
+def make_items(mode: LossMode, seed: int = 0) -> list[SeqItem]:
     g = torch.Generator().manual_seed(seed)
     lengths = [5, 40, 12, 3, 25, 9, 17]  # ~10× spread
     rollouts = ["a", "a", "b", "c", "c", "c", "d"]  # rollout a split in 2 samples, c in 3
@@ -35,58 +36,51 @@ def make_items(mode: str, seed: int = 0) -> list[SeqItem]:
     return [SeqItem(i, m, b, advs[r], wi, r) for (i, m, b), r, wi in zip(seqs, rollouts, w, strict=True)]
 
 
-def grads_after(items, cfg: TrainConfig, world: int = 1, rank_items=None) -> tuple[float, dict]:
+def simulated_dp_grads(shares: list[list[SeqItem]], cfg: TrainerConfig, world: int) -> tuple[float, dict]:
+    """Simulated data parallelism: each rank's share scaled by the world size, gradients averaged over ranks."""
     model = small_llama()
-    tr = Trainer(model, cfg)
-    if rank_items is None:
-        m = tr.step(items)
-    else:  # simulated data parallelism: each rank's share scaled by world size, then averaged
-        tr.optimizer.step = lambda: None  # only gradients are compared here
-        total = 0.0
-        acc = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-        for share in rank_items:
-            mbs = pack(share, 10_000)
-            for mb in mbs:
-                lp = token_logprobs(
-                    model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits,
-                    mb.targets,
-                )
-                from harnessrl.train.losses import ppo_token_losses
-
-                tl = ppo_token_losses(lp, lp.detach(), mb.advantages, cfg.policy, mb.behavior_logprobs)
-                loss = (tl.pg * mb.target_mask * mb.weights).sum() * world
-                loss.backward()
-                total += float(loss.detach()) / world
-            for n, p in model.named_parameters():
-                if p.grad is not None:
-                    acc[n] += p.grad / world
-                    p.grad = None
-        return total, acc
-    return m["loss"], None
+    total = 0.0
+    acc = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for share in shares:
+        for mb in pack(share, 10_000):
+            lp = token_logprobs(
+                model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits,
+                mb.targets,
+            )
+            tl = ppo_token_losses(lp, lp.detach(), mb.advantages, cfg.policy, mb.behavior_logprobs)
+            loss = (tl.pg * mb.target_mask * mb.weights).sum() * world
+            loss.backward()
+            total += float(loss.detach()) / world
+        for n, p in model.named_parameters():
+            if p.grad is not None:
+                acc[n] += p.grad / world
+                p.grad = None
+    return total, acc
 
 
-def grads_of_step(items, cfg: TrainConfig) -> tuple[float, dict]:
-    """Loss and gradient of one step (the optimizer is replaced so gradients stay inspectable)."""
+def grads_of_step(items, cfg: TrainerConfig) -> tuple[float, dict]:
+    """Loss and gradient of one Trainer step (captured just before the optimizer applies it)."""
     model = small_llama()
     tr = Trainer(model, cfg)
     grads: dict = {}
 
-    def capture():
+    def capture(*_):
         grads.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 
-    tr.optimizer.step = capture
-    tr.optimizer.zero_grad = lambda set_to_none=True: None
+    tr.optimizer.register_step_pre_hook(capture)
     m = tr.step(items)
     return m["loss"], grads
 
 
-def no_clip(**kw) -> TrainConfig:
-    cfg = TrainConfig(**kw)
+def no_clip(**kw) -> TrainerConfig:
+    cfg = TrainerConfig(**kw)
     cfg.optim.max_grad_norm = 1e9
     return cfg
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "rollout-token-mean"])
+@pytest.mark.parametrize(
+    "mode", [LossMode.TOKEN_MEAN, LossMode.SEQ_MEAN_TOKEN_MEAN, LossMode.ROLLOUT_TOKEN_MEAN]
+)
 def test_micro_batch_budget_and_padding_do_not_change_loss_or_gradient(mode):
     items = make_items(mode)
     ref_loss, ref = grads_of_step(
@@ -104,18 +98,22 @@ def test_micro_batch_budget_and_padding_do_not_change_loss_or_gradient(mode):
 
 @pytest.mark.parametrize("world", [3])
 def test_simulated_data_parallel_world_size_does_not_change_gradient(world):
-    mode = "rollout-token-mean"
+    mode = LossMode.ROLLOUT_TOKEN_MEAN
     items = make_items(mode)
     ref_loss, ref = grads_of_step(items, no_clip(loss_mode=mode))
     shares = [items[r::world] for r in range(world)]
-    loss, acc = grads_after(items, no_clip(loss_mode=mode), world=world, rank_items=shares)
+    loss, acc = simulated_dp_grads(shares, no_clip(loss_mode=mode), world)
     assert loss == pytest.approx(ref_loss, rel=1e-5)
     for name, g in ref.items():
         assert torch.allclose(acc[name], g, rtol=1e-4, atol=1e-7), name
 
 
+def padding_fraction(batches: list[MicroBatch]) -> float:
+    return sum(b.pad_tokens for b in batches) / sum(b.real_tokens + b.pad_tokens for b in batches)
+
+
 def test_packing_removes_padding_and_never_crosses_sequences():
-    items = make_items("token-mean")
+    items = make_items(LossMode.TOKEN_MEAN)
     packed, padded = pack(items, 64), pad(items, 3)
     assert padding_fraction(packed) == 0.0
     assert padding_fraction(padded) > 0.3
@@ -127,17 +125,17 @@ def test_packing_removes_padding_and_never_crosses_sequences():
 
 
 def test_same_seed_same_losses_and_bf16_runs():
-    items = make_items("rollout-token-mean")
-    a = Trainer(small_llama(), TrainConfig()).step(items)["loss"]
-    b = Trainer(small_llama(), TrainConfig()).step(items)["loss"]
+    items = make_items(LossMode.ROLLOUT_TOKEN_MEAN)
+    a = Trainer(small_llama(), TrainerConfig()).step(items)["loss"]
+    b = Trainer(small_llama(), TrainerConfig()).step(items)["loss"]
     assert a == b
-    m = Trainer(small_llama(), TrainConfig(precision="bf16")).step(items)
+    m = Trainer(small_llama(), TrainerConfig(precision=Precision.BF16)).step(items)
     assert torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0
 
 
 def test_ppo_epochs_recompute_old_policy_and_clip_after_first_update():
-    items = make_items("token-mean")
-    cfg = TrainConfig(loss_mode="token-mean", ppo_epochs=3)
+    items = make_items(LossMode.TOKEN_MEAN)
+    cfg = TrainerConfig(loss_mode=LossMode.TOKEN_MEAN, ppo_epochs=3)
     cfg.optim.lr = 5e-2
     tr = Trainer(small_llama(), cfg)
     m = tr.step(items)
@@ -149,9 +147,9 @@ def test_ppo_epochs_recompute_old_policy_and_clip_after_first_update():
 def test_kl_to_reference_needs_and_uses_a_reference_model():
     from harnessrl.train.losses import PolicyLossConfig
 
-    cfg = TrainConfig(policy=PolicyLossConfig(kl_coef=0.1))
+    cfg = TrainerConfig(policy=PolicyLossConfig(kl_coef=0.1))
     with pytest.raises(ValueError, match="reference model"):
         Trainer(small_llama(), cfg)
     ref = small_llama(seed=1).requires_grad_(False)
-    m = Trainer(small_llama(), cfg, ref_model=ref).step(make_items("rollout-token-mean"))
+    m = Trainer(small_llama(), cfg, ref_model=ref).step(make_items(LossMode.ROLLOUT_TOKEN_MEAN))
     assert m["kl_ref"] > 0

@@ -1,0 +1,62 @@
+"""Every mode name of the train stage, defined once: configs, functions and the CLI's choices all use these."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TypeVar
+
+
+class Estimator(StrEnum):
+    """Outcome-advantage estimator within a group (see advantages.py)."""
+
+    GRPO = "grpo"
+    DRGRPO = "drgrpo"
+    RLOO = "rloo"
+
+
+class AdvantageLevel(StrEnum):
+    """The unit that receives an advantage: a whole rollout, or each sample (ablation)."""
+
+    ROLLOUT = "rollout"
+    SAMPLE = "sample"
+
+
+class SingletonPolicy(StrEnum):
+    """Advantage of a lone rollout in its group: 0 (no baseline), or its raw reward (verl's behaviour)."""
+
+    ZERO = "zero"
+    RAW = "raw"
+
+
+class NonOkPolicy(StrEnum):
+    """What happens to a rollout whose status is not ok (see data.py)."""
+
+    DROP = "drop"
+    MASK = "mask"
+
+
+class LossMode(StrEnum):
+    """Loss aggregation: each is a per-sequence weight with global denominators (see losses.py)."""
+
+    TOKEN_MEAN = "token-mean"
+    TOKEN_SUM = "token-sum"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+    ROLLOUT_TOKEN_MEAN = "rollout-token-mean"
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"  # autocast; master weights stay fp32
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def parse_mode(kind: type[E], value: str, field: str) -> E:
+    """`value` as a member of `kind`, or a ValueError naming the field and the valid choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{field} must be one of {', '.join(kind)}, got {value!r}") from None
