@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -42,7 +43,7 @@ QUESTIONS = [
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
@@ -55,7 +56,8 @@ def main() -> int:
     model_dir = tiny_model_dir()
     engine = LocalEngine(model_dir, max_batch=args.sessions)
     tokenizer = engine.tokenizer
-    baseline_model = load_model(model_dir).eval()
+    # Any: transformers types `generate`'s self as a protocol its own model classes do not satisfy
+    baseline_model: Any = load_model(model_dir).eval()
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False

@@ -1,4 +1,4 @@
-"""Discrete-event simulation of agentic rollouts over engine replicas: routing policies side by side.
+"""Discrete-event simulation of agentic rollouts over engine replicas: routing strategies side by side.
 
 Workload (seeded): sessions of several turns; each turn sends the whole history plus a new tool result
 (long-tailed size), decodes a long-tailed number of tokens, then waits for a long-tailed tool call.
@@ -6,7 +6,7 @@ Replicas: continuous batching; one engine step costs `step_s + prefill_tokens * 
 decoding_rows * decode_s_per_row`; a replica admits a request only while the KV of its running requests fits
 its capacity; its prefix cache keeps finished sessions' tokens (LRU, the same capacity) and is flushed at
 every weight sync. A request that lands on a replica without the session's prefix prefills the whole
-history again. The policies are the real ones from `harnessrl.engine.router`, fed the state the
+history again. The strategies are the real ones from `harnessrl.engine.router`, fed the state the
 Router would see.
 
     .venv/bin/python benchmarks/router.py [--replicas 4] [--sessions 96] [--turns 12] [--seed 0]
@@ -24,7 +24,13 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from harnessrl.engine.router import ReplicaState, RouteRequest, make_policy, prefix_hash
+from harnessrl.engine.router import (
+    ReplicaState,
+    RouteRequest,
+    RoutingStrategyName,
+    make_strategy,
+    prefix_hash,
+)
 
 STEP_S, PREFILL_S_PER_TOKEN, DECODE_S_PER_ROW = 0.01, 2e-5, 4e-4
 PREFILL_CHUNK = 8192  # prefill tokens per engine step
@@ -53,6 +59,24 @@ class Running:
     prefill_left: int
     decode_left: int
     started: float
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    session: Session
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    replica: int
+
+
+@dataclass(frozen=True)
+class WeightSync:
+    pass
+
+
+Event = TurnStart | EngineStep | WeightSync
 
 
 @dataclass
@@ -85,7 +109,7 @@ def workload(rng: random.Random, sessions: int, turns: int) -> list[Session]:
 
 
 def simulate(
-    policy_name: str,
+    strategy_name: RoutingStrategyName,
     sessions: list[Session],
     replicas: int,
     capacity: int,
@@ -94,24 +118,25 @@ def simulate(
     seed: int,
 ) -> dict[str, float]:
     rng = random.Random(seed)
-    policy = make_policy(
-        policy_name, **({"threshold": threshold} if policy_name == "cache_aware_token_load" else {})
+    strategy = make_strategy(
+        strategy_name,
+        **({"threshold": threshold} if strategy_name == RoutingStrategyName.CACHE_AWARE_TOKEN_LOAD else {}),
     )
     states = [ReplicaState(capacity_tokens=capacity) for _ in range(replicas)]
     reps = [Replica(capacity) for _ in range(replicas)]
-    events: list[tuple[float, int, str, object]] = []
+    events: list[tuple[float, int, Event]] = []
     counter = 0
 
-    def push(t: float, kind: str, payload) -> None:
+    def push(t: float, event: Event) -> None:
         nonlocal counter
         counter += 1
-        heapq.heappush(events, (t, counter, kind, payload))
+        heapq.heappush(events, (t, counter, event))
 
     for s in sessions:
         s.history, s.next_turn = [], 0
-        push(rng.uniform(0, 5), "turn", s)
+        push(rng.uniform(0, 5), TurnStart(s))
     if sync_every_s > 0:
-        push(sync_every_s, "sync", None)
+        push(sync_every_s, WeightSync())
     prefill_total = cached_total = 0
     latencies: list[float] = []
     finished = 0
@@ -120,22 +145,22 @@ def simulate(
     def kick(i: int) -> None:
         if not reps[i].busy and (reps[i].queue or reps[i].running):
             reps[i].busy = True
-            push(now, "step", i)
+            push(now, EngineStep(i))
 
     while events and finished < len(sessions):
-        now, _, kind, payload = heapq.heappop(events)
-        if kind == "sync":
+        now, _, event = heapq.heappop(events)
+        if isinstance(event, WeightSync):
             for rep in reps:
                 rep.cache.clear()
             for st in states:
                 st.forget_all()
-            push(now + sync_every_s, "sync", None)
-        elif kind == "turn":
-            s = payload
+            push(now + sync_every_s, WeightSync())
+        elif isinstance(event, TurnStart):
+            s = event.session
             turn = s.turns[s.next_turn]
             s.history.extend(rng.randrange(50_000) for _ in range(turn.new_tokens))
             request = RouteRequest(s.history, turn.decode_tokens, s.id)
-            i = policy.choose(states, request)
+            i = strategy.choose(states, request)
             cost = len(s.history) - states[i].cached_prefix(s.id, s.history) + turn.decode_tokens
             states[i].inflight += 1
             states[i].token_load += cost
@@ -146,8 +171,8 @@ def simulate(
             reps[i].queue.append(Running(s, len(s.history), prefill, turn.decode_tokens, now))
             s.cost = cost
             kick(i)
-        elif kind == "step":
-            i = payload
+        else:
+            i = event.replica
             rep = reps[i]
             in_use = sum(r.prompt_len + r.decode_left for r in rep.running)
             while rep.queue and (not rep.running or in_use + rep.queue[0].prompt_len <= rep.capacity):
@@ -180,13 +205,13 @@ def simulate(
                     rep.cache.popitem(last=False)
                 s.next_turn += 1
                 if s.next_turn < len(s.turns):
-                    push(end + turn.tool_s, "turn", s)
+                    push(end + turn.tool_s, TurnStart(s))
                 else:
                     finished += 1
             rep.busy = False
             if rep.queue or rep.running:
                 rep.busy = True
-                push(end, "step", i)
+                push(end, EngineStep(i))
     latencies.sort()
     return {
         "makespan_s": round(now, 2),
@@ -198,7 +223,7 @@ def simulate(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--sessions", type=int, default=96)
     parser.add_argument("--turns", type=int, default=12)
@@ -209,7 +234,7 @@ def main() -> int:
     args = parser.parse_args()
 
     results = {}
-    for name in ("round_robin", "least_inflight", "cache_aware_token_load"):
+    for name in RoutingStrategyName:
         sessions = workload(random.Random(args.seed), args.sessions, args.turns)
         results[name] = simulate(
             name, sessions, args.replicas, args.capacity, args.threshold, args.sync_every, args.seed

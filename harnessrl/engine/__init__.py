@@ -16,9 +16,9 @@ from harnessrl.engine.base import (
 )
 
 if TYPE_CHECKING:
-    from harnessrl.engine.http_client import HTTPEngine  # noqa: F401
-    from harnessrl.engine.local import LocalEngine  # noqa: F401
-    from harnessrl.engine.router import Router  # noqa: F401
+    from harnessrl.engine.http_client import HTTPEngine
+    from harnessrl.engine.local import LocalEngine
+    from harnessrl.engine.router import Router
 
 _LAZY = {
     "LocalEngine": "harnessrl.engine.local",
@@ -26,7 +26,16 @@ _LAZY = {
     "Router": "harnessrl.engine.router",
 }
 
-__all__ = ["Engine", "EngineError", "EngineRequestError", "Generation", "SamplingParams", *_LAZY]
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EngineRequestError",
+    "Generation",
+    "HTTPEngine",
+    "LocalEngine",
+    "Router",
+    "SamplingParams",
+]
 
 
 def __getattr__(name: str):

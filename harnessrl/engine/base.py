@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+
+class FinishReason(StrEnum):
+    """Why a generation stopped (the OpenAI / vLLM `finish_reason` values an engine answers)."""
+
+    STOP = "stop"  # a stop token was sampled (it is part of the tokens)
+    LENGTH = "length"  # max_tokens reached, or the model's context is full
+    ABORT = "abort"  # aborted (weight sync, caller gone); the tokens sampled so far are kept
 
 
 @dataclass(frozen=True)
@@ -18,7 +27,7 @@ class SamplingParams:
 class Generation:
     token_ids: list[int]
     logprobs: list[float]  # logprob of each sampled token under the distribution actually sampled from
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: FinishReason
     policy_version: int = 0  # weight version that produced these tokens
     timings: dict[str, float] = field(default_factory=dict)
     # Weight version of each sampled token: differs from `policy_version` only for tokens sampled before a
@@ -36,7 +45,7 @@ class GenerationDelta:
     token_ids: list[int]
     logprobs: list[float]
     token_policy_versions: list[int]
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
 
 
 class EngineError(RuntimeError):
@@ -57,6 +66,26 @@ class Engine(Protocol):
     ) -> Generation: ...
 
 
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """An engine that can hand out tokens as they are sampled (optional: `generate_stream` adapts others)."""
+
+    def generate_stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None = None,
+    ) -> AsyncIterator[GenerationDelta]: ...
+
+
+@runtime_checkable
+class WeightLoadingEngine(Protocol):
+    """An engine that can swap in the weights of a checkpoint directory (tagging later tokens `version`)."""
+
+    async def load_weights(self, checkpoint_dir: str, version: int) -> None: ...
+
+
 async def generate_stream(
     engine: Any,
     prompt_ids: list[int],
@@ -66,9 +95,8 @@ async def generate_stream(
 ) -> AsyncIterator[GenerationDelta]:
     """Streams from `engine.generate_stream` when the engine has it (optional in the protocol); otherwise
     adapts `generate`: one delta at the end with every token and the finish reason."""
-    streaming = getattr(engine, "generate_stream", None)
-    if callable(streaming):
-        async for delta in streaming(prompt_ids, sampling, max_tokens, stop_token_ids):
+    if isinstance(engine, StreamingEngine):
+        async for delta in engine.generate_stream(prompt_ids, sampling, max_tokens, stop_token_ids):
             yield delta
         return
     gen = await engine.generate(prompt_ids, sampling, max_tokens, stop_token_ids)

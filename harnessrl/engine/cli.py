@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 
 
-def register(commands, stages) -> None:  # noqa: ARG001 - the engine is a service, not a pipeline stage
+def register(commands, stages) -> None:  # the engine is a service, not a pipeline stage: `stages` unused
     engine = commands.add_parser("engine", help="inference engine: serve the local engine over HTTP")
     sub = engine.add_subparsers(dest="engine_command", metavar="SUBCOMMAND")
     serve = sub.add_parser("serve", help="serve a model with a vLLM-compatible token API (/v1/completions)")

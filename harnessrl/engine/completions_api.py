@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any
 
-from harnessrl.engine.base import EngineError, Generation, GenerationDelta, SamplingParams
+from harnessrl.engine.base import EngineError, FinishReason, Generation, GenerationDelta, SamplingParams
 
 MIN_VLLM_VERSION = "0.10.2"
 
@@ -54,7 +54,9 @@ def build_request(
     return body
 
 
-def _first_choice(body: Any, bad, *, streamed: bool) -> tuple[dict, list[int], list[float], str | None]:
+def _first_choice(
+    body: Any, bad, *, streamed: bool
+) -> tuple[dict, list[int], list[float], FinishReason | None]:
     """Checks choices[0] of a reply or stream chunk: (choice, token ids, their logprobs, finish_reason).
 
     A streamed chunk may carry no tokens and no finish reason yet; a whole reply must finish."""
@@ -82,9 +84,11 @@ def _first_choice(body: Any, bad, *, streamed: bool) -> tuple[dict, list[int], l
     if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in logprobs):
         raise bad("choices[0].logprobs.token_logprobs holds a non-number")
     finish = choice.get("finish_reason")
-    if finish not in (("stop", "length", "abort") + ((None,) if streamed else ())):
-        raise bad(f"unknown finish_reason {finish!r}")
-    return choice, list(token_ids), [float(x) for x in logprobs], finish
+    if finish is None and streamed:
+        return choice, list(token_ids), [float(x) for x in logprobs], None
+    if finish not in set(FinishReason):
+        raise bad(f"unknown finish_reason {finish!r}; expected one of {', '.join(FinishReason)}")
+    return choice, list(token_ids), [float(x) for x in logprobs], FinishReason(finish)
 
 
 def _token_versions(choice: dict, n_tokens: int, default_version: int) -> tuple[int, list[int]]:
@@ -155,6 +159,8 @@ def parse_response(body: Any, source: str, default_version: int = 0) -> Generati
         return EngineError(f"{source}: malformed /v1/completions reply: {what}")
 
     choice, token_ids, logprobs, finish = _first_choice(body, bad, streamed=False)
+    if finish is None:
+        raise bad("choices[0].finish_reason is missing")
     version, versions = _token_versions(choice, len(token_ids), default_version)
     tops = None
     top_raw = choice["logprobs"].get("top_logprobs")
@@ -202,7 +208,9 @@ def build_response(
             "top_logprobs": top,
         }
     last = generation.token_ids[-1] if generation.token_ids else None
-    stop_reason = last if generation.finish_reason == "stop" and last in set(stop_token_ids or ()) else None
+    stop_reason = (
+        last if generation.finish_reason == FinishReason.STOP and last in set(stop_token_ids or ()) else None
+    )
     choice: dict[str, Any] = {
         "index": 0,
         "text": tokenizer.decode(generation.token_ids, skip_special_tokens=skip_special),

@@ -28,30 +28,40 @@ class BufferedLayer(DynamicLayer):
         self.device = key_states.device
         self.is_initialized = True
 
-    def _ensure_capacity(self, needed: int, like: torch.Tensor) -> None:
+    def _buffers(self, needed: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers, grown (filled part kept) to at least `needed` columns."""
+        if self.buf_k is not None and self.buf_v is not None and needed <= self.buf_k.shape[-2]:
+            return self.buf_k, self.buf_v
         capacity = 0 if self.buf_k is None else self.buf_k.shape[-2]
-        if needed <= capacity:
-            return
         new_capacity = max(_MIN_CAPACITY, capacity * 2, needed)
         shape = (like.shape[0], like.shape[1], new_capacity, like.shape[3])
         buf_k = like.new_empty(shape)
         buf_v = like.new_empty(shape)
-        if self.buf_k is not None and self.length:
+        if self.buf_k is not None and self.buf_v is not None and self.length:
             buf_k[:, :, : self.length] = self.buf_k[:, :, : self.length]
             buf_v[:, :, : self.length] = self.buf_v[:, :, : self.length]
         self.buf_k, self.buf_v = buf_k, buf_v
+        return buf_k, buf_v
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def filled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the filled columns of the key and value buffers."""
+        if self.buf_k is None or self.buf_v is None:
+            raise RuntimeError("this KV cache layer holds nothing yet")
+        return self.buf_k[:, :, : self.length], self.buf_v[:, :, : self.length]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
-        self._ensure_capacity(self.length + new, key_states)
-        self.buf_k[:, :, self.length : self.length + new] = key_states
-        self.buf_v[:, :, self.length : self.length + new] = value_states
+        buf_k, buf_v = self._buffers(self.length + new, key_states)
+        buf_k[:, :, self.length : self.length + new] = key_states
+        buf_v[:, :, self.length : self.length + new] = value_states
         self.length += new
-        self.keys = self.buf_k[:, :, : self.length]
-        self.values = self.buf_v[:, :, : self.length]
-        return self.keys, self.values
+        keys, values = self.filled()
+        self.keys, self.values = keys, values
+        return keys, values
 
     def get_seq_length(self) -> int:
         return self.length
@@ -62,12 +72,11 @@ class BufferedLayer(DynamicLayer):
         self.length = 0
         self.is_initialized = True
         self.device = keys.device
-        self._ensure_capacity(keys.shape[-2] + spare, keys)
-        self.buf_k[:, :, : keys.shape[-2]] = keys
-        self.buf_v[:, :, : keys.shape[-2]] = values
+        buf_k, buf_v = self._buffers(keys.shape[-2] + spare, keys)
+        buf_k[:, :, : keys.shape[-2]] = keys
+        buf_v[:, :, : keys.shape[-2]] = values
         self.length = keys.shape[-2]
-        self.keys = self.buf_k[:, :, : self.length]
-        self.values = self.buf_v[:, :, : self.length]
+        self.keys, self.values = self.filled()
 
 
 def new_cache(num_layers: int) -> Cache:
@@ -75,7 +84,10 @@ def new_cache(num_layers: int) -> Cache:
 
 
 def _layers(cache: Cache) -> list[BufferedLayer]:
-    return cache.layers  # type: ignore[return-value]
+    layers = [layer for layer in cache.layers if isinstance(layer, BufferedLayer)]
+    if len(layers) != len(cache.layers):
+        raise TypeError("expected a cache made by kv.new_cache (BufferedLayer layers)")
+    return layers
 
 
 def cache_length(cache: Cache) -> int:
@@ -86,9 +98,12 @@ def select_rows(cache: Cache, rows: list[int], drop_left: int = 0) -> None:
     """Keeps only `rows` (in that order), optionally dropping `drop_left` all-padding columns on the left."""
     index = torch.tensor(rows, dtype=torch.long)
     for layer in _layers(cache):
-        keys = layer.buf_k[:, :, drop_left : layer.length].index_select(0, index)
-        values = layer.buf_v[:, :, drop_left : layer.length].index_select(0, index)
-        layer.set_filled(keys, values, spare=_MIN_CAPACITY)
+        keys, values = layer.filled()
+        layer.set_filled(
+            keys[:, :, drop_left:].index_select(0, index),
+            values[:, :, drop_left:].index_select(0, index),
+            spare=_MIN_CAPACITY,
+        )
 
 
 def append_rows(cache: Cache, other: Cache) -> int:
@@ -97,14 +112,17 @@ def append_rows(cache: Cache, other: Cache) -> int:
     mine, theirs = _layers(cache), _layers(other)
     if mine[0].length == 0 or mine[0].buf_k is None:
         for layer, src in zip(mine, theirs, strict=True):
-            layer.set_filled(src.keys, src.values, spare=_MIN_CAPACITY)
+            layer.set_filled(*src.filled(), spare=_MIN_CAPACITY)
         return 0
     length = max(mine[0].length, theirs[0].length)
     grown = length - mine[0].length
     for layer, src in zip(mine, theirs, strict=True):
-        keys = torch.cat([_left_pad(layer.keys, length), _left_pad(src.keys, length)], dim=0)
-        values = torch.cat([_left_pad(layer.values, length), _left_pad(src.values, length)], dim=0)
-        layer.set_filled(keys, values, spare=_MIN_CAPACITY)
+        (keys, values), (src_keys, src_values) = layer.filled(), src.filled()
+        layer.set_filled(
+            torch.cat([_left_pad(keys, length), _left_pad(src_keys, length)], dim=0),
+            torch.cat([_left_pad(values, length), _left_pad(src_values, length)], dim=0),
+            spare=_MIN_CAPACITY,
+        )
     return grown
 
 

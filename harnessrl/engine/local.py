@@ -18,17 +18,19 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import PretrainedConfig
 
 from harnessrl.engine import kv
 from harnessrl.engine.base import (
     EngineError,
     EngineRequestError,
+    FinishReason,
     Generation,
     GenerationDelta,
     SamplingParams,
@@ -83,7 +85,7 @@ class LocalEngine:
     - `threads`: torch CPU threads, set process-wide (None: `default_threads()`; 0: leave torch's setting).
     - Default stop tokens: the tokenizer's eos and `<|im_end|>`; `stop_token_ids` adds to them (as in vLLM).
       The stop token is included in `token_ids` (it was sampled, so it is trainable).
-    - `finish_reason`: "stop" (stop token), "length" (max_tokens or the model's context is full), "abort".
+    - `finish_reason`: a `FinishReason` (stop token, max_tokens or a full context, abort).
     """
 
     def __init__(
@@ -106,9 +108,12 @@ class LocalEngine:
             torch.set_num_threads(self.threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.model = load_model(self.model_dir, dtype=dtype).to(self.device).eval()
+        # transformers declares PreTrainedModel.to as torch's unbound Module.to (functools.wraps): call that
+        self.model = torch.nn.Module.to(load_model(self.model_dir, dtype=dtype), self.device).eval()
         config = self.model.config
-        self.num_layers = config.num_hidden_layers
+        if not isinstance(config, PretrainedConfig):
+            raise EngineError(f"{self.model_dir}: the model has no Hugging Face config")
+        self.num_layers = int(config.num_hidden_layers)
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
         self.vocab_size = int(config.vocab_size)
         self.default_stop = self._default_stop_ids()
@@ -166,7 +171,7 @@ class LocalEngine:
         stop_token_ids: list[int] | None = None,
         *,
         request_id: str | None = None,
-    ) -> AsyncIterator[GenerationDelta]:
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """One delta per decode step (tokens reach the caller as they are sampled); the last delta carries
         `finish_reason` and no tokens. Same tokens as `generate` for the same seed."""
         loop = asyncio.get_running_loop()
@@ -180,14 +185,15 @@ class LocalEngine:
             prompt_ids, sampling, max_tokens, stop_token_ids, request_id=request_id, listener=listener
         )
         try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    break
-                items = [item]
-                while not queue.empty() and queue._queue[0] is not None:  # noqa: SLF001 - batch what is ready
-                    items.append(queue.get_nowait())
-                yield GenerationDelta([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
+            finished = False
+            while not finished:
+                ready = [await queue.get()]
+                while not queue.empty():  # batch what is ready
+                    ready.append(queue.get_nowait())
+                finished = ready[-1] is None  # the listener's last call, once, after every token
+                items = [i for i in ready if i is not None]
+                if items:
+                    yield GenerationDelta([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
             generation: Generation = await asyncio.wrap_future(request.result)
             yield GenerationDelta([], [], [], generation.finish_reason)
         finally:
@@ -360,7 +366,7 @@ class LocalEngine:
                         kept = deque()
                         for request in self._waiting:
                             if abort_all or request.id in abort_ids:
-                                self._finish(request, "abort")
+                                self._finish(request, FinishReason.ABORT)
                             else:
                                 kept.append(request)
                         self._waiting = kept
@@ -372,7 +378,7 @@ class LocalEngine:
                     try:
                         self._apply_weights(sync)
                         sync.done.set_result(None)
-                    except Exception as e:  # noqa: BLE001 - reported to the caller that asked for the sync
+                    except Exception as e:  # reported to the caller that asked for the sync
                         sync.done.set_exception(EngineError(f"weight sync failed: {e}"))
                 for request in self._active:
                     if abort_all or request.id in abort_ids:
@@ -384,18 +390,18 @@ class LocalEngine:
                     if self._active:
                         self._decode_step()
                         self._retire_finished()
-                except Exception as e:  # noqa: BLE001 - a crash fails the requests in flight, not the engine
+                except Exception as e:  # a crash fails the requests in flight, not the engine
                     self._fail_all(admitted, e)
                 if closed and not self._active:
                     with self._lock:
                         for request in self._waiting:
-                            self._finish(request, "abort")
+                            self._finish(request, FinishReason.ABORT)
                         self._waiting.clear()
                     return
 
     def _prefill(self, request: _Request) -> None:
         if request.aborted or request.result.done():
-            self._finish(request, "abort")
+            self._finish(request, FinishReason.ABORT)
             return
         start = time.perf_counter()
         cache = kv.new_cache(self.num_layers)
@@ -405,7 +411,7 @@ class LocalEngine:
         request.prefill_s = time.perf_counter() - start
         self._accept(request, sample(out.logits[:, -1], [request.row])[0])
         if request.result.done() or self._finished_reason(request):
-            self._finish(request, self._finished_reason(request) or "abort")
+            self._finish(request, self._finished_reason(request) or FinishReason.ABORT)
             return
         grown = kv.append_rows(self._cache, cache)
         del grown  # existing rows' padding is derived from the cache length; nothing else to update
@@ -444,19 +450,19 @@ class LocalEngine:
         if request.listener is not None:
             request.listener((token.token_id, token.logprob, self.policy_version))
 
-    def _finished_reason(self, request: _Request) -> str | None:
+    def _finished_reason(self, request: _Request) -> FinishReason | None:
         if request.aborted:
-            return "abort"
+            return FinishReason.ABORT
         if request.out_ids and request.out_ids[-1] in request.stop:
-            return "stop"
+            return FinishReason.STOP
         if len(request.out_ids) >= request.max_tokens or request.cached + 1 >= self.max_context:
-            return "length"
+            return FinishReason.LENGTH
         return None
 
     def _retire_finished(self) -> None:
         keep: list[int] = []
         for i, request in enumerate(self._active):
-            reason = "abort" if request.result.done() else self._finished_reason(request)
+            reason = FinishReason.ABORT if request.result.done() else self._finished_reason(request)
             if reason:
                 self._finish(request, reason)
             else:
@@ -472,7 +478,7 @@ class LocalEngine:
         drop = shared_pad if shared_pad >= _TRIM_MIN_COLUMNS and shared_pad * 4 >= length else 0
         kv.select_rows(self._cache, keep, drop_left=drop)
 
-    def _finish(self, request: _Request, reason: str) -> None:
+    def _finish(self, request: _Request, reason: FinishReason) -> None:
         if request.result.done():
             return
         now = time.perf_counter()

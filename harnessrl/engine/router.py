@@ -1,6 +1,6 @@
-"""Routing requests across engine replicas (DESIGN.md §6).
+"""Routing requests across engine replicas: one `Router` (itself an `Engine`) in front of several.
 
-Policies
+Routing strategies
 - `round_robin`: replicas in turn.
 - `least_inflight`: the verl-like baseline: a session sticks to the replica it first went to; a new session
   goes to the replica with the fewest requests in flight. Stickiness never breaks.
@@ -17,15 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import itertools
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
-from harnessrl.engine.base import Engine, EngineError, Generation, SamplingParams
+from harnessrl.engine.base import Engine, EngineError, Generation, SamplingParams, WeightLoadingEngine
 
-POLICIES = ("round_robin", "least_inflight", "cache_aware_token_load")
+
+class RoutingStrategyName(StrEnum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_INFLIGHT = "least_inflight"
+    CACHE_AWARE_TOKEN_LOAD = "cache_aware_token_load"
 
 
 def prefix_hash(tokens: list[int], length: int) -> bytes:
@@ -84,14 +91,14 @@ class RouteRequest:
     session_id: str | None = None
 
 
-class RoutingPolicy(Protocol):
-    name: str
+class RoutingStrategy(Protocol):
+    name: RoutingStrategyName
 
     def choose(self, replicas: list[ReplicaState], request: RouteRequest) -> int: ...
 
 
 class RoundRobin:
-    name = "round_robin"
+    name = RoutingStrategyName.ROUND_ROBIN
 
     def __init__(self) -> None:
         self._next = itertools.count()
@@ -101,7 +108,7 @@ class RoundRobin:
 
 
 class LeastInflight:
-    name = "least_inflight"
+    name = RoutingStrategyName.LEAST_INFLIGHT
 
     def __init__(self) -> None:
         self.sticky: dict[str, int] = {}
@@ -116,7 +123,7 @@ class LeastInflight:
 
 
 class CacheAwareTokenLoad:
-    name = "cache_aware_token_load"
+    name = RoutingStrategyName.CACHE_AWARE_TOKEN_LOAD
 
     def __init__(self, threshold: float = 0.8) -> None:
         if not 0 < threshold:
@@ -149,29 +156,29 @@ class CacheAwareTokenLoad:
         )
 
 
-def make_policy(name: str, **options: Any) -> RoutingPolicy:
-    if name == "round_robin":
+def make_strategy(name: str, **options: Any) -> RoutingStrategy:
+    if name == RoutingStrategyName.ROUND_ROBIN:
         return RoundRobin()
-    if name == "least_inflight":
+    if name == RoutingStrategyName.LEAST_INFLIGHT:
         return LeastInflight()
-    if name == "cache_aware_token_load":
+    if name == RoutingStrategyName.CACHE_AWARE_TOKEN_LOAD:
         return CacheAwareTokenLoad(**options)
-    raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(POLICIES)}")
+    raise ValueError(f"unknown routing strategy {name!r}; choose one of {', '.join(RoutingStrategyName)}")
 
 
 class Router:
-    """An `Engine` that spreads requests over replica engines with a routing policy.
+    """An `Engine` that spreads requests over replica engines with a routing strategy.
 
     `capacity_tokens`: per replica, the KV tokens it can hold (one int, or one per replica).
     """
 
     def __init__(
         self,
-        engines: list[Engine],
-        policy: str | RoutingPolicy = "cache_aware_token_load",
+        engines: Sequence[Engine],
+        strategy: str | RoutingStrategy = RoutingStrategyName.CACHE_AWARE_TOKEN_LOAD,
         *,
         capacity_tokens: int | list[int] = 65536,
-        **policy_options: Any,
+        **strategy_options: Any,
     ) -> None:
         if not engines:
             raise ValueError("Router needs at least one engine")
@@ -182,11 +189,11 @@ class Router:
             raise ValueError(f"{len(capacities)} capacities for {len(engines)} engines")
         self.engines = list(engines)
         self.replicas = [ReplicaState(capacity_tokens=c) for c in capacities]
-        self.policy = make_policy(policy, **policy_options) if isinstance(policy, str) else policy
+        self.strategy = make_strategy(strategy, **strategy_options) if isinstance(strategy, str) else strategy
         self.dispatched = [0] * len(engines)
 
     def route(self, request: RouteRequest) -> int:
-        return self.policy.choose(self.replicas, request)
+        return self.strategy.choose(self.replicas, request)
 
     async def generate(
         self,
@@ -229,13 +236,22 @@ class Router:
             replica.forget_all()
 
     async def load_weights(self, checkpoint_dir: str, version: int) -> None:
-        missing = [e for e in self.engines if not hasattr(e, "load_weights")]
-        if missing:
+        loaders = [e for e in self.engines if isinstance(e, WeightLoadingEngine)]
+        if len(loaders) != len(self.engines):
+            missing = [e for e in self.engines if not isinstance(e, WeightLoadingEngine)]
             raise EngineError(f"{len(missing)} replica(s) cannot load weights (e.g. {missing[0]!r})")
         try:
-            await asyncio.gather(*(e.load_weights(checkpoint_dir, version) for e in self.engines))
+            await asyncio.gather(*(e.load_weights(checkpoint_dir, version) for e in loaders))
         finally:
             self.reset_residency()
 
     async def abort(self, request_ids: list[str] | None = None) -> None:
-        await asyncio.gather(*(e.abort(request_ids) for e in self.engines if hasattr(e, "abort")))
+        """Aborts on every replica that can; a replica's `abort` may be a plain or an async method."""
+        pending = []
+        for engine in self.engines:
+            engine_abort = getattr(engine, "abort", None)
+            if callable(engine_abort):
+                result = engine_abort(request_ids)
+                if inspect.isawaitable(result):
+                    pending.append(result)
+        await asyncio.gather(*pending)

@@ -62,20 +62,15 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
 
     chosen_lp = logp.gather(-1, chosen[:, None]).squeeze(-1)
     want_top = max((r.top_logprobs for r in rows), default=0)
-    top_vals = top_ids = None
-    if want_top > 0:
-        top_vals, top_ids = logp.topk(want_top, dim=-1)
+    best = logp.topk(want_top, dim=-1) if want_top > 0 else None
 
     ids, lps = chosen.tolist(), chosen_lp.tolist()
     out: list[SampledToken] = []
     for i, r in enumerate(rows):
         top = None
-        if r.top_logprobs > 0 and top_ids is not None:
-            top = list(
-                zip(
-                    top_ids[i, : r.top_logprobs].tolist(), top_vals[i, : r.top_logprobs].tolist(), strict=True
-                )
-            )
+        if r.top_logprobs > 0 and best is not None:
+            top_ids, top_vals = best.indices[i, : r.top_logprobs], best.values[i, : r.top_logprobs]
+            top = list(zip(top_ids.tolist(), top_vals.tolist(), strict=True))
         out.append(SampledToken(ids[i], lps[i], top))
     return out
 

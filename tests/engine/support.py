@@ -6,6 +6,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -86,7 +87,7 @@ class RecordedServer:
     ):
         self.body, self.status, self.raw, self.model = body, status, raw, model
         self.requests: list[dict] = []
-        self.headers: list[dict] = []
+        self.headers: list[Mapping[str, str]] = []  # case-insensitive lookups
 
     async def completions(self, request: web.Request) -> web.Response:
         self.requests.append(await request.json())

@@ -13,11 +13,7 @@ from harnessrl.engine.base import (
     generate_stream,
 )
 from harnessrl.engine.http_client import HTTPEngine
-from tests.engine.support import (
-    GREEDY,
-    run,
-    url,  # noqa: F401 - the loopback server fixture
-)
+from tests.engine.support import GREEDY, run
 
 
 async def _collect(stream, client: HTTPEngine | None = None) -> list[GenerationDelta]:
@@ -63,7 +59,7 @@ def test_adapter_turns_generate_into_one_final_delta(engine, chat):
     assert deltas[0].finish_reason == whole.finish_reason
 
 
-def test_http_stream_sends_vllm_chunks_and_client_reassembles(url, engine, chat):  # noqa: F811
+def test_http_stream_sends_vllm_chunks_and_client_reassembles(url, engine, chat):
     prompt = chat("Name three colors.")
     body = {
         "prompt": prompt,
@@ -99,7 +95,7 @@ def test_http_stream_sends_vllm_chunks_and_client_reassembles(url, engine, chat)
     assert deltas[-1].finish_reason == whole.finish_reason
 
 
-def test_http_stream_bad_request_is_a_request_error(url):  # noqa: F811
+def test_http_stream_bad_request_is_a_request_error(url):
     client = HTTPEngine(url)
     with pytest.raises(EngineRequestError, match="max_tokens"):
         run(_collect(client.generate_stream([1, 2, 3], GREEDY, 0), client))

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from harnessrl.engine.base import SamplingParams
+from harnessrl.engine.base import FinishReason, SamplingParams
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.engine.router import (
     CacheAwareTokenLoad,
@@ -13,7 +13,7 @@ from harnessrl.engine.router import (
     RoundRobin,
     Router,
     RouteRequest,
-    make_policy,
+    make_strategy,
     prefix_hash,
 )
 from tests.engine.support import RecordedServer, recorded
@@ -28,49 +28,49 @@ def resident(replica: ReplicaState, session: str, tokens: list[int]) -> None:
 
 
 def test_round_robin_cycles():
-    policy, reps = RoundRobin(), replicas()
-    assert [policy.choose(reps, RouteRequest([1], 8)) for _ in range(4)] == [0, 1, 2, 0]
+    strategy, reps = RoundRobin(), replicas()
+    assert [strategy.choose(reps, RouteRequest([1], 8)) for _ in range(4)] == [0, 1, 2, 0]
 
 
 def test_least_inflight_picks_idlest_and_sticks_forever():
-    policy, reps = LeastInflight(), replicas()
+    strategy, reps = LeastInflight(), replicas()
     reps[0].inflight, reps[1].inflight, reps[2].inflight = 2, 0, 1
-    assert policy.choose(reps, RouteRequest([1], 8, "s")) == 1
+    assert strategy.choose(reps, RouteRequest([1], 8, "s")) == 1
     reps[1].inflight = 50  # the baseline's flaw: a long-tail session stays pinned to a busy replica
-    assert policy.choose(reps, RouteRequest([1], 8, "s")) == 1
-    assert policy.choose(reps, RouteRequest([1], 8, "t")) == 2
+    assert strategy.choose(reps, RouteRequest([1], 8, "s")) == 1
+    assert strategy.choose(reps, RouteRequest([1], 8, "t")) == 2
 
 
 def test_cache_aware_prefers_replica_holding_the_prefix_under_threshold():
-    policy, reps = CacheAwareTokenLoad(threshold=0.8), replicas()
+    strategy, reps = CacheAwareTokenLoad(threshold=0.8), replicas()
     history = list(range(2000))
     resident(reps[2], "s", history)
     reps[2].token_load = 3000  # busier than the others, but under the threshold with this request
     request = RouteRequest(history + [7, 8, 9], 100, "s")
-    assert policy.cost(reps[2], request) == 3 + 100
-    assert policy.choose(reps, request) == 2 and policy.sticky_hits == 1
+    assert strategy.cost(reps[2], request) == 3 + 100
+    assert strategy.choose(reps, request) == 2 and strategy.sticky_hits == 1
 
 
 def test_cache_aware_breaks_stickiness_over_threshold():
-    policy, reps = CacheAwareTokenLoad(threshold=0.8), replicas()
+    strategy, reps = CacheAwareTokenLoad(threshold=0.8), replicas()
     history = list(range(2000))
     resident(reps[0], "s", history)
     reps[0].token_load = 7950  # (7950 + 3 + 100) / 10000 > 0.8
     reps[1].token_load = 500
-    assert policy.choose(reps, RouteRequest(history + [1, 2, 3], 100, "s")) == 2  # idlest in tokens
-    assert policy.sticky_breaks == 1
+    assert strategy.choose(reps, RouteRequest(history + [1, 2, 3], 100, "s")) == 2  # idlest in tokens
+    assert strategy.sticky_breaks == 1
 
 
 def test_cache_aware_counts_tokens_not_requests():
-    policy, reps = CacheAwareTokenLoad(), replicas(2)
+    strategy, reps = CacheAwareTokenLoad(), replicas(2)
     reps[0].inflight, reps[0].token_load = 1, 6000  # one huge prefill
     reps[1].inflight, reps[1].token_load = 3, 300  # three short decodes
-    assert policy.choose(reps, RouteRequest(list(range(100)), 50, "new")) == 1
+    assert strategy.choose(reps, RouteRequest(list(range(100)), 50, "new")) == 1
     assert LeastInflight().choose(reps, RouteRequest(list(range(100)), 50, "new")) == 0
 
 
 def test_cache_aware_residency_follows_rollback_and_mismatch():
-    policy, reps = CacheAwareTokenLoad(), replicas(2)
+    strategy, reps = CacheAwareTokenLoad(), replicas(2)
     prompt, sampled = list(range(500)), [9001, 9002, 9003]
     full = prompt + sampled
     reps[1].remember(
@@ -82,10 +82,10 @@ def test_cache_aware_residency_follows_rollback_and_mismatch():
     assert reps[1].cached_prefix("s", full + [5]) == len(full)
     # rolls back the last assistant turn: the prompt part is still cached
     assert reps[1].cached_prefix("s", prompt + [42, 43]) == len(prompt)
-    assert policy.choose(reps, RouteRequest(prompt + [42, 43], 10, "s")) == 1
+    assert strategy.choose(reps, RouteRequest(prompt + [42, 43], 10, "s")) == 1
     # a rewritten history (compaction): nothing cached, goes to the least loaded replica
     assert reps[1].cached_prefix("s", [7] + prompt) == 0
-    assert policy.choose(reps, RouteRequest([7] + prompt, 10, "s")) == 0
+    assert strategy.choose(reps, RouteRequest([7] + prompt, 10, "s")) == 0
 
 
 def test_residency_is_evicted_lru_beyond_capacity():
@@ -97,9 +97,9 @@ def test_residency_is_evicted_lru_beyond_capacity():
     assert set(rep.residency) == {"a", "c"} and rep.resident_tokens == 900
 
 
-def test_unknown_policy_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown routing policy 'fastest'.*round_robin"):
-        make_policy("fastest")
+def test_unknown_strategy_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown routing strategy 'fastest'.*round_robin"):
+        make_strategy("fastest")
 
 
 def test_router_over_real_servers_sticks_then_resets_at_weight_sync():
@@ -154,3 +154,19 @@ def test_round_robin_router_spreads_concurrent_requests():
 
     asyncio.run(go())
     assert [len(s.requests) for s in servers] == [2, 2, 2]
+
+
+def test_router_abort_reaches_local_engine_replicas(engine, chat):
+    """LocalEngine.abort is a plain method (HTTPEngine's is async): the router calls both kinds."""
+
+    async def go():
+        router = Router([engine], "round_robin")
+        prompt = chat("Write a very long story about a lighthouse keeper.")
+        task = asyncio.ensure_future(router.generate(prompt, SamplingParams(temperature=1.0, seed=3), 4000))
+        while engine.inflight() == 0:
+            await asyncio.sleep(0.01)
+        await router.abort()
+        return await task
+
+    generation = asyncio.run(go())
+    assert generation.finish_reason == FinishReason.ABORT and len(generation.token_ids) < 4000

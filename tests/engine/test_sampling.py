@@ -66,5 +66,6 @@ def test_each_row_uses_its_own_generator():
         ],
     )
     assert batch[1].token_id == alone
-    assert batch[2].token_id == int(logits[2].argmax()) and batch[2].top[0][0] == batch[2].token_id
+    top = batch[2].top
+    assert top is not None and batch[2].token_id == int(logits[2].argmax()) and top[0][0] == batch[2].token_id
     assert batch[0].top is None

@@ -129,6 +129,7 @@ def test_serve_process_imports_without_vllm_and_fails_cleanly_when_killed(engine
         stderr=subprocess.STDOUT,
         text=True,
     )
+    assert proc.stdout is not None
     try:
         address, seen, deadline = None, [], time.time() + 240
         while time.time() < deadline:
