@@ -1,10 +1,23 @@
-"""`harnessrl` command line. Each area registers its own commands (see COMMAND_MODULES)."""
+"""`harnessrl` command line. Each area registers its own commands (see COMMAND_MODULES).
+
+Logging is configured here, once, from the global flags before the command (`harnessrl -v run ...`):
+-q warnings only and no progress bars, -v debug output, -vv debug output from other libraries too,
+--no-progress no progress bars. Both choices are exported (HARNESSRL_LOG_LEVEL, HARNESSRL_PROGRESS) for the
+duration of the command, so the processes it starts (pipeline steps, torchrun ranks) follow them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
+import os
 import sys
+from collections.abc import Iterator, Mapping
+
+from harnessrl.logs import LOG_LEVEL_ENV, configure_logging
+from harnessrl.progress import PROGRESS_ENV
 
 # Each module defines `register(commands, stages)`: `commands` is the top-level subparsers object,
 # `stages` the subparsers of `harnessrl stage <name>`. A handler is set with parser.set_defaults(func=...)
@@ -28,7 +41,21 @@ class UserError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="harnessrl", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="harnessrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="debug output (-vv: also from the libraries harnessrl uses; `run`: every step's log live)",
+    )
+    loudness.add_argument(
+        "-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     stage = commands.add_parser("stage", help="run one pipeline stage alone on given input files")
     stages = stage.add_subparsers(dest="stage", metavar="STAGE")
@@ -43,6 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _exported(env: Mapping[str, str]) -> Iterator[None]:
+    """Sets environment variables for the duration of one command (main() also runs in-process in tests)."""
+    before = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -51,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(func(args) or 0)
+        level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else None
+        level = configure_logging(level, others=logging.DEBUG if args.verbose >= 2 else logging.WARNING)
+        env = {LOG_LEVEL_ENV: logging.getLevelName(level)}
+        if args.quiet or args.no_progress:
+            env[PROGRESS_ENV] = "0"
+        with _exported(env):
+            return int(func(args) or 0)
     except (UserError, FileNotFoundError, ValueError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"harnessrl: error: {msg}", file=sys.stderr)
