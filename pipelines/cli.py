@@ -55,7 +55,6 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
     p.add_argument("--run-dir", default=None, help="default: runs/<pipeline>-<UTC time>")
     p.add_argument("--arg", action="append", default=[], metavar="K=V", help="pipeline argument (repeatable)")
     p.add_argument("--no-cache", action="store_true", help="re-execute every step (no kfp.local cache)")
-    p.add_argument("--verbose", "-v", action="store_true", help="stream every step's log to the terminal")
     p.set_defaults(func=cmd_run)
 
     p = commands.add_parser(
@@ -64,7 +63,6 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
     p.add_argument("--run-dir", default=None, help="default: runs/demo-<UTC time>")
     p.add_argument("--max-tasks", type=int, default=3)
     p.add_argument("--source", default=None, help="repo dir or sdist to use instead of parse==1.22.4")
-    p.add_argument("--verbose", "-v", action="store_true")
     p.set_defaults(func=cmd_demo)
 
 
@@ -138,8 +136,8 @@ def print_run_summary(result) -> None:
             else ""
         )
     )
-    if result.failure_reason:
-        console.print(result.failure_reason, highlight=False, markup=False, soft_wrap=True)
+    if reason := result.failure_reason or (result.error if result.status != "succeeded" else None):
+        console.print(reason, highlight=False, markup=False, soft_wrap=True)
     console.print(f"run directory: {result.run_dir}", highlight=False)
     console.print(f"index of outputs: {result.index_path}", highlight=False)
     console.print(f"artifacts: {result.run_dir / 'artifacts'}", highlight=False)
@@ -151,9 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.local_run import LocalRunError, run_local
 
     try:
-        result = run_local(
-            args.pipeline, args.arg, args.run_dir, cache=not args.no_cache, verbose=args.verbose
-        )
+        result = run_local(args.pipeline, args.arg, args.run_dir, cache=not args.no_cache)
     except LocalRunError as e:
         raise UserError(str(e)) from None
     except KeyboardInterrupt as e:
@@ -171,7 +167,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
             run_dir=args.run_dir,
             max_tasks=args.max_tasks,
             source=Path(args.source) if args.source else None,
-            verbose=args.verbose,
         )
     except KeyboardInterrupt as e:
         print(f"harnessrl: {e}", file=sys.stderr)

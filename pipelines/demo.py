@@ -88,9 +88,7 @@ def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
     }
 
 
-def run_demo(
-    run_dir: str | Path | None = None, max_tasks: int = 3, source: Path | None = None, verbose: bool = False
-) -> RunResult:
+def run_demo(run_dir: str | Path | None = None, max_tasks: int = 3, source: Path | None = None) -> RunResult:
     console = Console(file=sys.stdout, soft_wrap=True)
     if source is not None and not source.exists():
         raise FileNotFoundError(f"--source {source}: no such file or directory")
@@ -99,6 +97,5 @@ def run_demo(
         "harnessrl-full",
         demo_arguments(source, max_tasks),
         run_dir or default_run_dir("demo"),
-        verbose=verbose,
         console=console,
     )

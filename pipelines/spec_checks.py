@@ -5,6 +5,7 @@ that credentials come from Secrets. Used by tests and by `harnessrl compile --ch
 from __future__ import annotations
 
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,7 +107,9 @@ def literal_env_names(compiled: CompiledPipeline) -> set[str]:
     return names
 
 
-def placement_problems(compiled: CompiledPipeline, s3_components: set[str] = frozenset()) -> list[str]:
+def placement_problems(
+    compiled: CompiledPipeline, s3_components: AbstractSet[str] = frozenset()
+) -> list[str]:
     """Every problem of a compiled pipeline's cluster placement: incomplete GPU placement of steps that
     request accelerators, S3 credentials not from a Secret for `s3_components` (component names without the
     `comp-` prefix and `-N` suffix), credentials set as literal env anywhere."""

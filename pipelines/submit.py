@@ -76,6 +76,13 @@ def resolve_package(pipeline: str, workdir: Path) -> tuple[str, Path]:
     return pipeline, compile_pipeline(pipeline, workdir / f"{pipeline}.yaml")
 
 
+def _returned(value: str | None, what: str) -> str:
+    """An id the KFP API must have returned (its client models type every field as optional)."""
+    if not value:
+        raise SubmitError(f"the Kubeflow Pipelines API answered without a {what}")
+    return value
+
+
 def _api_error(e: Exception, action: str) -> SubmitError:
     status = getattr(e, "status", None)
     body = getattr(e, "body", None) or ""
@@ -107,7 +114,7 @@ def submit(
     from kfp import components
     from kfp_server_api import ApiException
 
-    from pipelines.local_run import LocalRunError, parse_arguments
+    from pipelines.run_inputs import LocalRunError, parse_arguments
 
     with tempfile.TemporaryDirectory(prefix="harnessrl-submit-") as tmp:
         name, package = resolve_package(pipeline, Path(tmp))
@@ -135,16 +142,17 @@ def submit(
                     service_account=service_account,
                 )
                 run = result.run_info
+                run_id = _returned(run.run_id, "run id")
                 return Submitted(
-                    run_id=run.run_id,
+                    run_id=run_id,
                     run_name=run_name,
                     experiment_id=run.experiment_id,
-                    url=f"{host.rstrip('/')}/#/runs/details/{run.run_id}",
+                    url=f"{host.rstrip('/')}/#/runs/details/{run_id}",
                 )
             pipeline_id = client.get_pipeline_id(name)
             if pipeline_id is None:
                 created = client.upload_pipeline(str(package), pipeline_name=name, namespace=namespace)
-                pipeline_id = created.pipeline_id
+                pipeline_id = _returned(created.pipeline_id, "pipeline id")
                 versions = client.list_pipeline_versions(pipeline_id, page_size=1, sort_by="created_at desc")
                 if not versions.pipeline_versions:
                     raise SubmitError(f"pipeline {name} ({pipeline_id}) was uploaded but has no version")
@@ -154,9 +162,9 @@ def submit(
                     str(package), pipeline_version_name=f"{name}-{stamp}", pipeline_id=pipeline_id
                 )
                 version_id = version.pipeline_version_id
-            exp = client.create_experiment(experiment, namespace=namespace)
+            exp = client.create_experiment(experiment, namespace=namespace or "")  # "": the client's default
             run = client.run_pipeline(
-                exp.experiment_id,
+                _returned(exp.experiment_id, "experiment id"),
                 run_name,
                 params=args,
                 pipeline_id=pipeline_id,
@@ -164,13 +172,14 @@ def submit(
                 pipeline_root=pipeline_root,
                 service_account=service_account,
             )
+            run_id = _returned(run.run_id, "run id")
             return Submitted(
-                run_id=run.run_id,
+                run_id=run_id,
                 run_name=run_name,
                 experiment_id=exp.experiment_id,
                 pipeline_id=pipeline_id,
                 pipeline_version_id=version_id,
-                url=f"{host.rstrip('/')}/#/runs/details/{run.run_id}",
+                url=f"{host.rstrip('/')}/#/runs/details/{run_id}",
             )
         except ApiException as e:
             raise _api_error(e, f"submitting {name} to {host}") from None

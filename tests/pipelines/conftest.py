@@ -50,7 +50,7 @@ def _filter_value(query):
 
 def make_handler(state: KfpState):
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
         def _reply(self, code, obj):

@@ -90,7 +90,9 @@ def test_upload_then_new_version_then_run(kfp_api, tmp_path, capsys):
     (part,) = [
         p for p in message.iter_parts() if p.get_param("name", header="content-disposition") == "uploadfile"
     ]
-    uploaded = yaml.safe_load(part.get_payload(decode=True))
+    payload = part.get_payload(decode=True)
+    assert isinstance(payload, bytes)
+    uploaded = yaml.safe_load(payload)
     assert uploaded["pipelineInfo"]["name"] == "validate-only"
     (new_version,) = state.find("POST", "/apis/v2beta1/pipelines/upload_version")
     assert new_version.query["pipelineid"] == [state.pipelines[0]["pipeline_id"]]
