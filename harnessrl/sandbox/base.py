@@ -4,7 +4,7 @@
         -> RunResult(outcome, exit_code, stdout, stderr, wall_s, detail, limit_events)
 
 Outcomes: `ok` (exit 0), `nonzero` (the command failed), `timeout` (wall clock; the whole sandbox was killed),
-`resource_limit` (memory / processes / CPU time / file size), `sandbox_error` (the sandbox itself could not
+`resource_limit` (memory / processes / CPU time / file size / workspace quota), `sandbox_error` (the sandbox itself could not
 start or broke: an infrastructure failure that must never be reported as the agent's failure).
 A string `cmd` runs under `/bin/sh -c`.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 WORKSPACE_MOUNT = "/workspace"
@@ -39,12 +39,14 @@ class Limits:
     file_size_mb: int = 512  # largest single file a command may write (RLIMIT_FSIZE)
     open_files: int = 1024
     tmp_mb: int = 512  # size of the private /tmp tmpfs
+    workspace_mb: int = 1024  # how much the workspace may grow over its size when the sandbox was made
+    workspace_files: int = 100_000  # how many entries it may gain
 
     def __post_init__(self) -> None:
-        for name in ("memory_mb", "processes", "cpu_s", "file_size_mb", "open_files", "tmp_mb"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Limits.{name} must be a positive integer, got {value!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"Limits.{f.name} must be a positive integer, got {value!r}")
 
 
 @dataclass

@@ -3,15 +3,26 @@
     BubblewrapSandbox(workspace: Path, env_dir: Path | None, gateway_socket: Path | None = None, ...)
         .run(cmd, timeout, limits=None, cwd="/workspace") -> RunResult
 
-Inside: a read-only system (/usr, a whitelisted /etc, the Python install), the per-repo venv read-only, the
-workspace writable at /workspace (persistent across calls), a private /tmp tmpfs, new pid/net/ipc/uts
-namespaces (no network at all), a cleared environment (no host secrets), no capabilities. Optionally one Unix
-socket (the gateway) is bound at /run/harnessrl/gateway.sock: the only thing inside that reaches outside.
+Inside: a read-only system (/usr, a whitelisted /etc with a synthetic passwd/group, the Python install), the
+per-repo venv read-only, the workspace writable at /workspace (persistent across calls), a private /tmp
+tmpfs, new user/pid/net/ipc/uts/cgroup namespaces (no network at all), a cleared environment (no host
+secrets), uid 1000 "agent" with no capabilities outside its namespace. Optionally one Unix socket (the
+gateway) is bound at /run/harnessrl/gateway.sock: the only thing inside that reaches outside.
+
+Never host root: as root, the command chain drops to an unprivileged host uid of this sandbox's own before
+bubblewrap starts (identity.py), so the user namespace maps uid 1000 to that uid; the workspace is handed to
+it. /proc/sys, /proc/sysrq-trigger, /proc/irq and /proc/bus are read-only, nested user namespaces are off.
+bubblewrap's options travel through a memfd (`--args`) and host-specific paths are bound from descriptors
+opened here, so no workspace path appears in any argv the sandbox can read (pid 1 is bubblewrap).
 
 Each run is its own process group; on the wall-clock timeout the group is SIGKILLed, and since the sandbox's
 pid 1 dies with its parent (`--die-with-parent`) the whole pid namespace goes with it. Memory and process
 limits use a per-run cgroup when the host allows (exact, and the OOM/pids events tell us a limit was hit),
-else rlimits; CPU time, file size and open files always use rlimits (via util-linux `prlimit`).
+else rlimits; CPU time, file size and open files always use rlimits (via util-linux `prlimit`). The
+workspace may grow by `Limits.workspace_mb` / `workspace_files` over its size when the sandbox was made;
+it is measured while a command runs and the command is killed when it goes over (quota.py).
+
+Over 400 lines: the argv, the run loop and the outcome classification of one backend belong together.
 """
 
 from __future__ import annotations
@@ -23,12 +34,10 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
-import warnings
 from pathlib import Path
 
-from harnessrl.sandbox import cgroups
+from harnessrl.sandbox import cgroups, identity, leftovers, quota
 from harnessrl.sandbox.base import (
     GATEWAY_SOCKET_MOUNT,
     WORKSPACE_MOUNT,
@@ -40,10 +49,8 @@ from harnessrl.sandbox.base import (
 )
 
 # /etc entries a shell, git and Python need; everything else in the host's /etc (credentials, pip/apt
-# configs with tokens) stays outside.
+# configs with tokens, the host's user list) stays outside.
 ETC_WHITELIST = (
-    "passwd",
-    "group",
     "hostname",
     "hosts",
     "nsswitch.conf",
@@ -58,10 +65,16 @@ ETC_WHITELIST = (
     "services",
     "protocols",
 )
+SANDBOX_UID = 1000  # inside the user namespace; outside it is the caller's uid or identity.py's
+PASSWD = "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/tmp:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
+GROUP = "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n"
+# Kernel knobs a process in the sandbox must never write, even if its uid somehow allowed it.
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 TOP_LEVEL_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 MAX_OUTPUT_BYTES = 2 << 20  # per stream kept in the result: head + tail around a truncation marker
 GIT_STUB = '#!/bin/sh\necho "git: disabled in this sandbox (strict workspace: no repository history)" >&2\nexit 127\n'
 ENV_MANIFEST = "harnessrl-env.json"  # written by envs.ensure_env: extra read-only paths the venv needs
+QUOTA_POLL_S = 0.25  # how often a running command's workspace is measured (at least 10x a walk's duration)
 
 # Messages a process prints when an rlimit (not a cgroup) stopped it; used only when no cgroup is available
 # and only for a failing command.
@@ -69,13 +82,36 @@ _RLIMIT_MARKERS = re.compile(
     r"MemoryError|Cannot allocate memory|Resource temporarily unavailable|"
     r"fork: retry|File too large|std::bad_alloc"
 )
+_USERNS_FAILURE = re.compile(
+    r"(namespace|uid map|setting up uid).*(Permission denied|Operation not permitted)", re.I
+)
+
+
+MIN_BWRAP_VERSION = (0, 8)  # --disable-userns, --bind-fd / --ro-bind-fd
 
 
 def bwrap_path() -> str:
     path = shutil.which("bwrap")
     if path is None:
         raise SandboxError("bubblewrap is not installed: `apt-get install bubblewrap` (or `make sysdeps`)")
+    version = _bwrap_version(path)
+    if version < MIN_BWRAP_VERSION:
+        raise SandboxError(
+            f"{path} is bubblewrap {'.'.join(map(str, version))}; harnessrl needs >= "
+            f"{'.'.join(map(str, MIN_BWRAP_VERSION))} (--disable-userns, --bind-fd)"
+        )
     return path
+
+
+_versions: dict[str, tuple[int, ...]] = {}
+
+
+def _bwrap_version(path: str) -> tuple[int, ...]:
+    if path not in _versions:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+        m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
+        _versions[path] = tuple(int(g) for g in m.groups() if g is not None) if m else (0,)
+    return _versions[path]
 
 
 def _read_capped(path: Path, cap: int = MAX_OUTPUT_BYTES) -> str:
@@ -118,8 +154,25 @@ class BubblewrapSandbox(Sandbox):
         self.extra_env = dict(extra_env or {})
         self.default_limits = limits or Limits()
         self.read_only_workspace = read_only_workspace
-        self.is_root = os.geteuid() == 0
         self._stub_dir: Path | None = None
+        self._stage_dir: Path | None = None
+        leftovers.sweep_once([cgroups.factory().sweep_stale])
+        self.identity = identity.acquire()
+        try:
+            if self.gateway_socket is not None and self.identity is not None:
+                _let_group_connect(self.gateway_socket, self.identity.gid)
+            self.baseline = quota.measure(self.workspace, owner=self.owner)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """The host uid/gid sandboxed processes run as, when it is not ours (we are root)."""
+        return (self.identity.uid, self.identity.gid) if self.identity is not None else None
+
+    def workspace_quota(self, limits: Limits | None = None) -> quota.Quota:
+        return quota.Quota.growth(self.baseline, limits or self.default_limits)
 
     # -- argv -------------------------------------------------------------------------------------------
     def _ro_paths(self) -> list[Path]:
@@ -156,38 +209,69 @@ class BubblewrapSandbox(Sandbox):
 
     def _git_stub_file(self) -> Path:
         if self._stub_dir is None:
-            self._stub_dir = Path(tempfile.mkdtemp(prefix="harnessrl-gitstub-"))
+            self._stub_dir = leftovers.make_tempdir("gitstub")
             stub = self._stub_dir / "git"
             stub.write_text(GIT_STUB)
             stub.chmod(0o755)
         return self._stub_dir / "git"
 
-    def build_argv(self, argv: list[str], limits: Limits, cwd: str, status_fd: int) -> list[str]:
-        a = [self.bwrap]
-        if self.is_root:
-            # As root, a user namespace would map us to uid 0 anyway; drop every capability instead.
-            a += [
-                "--unshare-ipc",
-                "--unshare-pid",
-                "--unshare-net",
-                "--unshare-uts",
-                "--unshare-cgroup-try",
-                "--cap-drop",
-                "ALL",
-            ]
-        else:
-            a += ["--unshare-all"]
-        a += [
+    def host_binds(self) -> list[tuple[str, Path, str]]:
+        """(`--bind` | `--ro-bind`, host path, path inside) for everything specific to this host and task."""
+        binds = [("--ro-bind", p, str(p)) for p in self._ro_paths()]
+        binds.append(("--ro-bind" if self.read_only_workspace else "--bind", self.workspace, WORKSPACE_MOUNT))
+        if self.git_stub:
+            stub = self._git_stub_file()
+            binds += [("--ro-bind", stub, "/run/harnessrl/bin/git"), ("--ro-bind", stub, "/usr/bin/git")]
+        if self.gateway_socket is not None:
+            binds.append(("--bind", self.gateway_socket, GATEWAY_SOCKET_MOUNT))
+        return binds
+
+    def _staging(self) -> dict[Path, Path]:
+        """Root only: host path -> a mount point under a dir the sandbox uid can traverse.
+
+        bubblewrap, started as the unprivileged sandbox uid, can bind only paths that uid can reach, and
+        the env, the Python install or the workspace often sit below 0700 directories (/root, mkdtemp). Each
+        run first bind-mounts them onto these mount points in a private mount namespace of its own
+        (`unshare --mount`, as root), so nothing changes on the host and nothing outlives the run.
+        """
+        if self._stage_dir is None:
+            self._stage_dir = leftovers.make_tempdir("stage")
+            self._stage_dir.chmod(0o711)
+        staged: dict[Path, Path] = {}
+        for _, host, _ in self.host_binds():
+            if host not in staged:
+                point = self._stage_dir / str(len(staged))
+                if not point.exists():
+                    point.mkdir(mode=0o755) if host.is_dir() else point.touch(mode=0o644)
+                staged[host] = point
+        return staged
+
+    def bwrap_options(
+        self, limits: Limits, cwd: str, fds: dict[str, int], sources: dict[Path, Path]
+    ) -> list[str]:
+        """bubblewrap's options: `fds` holds the descriptors of "status", "passwd" and "group" in the child,
+        `sources` where each host bind is mounted from (itself, or its staging mount point)."""
+        a = [
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
             "--die-with-parent",
             "--new-session",
             "--hostname",
             "sandbox",
             "--json-status-fd",
-            str(status_fd),
+            str(fds["status"]),
         ]
         # /tmp, /dev and /proc first: a bind below /tmp (an env or socket the host keeps there) must land on top
         # of the private tmpfs, not under it.
-        a += ["--dev", "/dev", "--proc", "/proc", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
+        a += ["--dev", "/dev", "--proc", "/proc"]
+        for p in PROC_READ_ONLY:
+            a += ["--ro-bind-try", p, p]
+        a += ["--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
         a += ["--ro-bind", "/usr", "/usr"]
         for name in TOP_LEVEL_SYSTEM:
             host = Path("/") / name
@@ -199,12 +283,10 @@ class BubblewrapSandbox(Sandbox):
             host = Path("/etc") / name
             if host.exists():
                 a += ["--ro-bind", str(host), str(host)]
-        for p in self._ro_paths():
-            a += ["--ro-bind", str(p), str(p)]
-        a += ["--bind" if not self.read_only_workspace else "--ro-bind", str(self.workspace), WORKSPACE_MOUNT]
-        if self.git_stub:
-            stub = str(self._git_stub_file())
-            a += ["--ro-bind", stub, "/run/harnessrl/bin/git", "--ro-bind", stub, "/usr/bin/git"]
+        a += ["--ro-bind-data", str(fds["passwd"]), "/etc/passwd"]
+        a += ["--ro-bind-data", str(fds["group"]), "/etc/group"]
+        for option, host, inside in self.host_binds():
+            a += [option, str(sources[host]), inside]
         env = {
             "PATH": self._path_env(),
             "HOME": "/tmp",
@@ -221,14 +303,62 @@ class BubblewrapSandbox(Sandbox):
         if self.env_dir is not None:
             env["VIRTUAL_ENV"] = str(self.env_dir)
         if self.gateway_socket is not None:
-            a += ["--bind", str(self.gateway_socket), GATEWAY_SOCKET_MOUNT]
             env["HARNESSRL_GATEWAY_SOCKET"] = GATEWAY_SOCKET_MOUNT
         env.update(self.extra_env)
         a += ["--clearenv"]
         for k, v in env.items():
             a += ["--setenv", k, v]
-        a += ["--chdir", cwd, "--", *argv]
+        a += ["--chdir", cwd]
         return a
+
+    def command_chain(
+        self, argv: list[str], limits: Limits, cwd: str, status_w: int
+    ) -> tuple[list[str], list[int]]:
+        """The full argv to start (after rlimits and a cgroup join) and the descriptors it must inherit; the
+        caller closes the descriptors after the start. bubblewrap's own options travel in a memfd
+        (`--args`), so the sandbox sees none of them in /proc/1/cmdline."""
+        staged = self._staging() if self.identity is not None else {}
+        sources = {host: staged.get(host, host) for _, host, _ in self.host_binds()}
+        opened: list[int] = []
+        try:
+            fds = {"status": status_w}
+            for name, text in (("passwd", PASSWD), ("group", GROUP)):
+                fds[name] = _memfd(name, text.encode())
+                opened.append(fds[name])
+            fds["args"] = _memfd(
+                "args", b"".join(o.encode() + b"\0" for o in self.bwrap_options(limits, cwd, fds, sources))
+            )
+            opened.append(fds["args"])
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        bwrap = [self.bwrap, "--args", str(fds["args"]), "--", *argv]
+        setpriv = _tool("setpriv")
+        # --pdeathsig: bubblewrap dies with the thread that started it, even if this process is SIGKILLed
+        if self.identity is None:
+            return [setpriv, "--pdeathsig", "KILL", "--", *bwrap], [status_w, *opened]
+        mounts = [str(p) for host, point in staged.items() for p in (host, point)]
+        chain = [
+            _tool("unshare"),
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            _STAGE_AND_DROP,
+            "sh",
+            *mounts,
+            "--",
+            setpriv,
+            "--pdeathsig",
+            "KILL",
+            *self.identity.setpriv_args(),
+            "--",
+            *bwrap,
+        ]
+        return chain, [status_w, *opened]
 
     # -- run --------------------------------------------------------------------------------------------
     def run(
@@ -242,8 +372,11 @@ class BubblewrapSandbox(Sandbox):
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise ValueError("empty command")
+        # Hands what the host wrote since the last run to the sandbox uid, and measures the starting point:
+        # a workspace already over its quota may still run commands (to delete files), but not grow.
+        start_usage = quota.measure(self.workspace, owner=self.owner)
+        allowed = self.workspace_quota(limits).relaxed_to(start_usage)
         factory = cgroups.factory()
-        _warn_if_processes_unbounded(factory.available(), self.is_root)
         cgroup = None
         if factory.available():
             try:
@@ -259,49 +392,57 @@ class BubblewrapSandbox(Sandbox):
         ]
         if cgroup is None:
             prlimit.append(f"--as={limits.memory_mb << 20}")
-            if not self.is_root:  # RLIMIT_NPROC never applies to root
-                prlimit.append(f"--nproc={_user_process_count() + limits.processes + 8}")
+            # RLIMIT_NPROC counts every process of the uid: a sandbox uid of our own holds only this run's
+            others = 0 if self.identity is not None else _user_process_count()
+            prlimit.append(f"--nproc={others + limits.processes + 8}")
         prlimit.append("--")
         status_r, status_w = os.pipe()
         os.set_blocking(status_r, False)
-        tmpdir = Path(tempfile.mkdtemp(prefix="harnessrl-run-"))
+        tmpdir = leftovers.make_tempdir("run")
         started = time.monotonic()
-        killed_for_timeout = False
+        stopped_for = ""  # "timeout" | a quota violation
         try:
-            full = prlimit + self.build_argv(argv, limits, cwd, status_w)
+            chain, pass_fds = self.command_chain(argv, limits, cwd, status_w)
+            full = [*prlimit, *chain]
             if cgroup is not None:
                 join = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 121; shift; done; shift; exec "$@"'
                 full = ["/bin/sh", "-c", join, "sh", *map(str, cgroup.procs_files), "--", *full]
-            with open(tmpdir / "out", "wb") as out, open(tmpdir / "err", "wb") as err:
-                try:
-                    proc = subprocess.Popen(
-                        full,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=err,
-                        pass_fds=(status_w,),
-                        start_new_session=True,
-                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                    )
-                except OSError as e:
-                    return RunResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, f"could not start bwrap: {e}")
-                finally:
-                    os.close(status_w)
-                    status_w = -1
-                try:
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    killed_for_timeout = True
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    if cgroup is not None:
-                        cgroup.kill_all()
-                    proc.wait()
+            try:
+                with open(tmpdir / "out", "wb") as out, open(tmpdir / "err", "wb") as err:
+                    try:
+                        proc = subprocess.Popen(
+                            full,
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=err,
+                            pass_fds=pass_fds,
+                            start_new_session=True,
+                            env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
+                        )
+                    except OSError as e:
+                        return RunResult(
+                            Outcome.SANDBOX_ERROR, None, "", "", 0.0, f"could not start bwrap: {e}"
+                        )
+            finally:
+                for fd in pass_fds:
+                    os.close(fd)
+                status_w = -1
+            stopped_for = self._wait(proc, timeout, allowed)
+            if stopped_for:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                if cgroup is not None:
+                    cgroup.kill_all()
+                proc.wait()
             wall = time.monotonic() - started
             status = _read_status(status_r)
             events = cgroup.events() if cgroup is not None else {}
             stdout = _read_capped(tmpdir / "out")
             stderr = _read_capped(tmpdir / "err")
+        except OSError as e:  # a bind source vanished, no memfd, ...: the sandbox could not be set up
+            return RunResult(
+                Outcome.SANDBOX_ERROR, None, "", "", time.monotonic() - started, f"sandbox setup: {e}"
+            )
         finally:
             if status_w != -1:
                 os.close(status_w)
@@ -309,6 +450,10 @@ class BubblewrapSandbox(Sandbox):
             if cgroup is not None:
                 cgroup.remove()
             shutil.rmtree(tmpdir, ignore_errors=True)
+        if not stopped_for:  # growth since the last measurement
+            stopped_for = allowed.violation(quota.measure(self.workspace, stop_at=allowed))
+        if stopped_for and stopped_for != "timeout":
+            return RunResult(Outcome.RESOURCE_LIMIT, None, stdout, stderr, wall, stopped_for, events)
         return _classify(
             proc.returncode,
             status,
@@ -316,31 +461,70 @@ class BubblewrapSandbox(Sandbox):
             stdout,
             stderr,
             wall,
-            killed_for_timeout,
+            stopped_for == "timeout",
             timeout,
             cgroup is not None,
         )
 
+    def _wait(self, proc: subprocess.Popen[bytes], timeout: float, allowed: quota.Quota) -> str:
+        """Waits for the command; returns "" when it ended, "timeout", or the quota it broke."""
+        deadline = time.monotonic() + timeout
+        poll = QUOTA_POLL_S
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            try:
+                proc.wait(timeout=min(poll, remaining))
+                return ""
+            except subprocess.TimeoutExpired:
+                pass
+            t0 = time.monotonic()
+            violation = allowed.violation(quota.measure(self.workspace, stop_at=allowed))
+            if violation:
+                return violation
+            poll = max(QUOTA_POLL_S, 10 * (time.monotonic() - t0))
+
     def close(self) -> None:
-        if self._stub_dir is not None:
-            shutil.rmtree(self._stub_dir, ignore_errors=True)
-            self._stub_dir = None
+        for d in (self._stub_dir, self._stage_dir):
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
+        self._stub_dir = self._stage_dir = None
+        if getattr(self, "identity", None) is not None:
+            self.identity.release()  # type: ignore[union-attr]
+            self.identity = None
 
 
-_warned = False
+# As root: bind each host path onto its staging mount point (private mount namespace), then drop privileges.
+_STAGE_AND_DROP = (
+    'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 122; shift 2; done; shift; exec "$@"'
+)
 
 
-def _warn_if_processes_unbounded(have_cgroups: bool, is_root: bool) -> None:
-    global _warned
-    if not have_cgroups and is_root and not _warned:
-        _warned = True
-        warnings.warn(
-            "running as root without a writable cgroup hierarchy: sandbox memory is capped with "
-            "RLIMIT_AS but the process limit cannot be enforced (RLIMIT_NPROC does not bind root); "
-            "run as an unprivileged user or give harnessrl a delegated cgroup",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+def _tool(name: str) -> str:
+    path = shutil.which(name, path="/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+    if path is None:
+        raise SandboxError(f"`{name}` (util-linux) is not installed: `apt-get install util-linux`")
+    return path
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(f"harnessrl-{name}", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _let_group_connect(sock: Path, gid: int) -> None:
+    """connect() needs write permission on the socket inode: give the sandboxes' shared group read-write."""
+    st = sock.stat()
+    if st.st_gid != gid or st.st_mode & 0o060 != 0o060:
+        os.chown(sock, -1, gid)
+        os.chmod(sock, (st.st_mode & 0o7777) | 0o060)
 
 
 def enforcement() -> dict[str, str]:
@@ -348,7 +532,8 @@ def enforcement() -> dict[str, str]:
     f = cgroups.factory()
     if f.available():
         return {"memory": f"cgroup v{f.version}", "processes": f"cgroup v{f.version}"}
-    return {"memory": "RLIMIT_AS", "processes": "none (root)" if os.geteuid() == 0 else "RLIMIT_NPROC"}
+    processes = "RLIMIT_NPROC (a host uid per sandbox)" if os.geteuid() == 0 else "RLIMIT_NPROC"
+    return {"memory": "RLIMIT_AS", "processes": processes}
 
 
 def _user_process_count() -> int:
@@ -377,6 +562,9 @@ def _read_status(fd: int) -> list[dict]:
         with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
     return records
+
+
+_SETUP_EXIT = {121: "could not join the run's cgroup", 122: "could not stage a bind mount (as root)"}
 
 
 def _limits_hit(events: dict[str, int]) -> str:
@@ -421,10 +609,8 @@ def _classify(
             f"killed after the {timeout:g} s wall-clock limit",
             events,
         )
-    if returncode == 121 and not status:
-        return RunResult(
-            Outcome.SANDBOX_ERROR, None, stdout, stderr, wall, "could not join the run's cgroup", events
-        )
+    if returncode in _SETUP_EXIT and not status:
+        return RunResult(Outcome.SANDBOX_ERROR, None, stdout, stderr, wall, _SETUP_EXIT[returncode], events)
     if not exit_codes:
         if started and "bwrap: execvp" in stderr:  # the command itself does not exist: the caller's error
             return RunResult(Outcome.NONZERO, 127, stdout, stderr, wall, "command not found", events)

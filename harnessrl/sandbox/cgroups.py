@@ -4,20 +4,28 @@ cgroup v2 (a writable, delegated subtree with the memory and pids controllers) i
 (writable memory and pids hierarchies, as on many container hosts where we run as root) is used otherwise.
 Groups are created *below this process's own cgroup*, so a sandbox can never escape the limits the host put on
 us. When neither is usable, `CgroupFactory.available()` is False and the caller falls back to rlimits.
+Group names carry the owner tag of leftovers.py, so `sweep_stale()` can remove what a killed run left.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harnessrl.sandbox import leftovers
+
+logger = logging.getLogger(__name__)
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _counter = itertools.count()
+_NAME = re.compile(r"^harnessrl-sb-(\d+)\.(\d+)\.(\d+)-\d+$")
 
 
 def _own_cgroup_paths() -> dict[str, str]:
@@ -116,7 +124,7 @@ class CgroupFactory:
         return self.version in (1, 2)
 
     def create(self, memory_bytes: int, pids: int) -> Cgroup:
-        name = f"harnessrl-sb-{os.getpid()}-{next(_counter)}"
+        name = f"harnessrl-sb-{leftovers.current_tag()}-{next(_counter)}"
         dirs: list[Path] = []
         try:
             if self.version == 2:
@@ -142,6 +150,22 @@ class CgroupFactory:
         except OSError:
             Cgroup(dirs=dirs, version=self.version).remove()
             raise
+
+    def sweep_stale(self) -> int:
+        """Removes groups whose creating process is gone (killing anything still in them); returns how many."""
+        removed = 0
+        for parent in self.parents.values():
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(parent):
+                    m = _NAME.match(entry.name)
+                    if m is None or not entry.is_dir(follow_symlinks=False) or not leftovers.owner_gone(m):
+                        continue
+                    d = Path(entry.path)
+                    Cgroup(dirs=[d], version=self.version).remove()
+                    if not d.exists():
+                        removed += 1
+                        logger.info("removed cgroup %s, left by a harnessrl process that no longer runs", d)
+        return removed
 
 
 _factory: CgroupFactory | None = None

@@ -156,7 +156,7 @@ class FakeAPI(BaseHTTPRequestHandler):
             return self._send(200, job)
         if url.path.endswith("/pods"):
             name = parse_qs(url.query)["labelSelector"][0].split("=")[1]
-            status = {"phase": "Failed"}
+            status: dict[str, object] = {"phase": "Failed"}
             for key, state in (
                 ("containerStatuses", self.scenario.get("run")),
                 ("initContainerStatuses", self.scenario.get("init")),
@@ -189,7 +189,7 @@ class FakeAPI(BaseHTTPRequestHandler):
         self._record(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}"))
         return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
-    def log_message(self, *a):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
         pass
 
 
@@ -257,7 +257,8 @@ def test_job_lifecycle_through_the_real_client(api, tmp_path, scenario, outcome,
     posts = [(p, b) for m, p, _, b in FakeAPI.requests if m == "POST"]
     assert posts[0][0] == "/api/v1/namespaces/harnessrl-sandbox/configmaps"
     tar = base64.b64decode(posts[0][1]["binaryData"]["workspace.tar.gz"])
-    assert tarfile.open(fileobj=io.BytesIO(tar)).extractfile("./mod.py").read() == b"x = 1\n"
+    member = tarfile.open(fileobj=io.BytesIO(tar)).extractfile("./mod.py")
+    assert member is not None and member.read() == b"x = 1\n"
     if scenario.get("create_status"):
         assert result.detail.startswith("Kubernetes API error 403")
         return
