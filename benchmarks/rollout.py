@@ -32,7 +32,7 @@ def _tasks(path: str | None, work: Path) -> Path:
 
     repo = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "minirepo"
     out = work / "tasks"
-    synthesize_taskset(repo, out, max_tasks=2, seed=0, show_progress=False)
+    synthesize_taskset(repo, out, max_tasks=2, seed=0)
     return out
 
 
@@ -87,7 +87,6 @@ def generate(
             max_tasks=n_tasks,
             executor=executor,
         ),
-        progress=False,
     )
 
 

@@ -49,7 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp_s:
         tmp = Path(tmp_s)
         print(f"synthesizing a task from {args.source} ...", flush=True)
-        ts: TaskSet = synthesize_taskset(args.source, tmp / "tasks", max_tasks=1, seed=0, show_progress=False)
+        ts: TaskSet = synthesize_taskset(args.source, tmp / "tasks", max_tasks=1, seed=0)
         row = ts.rows()[0]
         iid = row["instance_id"]
         env = ensure_env(ts, row["repo"])
@@ -115,7 +115,7 @@ def main() -> None:
         write_jsonl(rollouts / "rollouts.jsonl", rows)
         throughput = {}
         for workers in (1, 2):
-            s = run_verify(ts.root, rollouts, tmp / f"out{workers}", workers=workers, show_progress=False)
+            s = run_verify(ts.root, rollouts, tmp / f"out{workers}", workers=workers)
             assert s["resolved"] == args.parallel, s
             throughput[workers] = s["verifications_per_min"]
             print(

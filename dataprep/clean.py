@@ -13,12 +13,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import track
-
 from dataprep.gitrepo import GitError, bundle_heads
 from dataprep.load import load_rows
 from harnessrl.io import atomic_output, atomic_write_bytes, write_jsonl
+from harnessrl.progress import track
 from harnessrl.taskset import TaskSet, write_taskset
 
 # Reason codes, in the order they are checked.
@@ -142,17 +140,13 @@ class CleanReport:
         return "\n".join(lines)
 
 
-def reject_reasons(
-    rows: list[dict], ts: TaskSet, params: CleanParams, show_progress: bool = False
-) -> list[list[str]]:
+def reject_reasons(rows: list[dict], ts: TaskSet, params: CleanParams) -> list[list[str]]:
     """Reason codes per row (empty list = kept)."""
     heads: dict[str, set[str] | None] = {}  # repo -> branch names, None when there is no usable bundle
     seen_ids: set[str] = set()
     seen_patches: set[tuple[str, str]] = set()
     out: list[list[str]] = []
-    for row in track(
-        rows, description="clean", console=Console(stderr=True), disable=not show_progress, update_period=0.5
-    ):
+    for row in track(rows, "clean", min_total=1000):
         reasons = []
         if (
             params.require_problem_statement
@@ -194,15 +188,13 @@ def clean_taskset(
     kept_out: Path,
     rejected_out: Path,
     params: CleanParams | None = None,
-    *,
-    show_progress: bool = True,
 ) -> CleanReport:
     """Writes the kept rows as a task set (`kept_out`, same bundles) and the rejected rows with their
     `reject_reasons` as JSONL (`rejected_out`)."""
     params = params or CleanParams()
     ts = TaskSet.open(tasks)
     rows = load_rows(ts.tasks_path, allow_extra=True)
-    all_reasons = reject_reasons(rows, ts, params, show_progress and len(rows) >= 1000)
+    all_reasons = reject_reasons(rows, ts, params)
     kept = [r for r, why in zip(rows, all_reasons, strict=True) if not why]
     rejected = [{**r, "reject_reasons": why} for r, why in zip(rows, all_reasons, strict=True) if why]
     repos = {r["repo"] for r in kept}

@@ -15,10 +15,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import track
-
 from dataprep.gitrepo import GitError, git
+from harnessrl.progress import track
 from harnessrl.taskset import TASK_FIELDS_OPTIONAL, TASK_FIELDS_REQUIRED, TaskSet, bundle_name, write_taskset
 
 # Columns of SWE-bench (and its Verified split) that carry no task semantics here but are kept verbatim.
@@ -284,7 +282,7 @@ def import_taskset(data: Path, repos: str | Path, out: Path, *, allow_extra: boo
                 else:
                     missing[repo] = f"no {candidate.name} in {repos_str}"
         elif "://" in repos_str or repos_str.startswith("git@"):
-            for repo in track(needed, description="clone + bundle repos", console=Console(stderr=True)):
+            for repo in track(needed, "clone + bundle repos"):
                 dest = scratch / bundle_name(repo)
                 try:
                     _bundle_from_url(repo_url(repos_str, repo), dest, scratch)

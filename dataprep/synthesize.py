@@ -28,13 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from dataprep.gitrepo import GitError, create_bundle, git, init_squashed
 from dataprep.mutations import MODIFIERS, Candidate, enumerate_candidates, mutate_source
 from dataprep.problem import problem_statement
 from dataprep.pytest_runner import TestRun, TestRunner, run_pytest
+from harnessrl.progress import ProgressBar
 from harnessrl.taskset import TaskSet, write_taskset
 
 SKIP_DIRS = {
@@ -266,7 +264,6 @@ def synthesize_taskset(
     workers: int = 2,
     runner: TestRunner | None = None,
     name: str | None = None,
-    show_progress: bool = True,
 ) -> TaskSet:
     """Writes a task set of up to `max_tasks` procedurally generated SWE-smith tasks to `out`.
 
@@ -325,17 +322,8 @@ def synthesize_taskset(
         seen: set[tuple[str, str]] = set()
         queue = iter(ordered)
         tried = 0
-        progress = Progress(
-            TextColumn("[bold]synthesize[/] {task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            disable=not show_progress,
-            transient=False,
-            console=Console(stderr=True),
-        )
-        with progress, ThreadPoolExecutor(max_workers=workers) as pool:
-            bar = progress.add_task(f"{repo_name}: 0 tasks", total=min(max_candidates, len(ordered)))
+        bar = ProgressBar(f"synthesize {repo_name}: 0 tasks", total=min(max_candidates, len(ordered)))
+        with bar, ThreadPoolExecutor(max_workers=workers) as pool:
             while len(rows) < max_tasks and tried < max_candidates:
                 batch: list[tuple[Candidate, str]] = []
                 for cand in queue:
@@ -359,7 +347,7 @@ def synthesize_taskset(
                         cand.path, cand.modifier, cand.site, "rejected", seconds=run.seconds
                     )
                     results.append(res)
-                    progress.advance(bar)
+                    bar.advance()
                     if len(rows) >= max_tasks:
                         res.reason = "not needed: --max-tasks reached"
                         continue
@@ -384,7 +372,7 @@ def synthesize_taskset(
                     )
                     if row is not None:
                         rows.append(row)
-                        progress.update(bar, description=f"{repo_name}: {len(rows)} tasks")
+                        bar.advance(0, description=f"synthesize {repo_name}: {len(rows)} tasks")
 
         bundle = create_bundle(repo, tmp / "repo.bundle")
         reasons = Counter(r.reason.split(":")[0] for r in results if r.status == "rejected")

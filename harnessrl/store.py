@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from harnessrl.progress import ProgressBar
+
 MIN_PART_SIZE = 5 * 1024 * 1024
 DEFAULT_PART_SIZE = 64 * 1024 * 1024
 SHA256_META = "sha256"
@@ -113,30 +115,26 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _progress(total: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total, desc=desc, unit="B", unit_scale=True, leave=False, disable=total < 8 * CHUNK or None
-    )
+def _progress(total: int, desc: str) -> ProgressBar:
+    return ProgressBar(desc, total, unit="bytes", transient=True, min_total=8 * CHUNK)
 
 
 class _UploadProgress:
-    """The minio client's progress protocol (set_meta/update), shown with tqdm."""
+    """The minio client's progress protocol (set_meta/update) on a progress bar."""
 
     def __init__(self) -> None:
-        self.bar = None
+        self.bar: ProgressBar | None = None
 
     def set_meta(self, object_name: str, total_length: int) -> None:
-        self.bar = _progress(total_length, f"upload {object_name}")
+        self.bar = _progress(total_length, f"upload {object_name}").start()
 
-    def update(self, size: int) -> None:
+    def update(self, length: int) -> None:
         if self.bar is not None:
-            self.bar.update(size)
+            self.bar.advance(length)
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            self.bar.stop()
 
 
 def _errors() -> tuple[type[Exception], ...]:
@@ -274,7 +272,7 @@ class ObjectStore:
                 for block in response.stream(CHUNK):
                     f.write(block)
                     written += len(block)
-                    bar.update(len(block))
+                    bar.advance(len(block))
                 f.flush()
                 os.fsync(f.fileno())
         finally:

@@ -33,7 +33,6 @@ def register(commands, stages) -> None:
     p.add_argument("--max-tasks", type=int)
     p.add_argument("--round", type=int, default=0, help="history round these counts are recorded as")
     p.add_argument("--allow-unsandboxed", action="store_true")
-    p.add_argument("--quiet", action="store_true")
     add_policy_args(p)
     p.set_defaults(func=_estimate)
 
@@ -52,7 +51,6 @@ def _estimate(args) -> int:
         verify_workers=args.verify_workers,
         max_tasks=args.max_tasks,
         history_round=args.round,
-        progress=not args.quiet,
         allow_unsandboxed=args.allow_unsandboxed,
         executor=args.executor,
         ray_cpus=args.ray_cpus,

@@ -37,7 +37,6 @@ def estimate_difficulty(
         policy=PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
         concurrency=concurrency,
         verify_workers=verify_workers,
-        progress=False,
         executor=executor,
     )
     publish(

@@ -75,7 +75,6 @@ def run_estimate(
     verify_workers: int = 2,
     max_tasks: int | None = None,
     history_round: int = 0,
-    progress: bool = True,
     allow_unsandboxed: bool = False,
     executor: str = "threads",
     ray_cpus: float = 0.5,
@@ -100,11 +99,8 @@ def run_estimate(
                 executor=executor,
                 ray_cpus=ray_cpus,
             ),
-            progress=progress,
         )
-        verify_summary = run_verify(
-            Path(tasks), tmp / "rollouts", tmp / "verified", verify_workers, show_progress=progress
-        )
+        verify_summary = run_verify(Path(tasks), tmp / "rollouts", tmp / "verified", verify_workers)
         rollouts = list(read_jsonl(tmp / "rollouts" / "rollouts.jsonl"))
         rewards = list(read_jsonl(tmp / "verified" / "rewards.jsonl"))
         counts = count_passes(rollouts, rewards)

@@ -47,7 +47,6 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
         "--keep-workspaces", action="store_true", help="keep final workspaces under OUT/workspaces"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_policy_args(p)
 
 
@@ -103,7 +102,6 @@ def _run(args) -> int:
         args.specs,
         policy_from_args(args),
         config_from_args(args, args.group_size),
-        progress=not args.quiet,
     )
     print(
         json.dumps(

@@ -44,7 +44,6 @@ def generate_rollouts(
         GenerateConfig(
             group_size=group_size, concurrency=concurrency, seed=seed, executor=executor, ray_cpus=ray_cpus
         ),
-        progress=False,
     )
     Path(samples.path).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "samples.parquet", Path(samples.path) / "samples.parquet")

@@ -39,7 +39,6 @@ def register(commands, stages) -> None:
     )
     s.add_argument("--out", required=True, type=Path, help="output directory (replaced)")
     s.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
     _limit_args(s)
     s.set_defaults(func=_stage)
 
@@ -89,7 +88,6 @@ def _stage(args: argparse.Namespace) -> int:
         args.workers,
         timeout_s=args.timeout,
         limits=_limits(args),
-        show_progress=not args.no_progress,
     )
     print(json.dumps(summary, sort_keys=True))
     return 0

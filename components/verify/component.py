@@ -30,7 +30,6 @@ def verify(
         workers,
         timeout_s=timeout_s,
         limits=Limits(memory_mb=memory_mb),
-        show_progress=False,
     )
     keys = (
         "rollouts",

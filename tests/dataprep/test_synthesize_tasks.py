@@ -136,7 +136,7 @@ def test_source_without_passing_tests_is_a_clear_error(tmp_path):
     (repo / "lib.py").write_text("def f(x):\n    return x + 1\n")
     (repo / "tests" / "test_lib.py").write_text("from lib import f\n\ndef test_f():\n    assert f(1) == 3\n")
     with pytest.raises(SynthesisError, match="no test passes on the unmodified source"):
-        synthesize_taskset(repo, tmp_path / "out", max_tasks=1, show_progress=False)
+        synthesize_taskset(repo, tmp_path / "out", max_tasks=1)
     assert not (tmp_path / "out").exists()
 
 

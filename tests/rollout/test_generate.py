@@ -75,7 +75,6 @@ def test_generate_two_sandbox_settings_records_and_verify(synth_taskset, fast_en
         specs,
         PolicySource(engine_url=engine.base_url),
         GenerateConfig(group_size=2, concurrency=2, instance_ids=[row["instance_id"]]),
-        progress=False,
     )
     rows = list(read_jsonl(out / "rollouts.jsonl"))
     assert [r["spec_name"] for r in rows] == ["react-bwrap", "react-strict"]
@@ -116,7 +115,7 @@ def test_generate_two_sandbox_settings_records_and_verify(synth_taskset, fast_en
     report = (out / "report.md").read_text()
     assert "react-strict" in report and "data:image/png;base64," in report
 
-    summary = run_verify(synth_taskset, out, tmp_path / "verified", workers=2, show_progress=False)
+    summary = run_verify(synth_taskset, out, tmp_path / "verified", workers=2)
     rewards = {r["rollout_id"]: r for r in read_jsonl(tmp_path / "verified" / "rewards.jsonl")}
     assert summary["resolved"] == 2 and all(r["reward"] == 1.0 for r in rewards.values())
 
@@ -161,7 +160,6 @@ def test_cli_timed_out_rollout_is_kept_with_reason_and_its_samples_dropped(
             row["instance_id"],
             "--failed-samples",
             "drop",
-            "--quiet",
         ]
     )
     assert code == 0
@@ -212,6 +210,5 @@ def test_unsandboxed_spec_refused_without_flag(synth_taskset, tmp_path):
             specs,
             PolicySource(engine_url="http://127.0.0.1:9"),
             GenerateConfig(group_size=1, max_tasks=1),
-            progress=False,
         )
     assert not (tmp_path / "out").exists()

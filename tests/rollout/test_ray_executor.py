@@ -88,7 +88,6 @@ def test_ray_executor_writes_the_same_outputs_as_threads(ray_local, synth_taskse
             specs,
             PolicySource(engine_url=server.base_url),
             GenerateConfig(group_size=2, concurrency=2, instance_ids=[row["instance_id"]], executor=executor),
-            progress=False,
         )
         assert metrics["executor"] == executor and metrics["status"] == {"ok": 2}
 
@@ -142,7 +141,6 @@ def test_crashed_ray_worker_is_recorded_with_its_reason(
             "--executor",
             "ray",
             "--allow-unsandboxed",
-            "--quiet",
         ]
     )
     assert code == 0

@@ -39,9 +39,7 @@ SPECS = [
 def test_estimate_and_select_with_both_harnesses_on_the_tiny_model(synth_taskset, tmp_path):
     first = TaskSet.open(synth_taskset).rows()[0]["instance_id"]
     est = tmp_path / "estimates"
-    metrics = run_estimate(
-        synth_taskset, est, n=2, specs=parse_specs(SPECS), concurrency=2, max_tasks=1, progress=False
-    )
+    metrics = run_estimate(synth_taskset, est, n=2, specs=parse_specs(SPECS), concurrency=2, max_tasks=1)
     rows = list(read_jsonl(est / "rollouts" / "rollouts.jsonl"))
     assert [(r["instance_id"], r["harness"], r["sandbox"]) for r in rows] == [
         (first, "react", "bubblewrap"),

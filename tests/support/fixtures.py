@@ -27,7 +27,7 @@ def synth_taskset(tmp_path_factory) -> Path:
     from dataprep.synthesize import synthesize_taskset
 
     out = tmp_path_factory.mktemp("synth") / "minirepo-tasks"
-    ts = synthesize_taskset(MINIREPO, out, max_tasks=4, seed=0, show_progress=False)
+    ts = synthesize_taskset(MINIREPO, out, max_tasks=4, seed=0)
     assert len(ts.rows()) >= 3, f"minirepo synthesis produced too few tasks; see {out}/manifest.json"
     return out
 

@@ -50,9 +50,7 @@ def stage_run(task, tmp_path_factory):
     ]
     write_jsonl(tmp / "rollouts" / "rollouts.jsonl", rows)
     out = tmp / "verified"
-    summary = run_verify(
-        task.taskset.root, tmp / "rollouts", out, workers=2, timeout_s=120, show_progress=False
-    )
+    summary = run_verify(task.taskset.root, tmp / "rollouts", out, workers=2, timeout_s=120)
     return tmp, out, summary
 
 
@@ -99,9 +97,9 @@ def test_stage_rerun_is_idempotent_and_bad_input_is_clear(stage_run, task, tmp_p
         ],
     )
     again = tmp_path / "again"
-    first = run_verify(task.taskset.root, rollouts, again, workers=2, show_progress=False)
+    first = run_verify(task.taskset.root, rollouts, again, workers=2)
     (again / "stale.txt").write_text("x")
-    second = run_verify(task.taskset.root, rollouts, again, workers=2, show_progress=False)
+    second = run_verify(task.taskset.root, rollouts, again, workers=2)
     assert not (again / "stale.txt").exists()  # the output directory is replaced whole
     assert {k: v for k, v in first.items() if "wall" not in k and "per_min" not in k} == {
         k: v for k, v in second.items() if "wall" not in k and "per_min" not in k
