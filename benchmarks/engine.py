@@ -20,7 +20,9 @@ import time
 from typing import Any
 
 import torch
-from tqdm import tqdm
+
+from harnessrl.logs import configure_logging
+from harnessrl.progress import track
 
 QUESTIONS = [
     "Explain in detail how a hash map works and when it is slow.",
@@ -48,6 +50,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
+    configure_logging()
 
     from harnessrl.engine.base import SamplingParams
     from harnessrl.engine.local import LocalEngine
@@ -76,7 +79,7 @@ def main() -> int:
         outputs = []
         start = time.perf_counter()
         with torch.inference_mode():
-            for prompt in tqdm(prompts, desc="model.generate one at a time", file=sys.stderr, leave=False):
+            for prompt in track(prompts, "model.generate one at a time"):
                 ids = torch.tensor([prompt])
                 out = baseline_model.generate(
                     ids,
