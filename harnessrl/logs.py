@@ -7,6 +7,8 @@ HARNESSRL_LOG_LEVEL (default INFO).
 
 Our own packages log at the chosen level. Other libraries (kfp, urllib3, httpx, ray, ...) reach the
 terminal only from `others` up (default WARNING): at INFO some of them print a line per HTTP request.
+A console handler someone installed before (KFP's executor runs `logging.basicConfig` to stdout before a
+component's code) is replaced, so every record is printed once, in one format.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ PACKAGES = ("harnessrl", "components", "dataprep", "pipelines")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 DATE_FORMAT = "%H:%M:%S"
+
+
+def _writes_to_console(handler: logging.Handler) -> bool:
+    stream = getattr(handler, "stream", None)
+    return stream is not None and stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -62,7 +69,7 @@ def configure_logging(level: int | str | None = None, *, others: int | str = log
     chosen = parse_level(level if level is not None else os.environ.get(LOG_LEVEL_ENV) or "INFO")
     other = parse_level(others)
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+    for handler in [h for h in root.handlers if isinstance(h, _StderrHandler) or _writes_to_console(h)]:
         root.removeHandler(handler)
     handler = _StderrHandler(other)
     handler.setFormatter(logging.Formatter(FORMAT, DATE_FORMAT))

@@ -135,6 +135,31 @@ def test_compact_log_lines_and_third_party_filtering(capsys):
     )
 
 
+def test_a_component_process_logs_each_record_once():
+    """KFP's executor configures logging (basicConfig to stdout, INFO) before a component's code runs; the
+    component's configure_logging() takes over: our records once, compact; chatty libraries quiet."""
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stdout, format='[KFP Executor] %(message)s', level=logging.INFO)\n"
+        "from harnessrl.logs import configure_logging\n"
+        "configure_logging()\n"
+        "logging.getLogger('components.clean.stage').info('kept 3 of 4')\n"
+        "logging.getLogger('httpx').info('HTTP Request: POST /v1/completions')\n"
+    )
+    env = {**os.environ, LOG_LEVEL_ENV: "INFO"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+        check=True,
+    )
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert len(lines) == 1 and lines[0].endswith(" I components.clean.stage: kept 3 of 4"), lines
+
+
 def test_bad_log_level_is_one_clear_error(monkeypatch, capsys):
     monkeypatch.setenv(LOG_LEVEL_ENV, "loud")
     assert main(["pipelines"]) == 2
