@@ -72,14 +72,20 @@ class TaskWatcher:
         self._lock = threading.Lock()
         self._restore: list[Callable[[], None]] = []
 
-    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def _patch(
+        self,
+        owner: Any,
+        name: str,
+        make: Callable[[Callable[..., Any]], Callable[..., Any]],
+        parameters: tuple[str, ...] = (),
+    ) -> None:
         original = getattr(owner, name, None)
-        if original is None:
+        if original is None or not set(parameters) <= set(inspect.signature(original).parameters):
             import kfp
 
             raise LocalRunError(
-                f"kfp {kfp.__version__}: {owner.__name__}.{name} is gone; harnessrl's local runner "
-                "follows kfp.local 2.17 (pyproject pins kfp==2.17.*)"
+                f"kfp {kfp.__version__}: {owner.__name__}.{name} is gone or takes other parameters than "
+                f"{parameters}; harnessrl's local runner follows kfp.local 2.17 (pyproject pins kfp==2.17.*)"
             )
         setattr(owner, name, functools.wraps(original)(make(original)))
         self._restore.append(lambda: setattr(owner, name, original))
@@ -89,7 +95,12 @@ class TaskWatcher:
         from kfp.local.orchestrator import task_executor
 
         try:
-            self._patch(task_executor, "execute_single_task", self._wrap_execute)
+            self._patch(
+                task_executor,
+                "execute_single_task",
+                self._wrap_execute,
+                ("task_name", "task_spec", "pipeline_resource_name", "pipeline_root"),
+            )
             self._patch(cache.LocalCache, "get", self._wrap_cache_get)
             self._patch(subprocess_task_handler, "run_local_subprocess", self._wrap_subprocess)
         except LocalRunError:
@@ -100,11 +111,6 @@ class TaskWatcher:
     def __exit__(self, *exc: object) -> None:
         while self._restore:
             self._restore.pop()()
-
-    @property
-    def running(self) -> list[TaskRecord]:
-        with self._lock:
-            return [r for r in self.records if r.status == TaskStatus.RUNNING]
 
     def first(self, *statuses: TaskStatus) -> TaskRecord | None:
         return next((r for r in self.records if r.status in statuses), None)

@@ -24,7 +24,8 @@ from harnessrl.logs import LOG_LEVEL_ENV, PACKAGES, configure_logging, is_quiet
 from harnessrl.progress import PROGRESS_ENV, ProgressBar, progress_enabled, track
 from pipelines.compile import compile_to_file
 from pipelines.local_run import RunStatus, StepLines, run_local
-from pipelines.local_tasks import TaskRecord, TaskStatus
+from pipelines.local_tasks import TaskRecord, TaskStatus, TaskWatcher
+from pipelines.run_inputs import LocalRunError
 
 REPO = Path(__file__).resolve().parents[2]
 MINIREPO = REPO / "tests" / "fixtures" / "minirepo"
@@ -312,3 +313,21 @@ def test_heartbeat_for_long_steps():
         record.status, record.seconds = TaskStatus.SUCCEEDED, 0.3
         steps.finished(record)
     assert "train-grpo running for" in out.getvalue() and "✓ train-grpo (0.3 s)" in out.getvalue()
+
+
+def test_a_kfp_that_no_longer_has_what_is_observed_is_a_clear_error(monkeypatch):
+    from kfp.local import cache, subprocess_task_handler
+    from kfp.local.orchestrator import task_executor
+
+    execute, get = task_executor.execute_single_task, cache.LocalCache.get
+    run_step = subprocess_task_handler.run_local_subprocess
+    monkeypatch.delattr(subprocess_task_handler, "run_local_subprocess")
+    with pytest.raises(LocalRunError, match="run_local_subprocess is gone"):
+        with TaskWatcher():
+            pass
+    assert task_executor.execute_single_task is execute and cache.LocalCache.get is get  # unwrapped again
+    monkeypatch.setattr(subprocess_task_handler, "run_local_subprocess", run_step)
+    monkeypatch.setattr(task_executor, "execute_single_task", lambda name, spec: None)
+    with pytest.raises(LocalRunError, match="execute_single_task is gone or takes other parameters"):
+        with TaskWatcher():
+            pass
