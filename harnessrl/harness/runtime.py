@@ -2,18 +2,27 @@
 
 `LocalSubprocessRuntime` runs commands as plain subprocesses in a directory (tests, trusted debugging only);
 `SandboxRuntime` runs them through the bubblewrap sandbox. File reads/writes happen host-side on the
-workspace, confined to it (symlinks that point outside are refused).
+workspace, confined to it (symlinks that point outside are refused), on regular files only, streamed and
+capped: the agent controls every file in the workspace, so nothing here may read a whole file into memory,
+block on a FIFO, or let an error the agent caused escape as a harness failure (`ToolError` is what the agent
+is told instead).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
+import stat
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
+
+from harnessrl.sandbox import quota
 
 # outcome values follow the sandbox's RunResult
 OK, NONZERO, TIMEOUT, RESOURCE_LIMIT, SANDBOX_ERROR = (
@@ -24,6 +33,29 @@ OK, NONZERO, TIMEOUT, RESOURCE_LIMIT, SANDBOX_ERROR = (
     "sandbox_error",
 )
 MAX_OUTPUT_CHARS = 20_000
+VIEW_MAX_LINES = 1000  # lines one `view` returns
+VIEW_MAX_BYTES = 16_000  # bytes of file content one `view` returns (below MAX_OUTPUT_CHARS with numbering)
+VIEW_MAX_LINE_BYTES = 2000  # longer lines are cut
+MAX_EDIT_BYTES = 4 << 20  # largest file `str_replace` reads whole
+# What an agent can cause with the files it makes (loops, a file where a directory should be, a FIFO, ...).
+# Anything else (ENOSPC, EIO, EMFILE, ...) is the host's problem and stays an exception.
+AGENT_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EEXIST,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENXIO,
+        errno.ETXTBSY,
+        errno.EINVAL,
+        errno.ENOTEMPTY,
+        errno.EFBIG,
+    }
+)
 
 
 @dataclass
@@ -38,8 +70,25 @@ class SandboxFailure(RuntimeError):
     """The sandbox itself failed (not the command): an infrastructure error, not the agent's fault."""
 
 
-class PathOutsideWorkspace(ValueError):
+class ToolError(Exception):
+    """A file operation the agent asked for cannot be done (missing file, symlink loop, outside the workspace,
+    too large, over quota): the agent gets the message as an observation; the episode goes on."""
+
+
+class PathOutsideWorkspace(ToolError, ValueError):
     """A tool tried to read or write outside the task workspace."""
+
+
+@dataclass
+class FileView:
+    """Lines `first`..`last` (1-based) of a file, as `view` shows them."""
+
+    lines: list[str] = field(default_factory=list)
+    first: int = 1
+    last: int = 0
+    more: bool = False  # the file goes on after `last` (the view was capped or a range was asked for)
+    file_bytes: int = 0
+    cut_lines: int = 0  # lines longer than VIEW_MAX_LINE_BYTES, shown cut
 
 
 class ToolRuntime(Protocol):
@@ -47,7 +96,9 @@ class ToolRuntime(Protocol):
 
     def run_shell(self, command: str, timeout: float) -> ShellResult: ...
 
-    def read_file(self, path: str) -> str: ...
+    def read_file(self, path: str, max_bytes: int = MAX_EDIT_BYTES) -> str: ...
+
+    def view_file(self, path: str, first: int = 1, last: int | None = None) -> FileView: ...
 
     def write_file(self, path: str, content: str) -> None: ...
 
@@ -59,10 +110,25 @@ def truncate(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} characters elided ...]\n{text[-half:]}"
 
 
+@contextlib.contextmanager
+def _agent_errors(path: str) -> Iterator[None]:
+    """OSErrors the agent's files can cause become ToolErrors; the rest propagate."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in AGENT_ERRNOS:
+            raise
+        raise ToolError(f"{path}: {e.strerror or e}") from None
+
+
 class WorkspaceFiles:
     """Host-side file access confined to one workspace directory."""
 
     workspace: Path
+
+    def workspace_quota(self) -> quota.Quota | None:
+        """How big the workspace may get (None: unbounded)."""
+        return None
 
     def resolve(self, path: str) -> Path:
         root = self.workspace.resolve()
@@ -77,21 +143,110 @@ class WorkspaceFiles:
                 raise PathOutsideWorkspace(
                     f"{path}: outside the workspace; use a path relative to the repo root"
                 )
-        resolved = (root / raw).resolve()
+        try:
+            resolved = (root / raw).resolve()
+        except RuntimeError as e:  # Python 3.11: "Symlink loop from ..."
+            raise ToolError(f"{path}: {e}") from None
+        except OSError as e:
+            if e.errno not in AGENT_ERRNOS:
+                raise
+            raise ToolError(f"{path}: {e.strerror or e}") from None
         if resolved != root and root not in resolved.parents:
             raise PathOutsideWorkspace(f"{path}: resolves outside the workspace")
         return resolved
 
-    def read_file(self, path: str) -> str:
+    def _open_regular(self, path: str) -> BinaryIO:
+        """A regular file of the workspace, opened for reading without ever blocking (FIFOs) or following a
+        link swapped in after `resolve`."""
         target = self.resolve(path)
-        if not target.is_file():
-            raise FileNotFoundError(f"{path}: no such file")
-        return target.read_text(encoding="utf-8", errors="replace")
+        with _agent_errors(path):
+            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            kind = "a directory (list it with bash: ls)" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise ToolError(f"{path}: {kind}")
+        return os.fdopen(fd, "rb")
+
+    def read_file(self, path: str, max_bytes: int = MAX_EDIT_BYTES) -> str:
+        with self._open_regular(path) as f, _agent_errors(path):
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise ToolError(f"{path}: larger than {max_bytes} bytes; edit it with bash (sed, python) instead")
+        return data.decode("utf-8", errors="replace")
+
+    def view_file(self, path: str, first: int = 1, last: int | None = None) -> FileView:
+        """Lines `first`..`last` (default: as many as the caps allow), read line by line: memory stays
+        bounded by the caps whatever the file's size or line lengths."""
+        if first < 1 or (last is not None and last < first):
+            raise ToolError(f"view_range [{first}, {last}]: need 1 <= first <= last")
+        view = FileView(first=first, last=first - 1)
+        used = 0
+        with self._open_regular(path) as f, _agent_errors(path):
+            view.file_bytes = os.fstat(f.fileno()).st_size
+            for number, (raw, cut) in enumerate(_capped_lines(f, VIEW_MAX_LINE_BYTES), 1):
+                if number < first:
+                    continue
+                if (
+                    (last is not None and number > last)
+                    or len(view.lines) >= VIEW_MAX_LINES
+                    or (used + len(raw) > VIEW_MAX_BYTES and view.lines)
+                ):
+                    view.more = True
+                    break
+                view.lines.append(raw.decode("utf-8", errors="replace"))
+                view.cut_lines += cut
+                used += len(raw)
+                view.last = number
+        return view
 
     def write_file(self, path: str, content: str) -> None:
         target = self.resolve(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        data = content.encode("utf-8")
+        with _agent_errors(path):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(
+                target, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+            )
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"{path}: not a regular file")
+            self._check_room(path, len(data) - st.st_size)
+            with _agent_errors(path):
+                os.ftruncate(fd, 0)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+
+    def _check_room(self, path: str, growth: int) -> None:
+        q = self.workspace_quota()
+        if q is None or growth <= 0:
+            return
+        usage = quota.measure(self.workspace, stop_at=q)
+        if growth > q.room(usage) or q.violation(usage):
+            raise ToolError(
+                f"{path}: writing {growth} more bytes would exceed the workspace quota "
+                f"({usage.describe()} now, {q.max_bytes >> 20} MB allowed); delete files first"
+            )
+
+
+def _capped_lines(f: BinaryIO, cap: int) -> Iterator[tuple[bytes, bool]]:
+    """(line without its newline, cut) for each line; at most `cap` bytes of a line are ever kept."""
+    while True:
+        raw = f.readline(cap + 1)
+        if not raw:
+            return
+        cut = len(raw) > cap and not raw.endswith(b"\n")
+        if cut:
+            raw = raw[:cap]
+            while True:  # skip the rest of the long line in bounded reads
+                rest = f.readline(1 << 16)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        yield raw.rstrip(b"\n").rstrip(b"\r"), cut
 
 
 class LocalSubprocessRuntime(WorkspaceFiles):
@@ -129,12 +284,17 @@ class LocalSubprocessRuntime(WorkspaceFiles):
 
 
 class SandboxRuntime(WorkspaceFiles):
-    """Runs commands in the bubblewrap sandbox (`components.sandbox.bwrap.BubblewrapSandbox`)."""
+    """Runs commands in a sandbox (`harnessrl.sandbox.bwrap.BubblewrapSandbox`); host-side writes respect the
+    sandbox's workspace quota."""
 
     def __init__(self, sandbox: Any, workspace: str | Path, limits: Any = None):
         self.sandbox = sandbox
         self.workspace = Path(workspace)
         self.limits = limits
+
+    def workspace_quota(self) -> quota.Quota | None:
+        get = getattr(self.sandbox, "workspace_quota", None)
+        return get(self.limits) if get is not None else None
 
     def run_shell(self, command: str, timeout: float) -> ShellResult:
         start = time.monotonic()

@@ -15,8 +15,11 @@ from typing import Any
 from harnessrl.harness.runtime import (
     OK,
     TIMEOUT,
-    PathOutsideWorkspace,
+    VIEW_MAX_LINE_BYTES,
+    VIEW_MAX_LINES,
+    FileView,
     ShellResult,
+    ToolError,
     ToolRuntime,
     truncate,
 )
@@ -68,11 +71,22 @@ def parse_arguments(tool: Tool, raw: str | dict | None) -> dict[str, Any]:
             raise MalformedArguments(f"{tool.name}: unknown argument {key!r} (allowed: {sorted(props)})")
         if spec.get("type") == "string" and not isinstance(value, str):
             raise MalformedArguments(f"{tool.name}: argument {key!r} must be a string")
-        if spec.get("type") == "integer" and not (isinstance(value, int) and not isinstance(value, bool)):
+        if spec.get("type") == "integer" and not _is_int(value):
             raise MalformedArguments(f"{tool.name}: argument {key!r} must be an integer")
+        if spec.get("type") == "array" and not (
+            isinstance(value, list)
+            and (spec.get("items", {}).get("type") != "integer" or all(map(_is_int, value)))
+        ):
+            raise MalformedArguments(
+                f"{tool.name}: argument {key!r} must be a list of {spec.get('items', {}).get('type', 'value')}s"
+            )
         if "enum" in spec and value not in spec["enum"]:
             raise MalformedArguments(f"{tool.name}: argument {key!r} must be one of {spec['enum']}")
     return args
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def format_shell(res: ShellResult) -> str:
@@ -89,14 +103,27 @@ def _bash(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observa
     return Observation(format_shell(res), timed_out=res.outcome == TIMEOUT)
 
 
+def format_view(path: str, view: FileView) -> str:
+    numbered = "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(view.lines, view.first))
+    notes = []
+    if view.cut_lines:
+        notes.append(f"[{view.cut_lines} line(s) longer than {VIEW_MAX_LINE_BYTES} bytes are shown cut]")
+    if not view.lines:
+        notes.append(f"[no lines from {view.first}: {path} has {view.file_bytes} bytes]")
+    elif view.more:
+        notes.append(
+            f"[{path} goes on after line {view.last} ({view.file_bytes} bytes in all): view more with "
+            f"view_range [{view.last + 1}, {view.last + VIEW_MAX_LINES}], or search it with grep in bash]"
+        )
+    return truncate("\n".join([numbered, *notes]) if notes else numbered)
+
+
 def _editor(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observation:
     cmd, path = args["command"], args["path"]
     try:
         if cmd == "view":
-            text = runtime.read_file(path)
-            lines = text.splitlines()
-            numbered = "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(lines, 1))
-            return Observation(truncate(numbered))
+            first, last = _view_range(args.get("view_range"))
+            return Observation(format_view(path, runtime.view_file(path, first, last)))
         if cmd == "create":
             if "file_text" not in args:
                 raise MalformedArguments("str_replace_editor create: missing required argument 'file_text'")
@@ -115,9 +142,18 @@ def _editor(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Obser
                 )
             runtime.write_file(path, text.replace(args["old_str"], args.get("new_str", ""), 1))
             return Observation(f"Edited {path}: replaced 1 occurrence.")
-    except (FileNotFoundError, PathOutsideWorkspace, IsADirectoryError) as e:
+    except ToolError as e:  # the agent's request, not the harness, is at fault: tell the agent
         return Observation(f"Error: {e}")
     raise MalformedArguments(f"str_replace_editor: unknown command {cmd!r}")
+
+
+def _view_range(raw: list[int] | None) -> tuple[int, int | None]:
+    if raw is None:
+        return 1, None
+    if len(raw) != 2:
+        raise MalformedArguments("str_replace_editor view_range: give [first, last] (last -1: to the end)")
+    first, last = raw
+    return first, None if last == -1 else last
 
 
 def _submit(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observation:
@@ -136,7 +172,8 @@ BASH = Tool(
 )
 EDITOR = Tool(
     "str_replace_editor",
-    "View a file (with line numbers), create a file, or replace exactly one occurrence of old_str with new_str.",
+    "View a file (with line numbers; long files in pages: view_range), create a file, or replace exactly "
+    "one occurrence of old_str with new_str.",
     {
         "type": "object",
         "properties": {
@@ -145,6 +182,11 @@ EDITOR = Tool(
             "file_text": {"type": "string"},
             "old_str": {"type": "string"},
             "new_str": {"type": "string"},
+            "view_range": {
+                "type": "array",
+                "items": {"type": "integer"},
+                "description": "view only: [first, last] line numbers, 1-based; last -1 reads to the end",
+            },
         },
         "required": ["command", "path"],
     },
