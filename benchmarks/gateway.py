@@ -56,6 +56,7 @@ TOOLS = [
 
 def _spawn(cmd: list[str], ready_word: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     if ready_word not in line:
         proc.kill()
@@ -238,7 +239,7 @@ def part_throughput(args, renderer, tmp: Path) -> dict:
         "READY",
     )
     admin = GatewayAdmin(gateway_url, ADMIN)
-    results: dict[str, dict] = {}
+    results: dict[str, list[dict]] = {}
     try:
         setups = [(1, args.calls_c1, 0.0, ""), (64, args.calls_c64, args.stagger_s, "")]
         if args.stagger_s:
@@ -289,7 +290,10 @@ def part_throughput(args, renderer, tmp: Path) -> dict:
 def part_cpu(args, tokenizer, tmp: Path) -> dict:
     from harnessrl.engine.http_client import HTTPEngine
     from harnessrl.gateway import GatewayAdmin, GatewayConfig, GatewayServer
+    from harnessrl.gateway.enums import ChainOp
+    from harnessrl.gateway.journal import read_journal
     from harnessrl.gateway.messages import from_openai
+    from harnessrl.gateway.records import CallRecord
     from harnessrl.gateway.render import ChatRenderer
     from tests.support.fast_engine import FastEngineServer
 
@@ -338,22 +342,22 @@ def part_cpu(args, tokenizer, tmp: Path) -> dict:
                 reply = post(s, msgs)
             msg_objs = from_openai(msgs)
             rerender = []
+            full: list[int] = []
             for _ in range(3):
                 t0 = time.thread_time()
                 full = renderer.full_prompt(msg_objs, [])
                 rerender.append(time.thread_time() - t0)
-            recs = [json.loads(line) for line in open(tmp / "journal-cpu" / "journal.jsonl")]
             calls = [
                 r
-                for r in recs
-                if r.get("type") == "call" and r["rollout_id"] == f"cpu-{size}" and r["op"] == "extend"
+                for r in read_journal(tmp / "journal-cpu")
+                if isinstance(r, CallRecord) and r.rollout_id == f"cpu-{size}" and r.op is ChainOp.EXTEND
             ]
             out[size] = {
                 "history_tokens": len(full),
                 "messages": len(msgs),
                 "extend_calls": len(calls),
-                "core_ms": statistics.median(c["timings"]["gateway_cpu_s"] for c in calls) * 1e3,
-                "parse_ms": statistics.median(c["timings"]["parse_cpu_s"] for c in calls) * 1e3,
+                "core_ms": statistics.median(c.timings.gateway_cpu_s for c in calls) * 1e3,
+                "parse_ms": statistics.median(c.timings.parse_cpu_s for c in calls) * 1e3,
                 "rerender_ms": statistics.median(rerender) * 1e3,
             }
             print(
@@ -396,7 +400,7 @@ def plot(tp: dict, cpu: dict, path: Path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--per-token-ms", type=float, default=20.0, help="fast engine decode time per token")
     p.add_argument("--calls-c1", type=int, default=40)
     p.add_argument("--calls-c64", type=int, default=1280)

@@ -22,10 +22,10 @@ from typing import Any
 _EXPORTS = {
     "GatewayAdmin": ".client",
     "SessionInfo": ".client",
-    "GatewayConfig": ".server",
+    "GatewayConfig": ".config",
     "GatewayServer": ".server",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = ["GatewayAdmin", "GatewayConfig", "GatewayServer", "SessionInfo"]
 
 
 def __getattr__(name: str) -> Any:

@@ -6,7 +6,7 @@ starts a new chain (split: compaction, other tools, a concurrent sub-agent, a de
 reuse the token prefix of the chain it split from; inherited tokens are mask 0 there (the chain they came from
 trains them). A chain with a call in flight is reserved, so concurrent calls never share a chain buffer.
 
-State changes are *call records* (plain dicts, journaled as JSON) applied by `apply_call`; the live gateway and
+State changes are *call records* (`records.CallRecord`, journaled) applied by `apply_call`; the live gateway and
 journal recovery / sample assembly run the same function, so a replay rebuilds exactly the acknowledged state.
 """
 
@@ -14,26 +14,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
+from .enums import ChainOp, NodeKind
 from .messages import MessageHasher, Msg
+from .records import CallRecord, Node
 from .render import ChatRenderer
-
-
-@dataclass
-class Node:
-    """A message boundary in a chain: the chained hash of the messages so far and the token length there."""
-
-    cum: bytes
-    token_len: int
-    kind: str  # "seed" | "message" | "assistant"
-
-    def to_json(self) -> list:
-        return [self.cum.hex(), self.token_len, self.kind]
-
-    @classmethod
-    def from_json(cls, v: list) -> Node:
-        return cls(bytes.fromhex(v[0]), int(v[1]), str(v[2]))
 
 
 @dataclass
@@ -77,7 +62,7 @@ class Chain:
 
 @dataclass
 class CallPlan:
-    op: str  # new | extend | rollback | fork
+    op: ChainOp
     chain: Chain
     parent_chain_id: str | None
     base_len: int
@@ -94,29 +79,28 @@ class CallPlan:
     tentative: bool = False
 
 
-def apply_call(chains: dict[str, Chain], rec: dict[str, Any]) -> Chain:
+STARTS_CHAIN = (ChainOp.NEW, ChainOp.FORK)
+
+
+def apply_call(chains: dict[str, Chain], rec: CallRecord) -> Chain:
     """Applies one journaled call record to the chain state (live commit, recovery and export share this)."""
-    cid = rec["chain_id"]
-    if rec["op"] in ("new", "fork"):
+    cid = rec.chain_id
+    if rec.op in STARTS_CHAIN:
         chain = Chain(cid)
-        chain.append(rec["inherited_ids"], trainable=False)
-        chain.nodes = [Node.from_json(n) for n in rec["inherited_nodes"]]
+        chain.append(rec.inherited_ids, trainable=False)
+        chain.nodes = list(rec.inherited_nodes)
         chains[cid] = chain
     else:
         chain = chains[cid]
-        chain.truncate(rec["base_len"], rec["base_nodes"])
-    chain.append(rec["delta_ids"], trainable=False)
-    new_nodes = [Node.from_json(n) for n in rec["new_nodes"]]
-    chain.nodes.extend(new_nodes)
+        chain.truncate(rec.base_len, rec.base_nodes)
+    chain.append(rec.delta_ids, trainable=False)
+    chain.nodes.extend(rec.new_nodes)
     chain.last_prompt_node = len(chain.nodes) - 1
     chain.append(
-        rec["completion_ids"],
-        trainable=True,
-        logprobs=rec["completion_logprobs"],
-        versions=rec["completion_versions"],
+        rec.completion_ids, trainable=True, logprobs=rec.completion_logprobs, versions=rec.completion_versions
     )
-    chain.append(rec["close_ids"], trainable=False)
-    chain.nodes.append(Node(bytes.fromhex(rec["assistant_cum"]), len(chain.tokens), "assistant"))
+    chain.append(rec.close_ids, trainable=False)
+    chain.nodes.append(Node(rec.assistant_cum, len(chain.tokens), NodeKind.ASSISTANT))
     chain.calls += 1
     return chain
 
@@ -154,12 +138,12 @@ class ChainSet:
             plan.tentative = False
         plan.chain.busy = False
 
-    def commit(self, rec: dict[str, Any], plan: CallPlan | None = None) -> Chain:
+    def commit(self, rec: CallRecord, plan: CallPlan | None = None) -> Chain:
         if plan is not None and plan.tentative:
             del plan.chain.tokens[plan.base_len :]
             plan.tentative = False
-        before = len(self.chains[rec["chain_id"]].nodes) if rec["chain_id"] in self.chains else 0
-        base = rec["base_nodes"] if rec["op"] in ("extend", "rollback") else 0
+        before = len(self.chains[rec.chain_id].nodes) if rec.chain_id in self.chains else 0
+        base = 0 if rec.op in STARTS_CHAIN else rec.base_nodes
         chain = apply_call(self.chains, rec)
         self.index_chain(chain, start=min(before, base))
         return chain
@@ -179,11 +163,11 @@ class ChainSet:
 
         for chain, i in cands:
             if not chain.busy and i == len(chain.nodes) - 1:
-                return self._continue(chain, "extend", i, msgs[k:], tools, cums, k)
+                return self._continue(chain, ChainOp.EXTEND, i, msgs[k:], tools, cums, k)
         for chain, i in cands:
             lp = chain.last_prompt_node
             if not chain.busy and lp is not None and (i == lp or (self.rollback_any_depth and i < lp)):
-                return self._continue(chain, "rollback", i, msgs[k:], tools, cums, k)
+                return self._continue(chain, ChainOp.ROLLBACK, i, msgs[k:], tools, cums, k)
         parent, i = cands[0]
         return self._fork(parent, i, msgs[k:], tools, cums, k)
 
@@ -194,17 +178,24 @@ class ChainSet:
         nodes: list[Node] = []
         for j, m in enumerate(new_msgs):
             delta.extend(self.renderer.message_delta(m, tools))
-            nodes.append(Node(cums[k + j + 1], start_len + len(delta), "message"))
+            nodes.append(Node(cums[k + j + 1], start_len + len(delta), NodeKind.MESSAGE))
         delta.extend(self.renderer.generation_prompt_ids)
         return delta, nodes
 
     def _continue(
-        self, chain: Chain, op: str, i: int, new_msgs: list[Msg], tools: list[dict], cums: list[bytes], k: int
+        self,
+        chain: Chain,
+        op: ChainOp,
+        i: int,
+        new_msgs: list[Msg],
+        tools: list[dict],
+        cums: list[bytes],
+        k: int,
     ) -> CallPlan:
         base_len = chain.nodes[i].token_len
         delta, nodes = self._render_delta(new_msgs, tools, base_len, cums, k)
         chain.busy = True
-        if op == "extend" and base_len == len(chain.tokens):
+        if op is ChainOp.EXTEND and base_len == len(chain.tokens):
             chain.tokens.extend(delta)
             return CallPlan(
                 op,
@@ -221,7 +212,7 @@ class ChainSet:
                 0,
                 tentative=True,
             )
-        dropped = sum(chain.mask[base_len:]) if op == "rollback" else 0
+        dropped = sum(chain.mask[base_len:]) if op is ChainOp.ROLLBACK else 0
         prompt = chain.tokens[:base_len] + delta
         return CallPlan(op, chain, None, base_len, i + 1, [], [], delta, nodes, prompt, cums[-1], dropped)
 
@@ -234,7 +225,7 @@ class ChainSet:
         delta, nodes = self._render_delta(new_msgs, tools, base_len, cums, k)
         chain = Chain(new_chain_id(), busy=True)
         return CallPlan(
-            "fork",
+            ChainOp.FORK,
             chain,
             parent.chain_id,
             base_len,
@@ -250,10 +241,10 @@ class ChainSet:
 
     def _new_chain(self, msgs: list[Msg], tools: list[dict], cums: list[bytes]) -> CallPlan:
         base = self.renderer.full_prompt(msgs, tools, add_generation_prompt=False)
-        nodes = [Node(cums[0], 0, "seed"), Node(cums[-1], len(base), "message")]
+        nodes = [Node(cums[0], 0, NodeKind.SEED), Node(cums[-1], len(base), NodeKind.MESSAGE)]
         delta = list(self.renderer.generation_prompt_ids)
         chain = Chain(new_chain_id(), busy=True)
-        return CallPlan("new", chain, None, 0, 0, base, nodes, delta, [], base + delta, cums[-1], 0)
+        return CallPlan(ChainOp.NEW, chain, None, 0, 0, base, nodes, delta, [], base + delta, cums[-1], 0)
 
 
 def new_chain_id() -> str:

@@ -9,8 +9,21 @@ import json
 import os
 import signal
 import sys
+from enum import StrEnum
 
 from harnessrl.cli import UserError
+
+from .enums import EndStatus, PauseMode, Selection
+from .toolcalls import PARSERS
+
+
+class AdminAction(StrEnum):
+    CREATE_SESSION = "create-session"
+    END_SESSION = "end-session"
+    SESSION = "session"
+    PAUSE = "pause"
+    RESUME = "resume"
+    METRICS = "metrics"
 
 
 def register(commands, stages) -> None:
@@ -42,7 +55,7 @@ def register(commands, stages) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0)
     serve.add_argument("--max-model-len", type=int, default=32768)
-    serve.add_argument("--tool-format", default="hermes", help="hermes | qwen | qwen3_coder")
+    serve.add_argument("--tool-format", default="hermes", choices=sorted(PARSERS))
     serve.add_argument("--drift-check-every", type=int, default=10)
     serve.add_argument("--rollback-any-depth", action="store_true")
     serve.set_defaults(func=_serve)
@@ -52,27 +65,26 @@ def register(commands, stages) -> None:
     exp.add_argument("--out", required=True)
     exp.add_argument("--rollout-id")
     exp.add_argument("--session-id")
-    exp.add_argument("--selection", default="all", choices=["all", "longest"])
+    exp.add_argument("--selection", type=Selection, default=Selection.ALL, choices=list(Selection))
     exp.set_defaults(func=_export)
 
     adm = sub.add_parser("admin", help="admin calls against a running gateway")
-    adm.add_argument(
-        "action", choices=["create-session", "end-session", "pause", "resume", "metrics", "session"]
-    )
+    adm.add_argument("action", type=AdminAction, choices=list(AdminAction))
     adm.add_argument("--url", required=True)
     adm.add_argument("--admin-token", default=os.environ.get("HARNESSRL_GATEWAY_ADMIN_TOKEN"))
     adm.add_argument("--rollout-id")
     adm.add_argument("--group-id")
     adm.add_argument("--session-id")
-    adm.add_argument("--mode", default="finish", choices=["finish", "abort"])
-    adm.add_argument("--status", default="ok", choices=["ok", "failed"])
+    adm.add_argument("--mode", type=PauseMode, default=PauseMode.FINISH, choices=list(PauseMode))
+    adm.add_argument("--status", type=EndStatus, default=EndStatus.OK, choices=list(EndStatus))
     adm.set_defaults(func=_admin)
 
 
 def _serve(args: argparse.Namespace) -> int:
     if not args.admin_token:
         raise UserError("--admin-token (or HARNESSRL_GATEWAY_ADMIN_TOKEN) is required")
-    from .server import GatewayConfig, GatewayServer
+    from .config import GatewayConfig
+    from .server import GatewayServer
 
     if args.local_engine:
         from harnessrl.engine.local import LocalEngine
@@ -129,8 +141,8 @@ def _http_engine(url: str):
 
 
 def _export(args: argparse.Namespace) -> int:
+    from .export import export
     from .journal import read_journal
-    from .samples import export
 
     result = export(read_journal(args.journal), args.out, args.selection, args.session_id, args.rollout_id)
     print(json.dumps(result))
@@ -144,23 +156,23 @@ def _admin(args: argparse.Namespace) -> int:
         raise UserError("--admin-token (or HARNESSRL_GATEWAY_ADMIN_TOKEN) is required")
     admin = GatewayAdmin(args.url, args.admin_token)
     need = {
-        "create-session": ("rollout_id", "group_id"),
-        "end-session": ("session_id",),
-        "session": ("session_id",),
+        AdminAction.CREATE_SESSION: ("rollout_id", "group_id"),
+        AdminAction.END_SESSION: ("session_id",),
+        AdminAction.SESSION: ("session_id",),
     }
     for k in need.get(args.action, ()):
         if not getattr(args, k):
             raise UserError(f"admin {args.action} needs --{k.replace('_', '-')}")
     try:
-        if args.action == "create-session":
+        if args.action is AdminAction.CREATE_SESSION:
             out = admin.create_session(args.rollout_id, args.group_id).__dict__
-        elif args.action == "end-session":
+        elif args.action is AdminAction.END_SESSION:
             out = admin.end_session(args.session_id, args.status)
-        elif args.action == "session":
+        elif args.action is AdminAction.SESSION:
             out = admin.session(args.session_id)
-        elif args.action == "pause":
+        elif args.action is AdminAction.PAUSE:
             out = admin.pause(args.mode)
-        elif args.action == "resume":
+        elif args.action is AdminAction.RESUME:
             out = admin.resume()
         else:
             out = admin.metrics()

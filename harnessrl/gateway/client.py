@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from .enums import EndStatus, PauseMode, Selection
+
 
 class GatewayClientError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
@@ -68,10 +70,12 @@ class GatewayAdmin:
     def session(self, session_id: str) -> dict:
         return self._call("GET", f"/admin/sessions/{session_id}")
 
-    def end_session(self, session_id: str, status: str = "ok", reason: str | None = None) -> dict:
+    def end_session(
+        self, session_id: str, status: EndStatus | str = EndStatus.OK, reason: str | None = None
+    ) -> dict:
         return self._call("POST", f"/admin/sessions/{session_id}/end", {"status": status, "reason": reason})
 
-    def pause(self, mode: str = "finish", timeout_s: float = 600.0) -> dict:
+    def pause(self, mode: PauseMode | str = PauseMode.FINISH, timeout_s: float = 600.0) -> dict:
         return self._call("POST", "/admin/pause", {"mode": mode, "timeout_s": timeout_s}, timeout_s + 30)
 
     def resume(self) -> dict:
@@ -85,7 +89,7 @@ class GatewayAdmin:
         out_dir: str,
         session_id: str | None = None,
         rollout_id: str | None = None,
-        selection: str = "all",
+        selection: Selection | str = Selection.ALL,
     ) -> dict:
         """Writes records.parquet and samples.parquet to out_dir on the gateway's file system."""
         return self._call(

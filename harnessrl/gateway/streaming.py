@@ -14,11 +14,14 @@ The call's journal record is appended (fsync) before the closing chunks and `[DO
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from . import api_formats as fmt
+from .enums import Api, FinishReason
 from .toolcalls import ToolCall
 
 TOOL_MARKERS = ("<tool_call>", "<function=")
@@ -51,9 +54,9 @@ class SSEReply:
     def __init__(
         self,
         request: web.Request,
-        api: str,
+        api: Api,
         model: str,
-        decode,
+        decode: Callable[[list[int]], str],
         stops: list[str],
         include_usage: bool = False,
     ) -> None:
@@ -75,23 +78,25 @@ class SSEReply:
     def opened(self) -> bool:
         return self.response is not None
 
-    async def _write(self, data: bytes) -> None:
-        if self.response is None:
-            self.response = web.StreamResponse(
+    async def _write(self, data: bytes) -> web.StreamResponse:
+        response = self.response
+        if response is None:
+            response = self.response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
-            await self.response.prepare(self.request)
-            if self.api == "openai":
+            await response.prepare(self.request)
+            if self.api is Api.OPENAI:
                 data = fmt.openai_stream_head(self.call_id, self.model) + data
             else:
                 data = fmt.anthropic_stream_head(self.call_id, self.model, self.prompt_tokens) + data
         # shielded: an aborting pause cancels the generation task, never half an SSE event
-        await asyncio.shield(self.response.write(data))
+        await asyncio.shield(response.write(data))
+        return response
 
     async def _text(self, text: str) -> None:
         if not text:
             return
-        if self.api == "openai":
+        if self.api is Api.OPENAI:
             await self._write(fmt.openai_stream_text(self.call_id, self.model, text))
         else:
             head = b"" if self.text_block_open else fmt.anthropic_text_start()
@@ -106,14 +111,14 @@ class SSEReply:
             await self._text(safe[len(self.sent) :])
 
     async def finish(
-        self, content: str, calls: list[ToolCall], finish: str, completion_tokens: int
+        self, content: str, calls: list[ToolCall], finish: FinishReason, completion_tokens: int
     ) -> web.StreamResponse:
         """The rest of the content, the tool calls, the end events. Call after the record is durable."""
         if content.startswith(self.sent):
             rest = content[len(self.sent) :]
         else:  # cannot happen for the parsers we ship; the harness keeps what it already got
             rest, self.mismatch = "", True
-        if self.api == "openai":
+        if self.api is Api.OPENAI:
             await self._write(fmt.openai_stream_text(self.call_id, self.model, rest) if rest else b"")
             tail = fmt.openai_stream_tail(
                 self.call_id,
@@ -134,19 +139,26 @@ class SSEReply:
             tail = fmt.anthropic_stream_tail(
                 self.call_id, calls, finish, completion_tokens, self.text_block_open
             )
-        await self._write(b"".join(tail))
-        await self.response.write_eof()
-        return self.response
+        response = await self._write(b"".join(tail))
+        await _end(response)
+        return response
 
     async def fail(self, message: str) -> web.StreamResponse:
         """An error after the stream has opened: an error event, then the stream ends."""
-        assert self.response is not None
         data = (
-            fmt.openai_stream_error(message) if self.api == "openai" else fmt.anthropic_stream_error(message)
+            fmt.openai_stream_error(message)
+            if self.api is Api.OPENAI
+            else fmt.anthropic_stream_error(message)
         )
-        await self.response.write(data)
-        await self.response.write_eof()
-        return self.response
+        response = await self._write(data)
+        await _end(response)
+        return response
+
+
+async def _end(response: web.StreamResponse) -> None:
+    # SDKs close the connection once they read the last event; the record is durable by then
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
 
 
 def stream_options(body: dict[str, Any]) -> bool:

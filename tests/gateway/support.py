@@ -1,25 +1,41 @@
 """Fixtures: the real SmolLM2 tokenizer, the fast engine server (real loopback HTTP, trivial scripted model)
-and in-process gateways on loopback."""
+and in-process gateways on loopback; typed helpers for journals and SDK messages."""
 
 from __future__ import annotations
 
-import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCallParam,
+    ChatCompletionMessageParam,
+)
 
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.gateway import GatewayAdmin, GatewayConfig, GatewayServer
+from harnessrl.gateway.journal import read_journal
+from harnessrl.gateway.records import CallRecord, Record
 from tests.support.fast_engine import BASH_TOOL, FINAL_REPLY, TOOL_REPLY  # noqa: F401 - re-exported for the tests
 
 ADMIN = "admin-secret"
 
+Messages = list[ChatCompletionMessageParam]
+MakeGateway = Callable[..., tuple[GatewayServer, GatewayAdmin]]
+
 
 @pytest.fixture
-def gateway(tokenizer, tmp_path, fast_engine):
+def gateway(tokenizer, tmp_path: Path, fast_engine) -> Iterator[MakeGateway]:
     """make(engine=None, journal=None, **config) -> (server, admin); default engine: a fresh fast engine."""
-    servers = []
+    servers: list[GatewayServer] = []
 
-    def make(engine=None, journal=None, **config):
+    def make(
+        engine: Any = None, journal: Path | None = None, **config: Any
+    ) -> tuple[GatewayServer, GatewayAdmin]:
         if engine is None:
             engine = HTTPEngine(fast_engine().base_url)
         cfg = GatewayConfig(**{"drift_check_every": 1, **config})
@@ -35,6 +51,26 @@ def gateway(tokenizer, tmp_path, fast_engine):
         g.stop()
 
 
-def read_records(journal_dir):
-    with open(journal_dir / "journal.jsonl") as f:
-        return [json.loads(line) for line in f]
+def read_records(journal_dir: str | os.PathLike) -> list[Record]:
+    return list(read_journal(journal_dir))
+
+
+def call_records(journal_dir: str | os.PathLike) -> list[CallRecord]:
+    return [r for r in read_journal(journal_dir) if isinstance(r, CallRecord)]
+
+
+def assistant_param(m: ChatCompletionMessage) -> ChatCompletionAssistantMessageParam:
+    """A reply as a harness sends it back in the next request."""
+    out: ChatCompletionAssistantMessageParam = {"role": "assistant", "content": m.content}
+    calls: list[ChatCompletionMessageFunctionToolCallParam] = [
+        {
+            "id": tc.id,
+            "type": "function",
+            "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+        }
+        for tc in m.tool_calls or []
+        if tc.type == "function"
+    ]
+    if calls:
+        out["tool_calls"] = calls
+    return out

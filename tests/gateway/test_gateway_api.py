@@ -5,30 +5,47 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.error
 import urllib.request
+from typing import Any
 
 import anthropic
 import openai
 import pytest
+from anthropic.types import MessageParam, ToolParam
+from openai.types.chat import ChatCompletion, ChatCompletionAssistantMessageParam
 
 from harnessrl.engine.http_client import HTTPEngine
-from harnessrl.gateway.client import GatewayClientError
+from harnessrl.gateway.client import GatewayClientError, SessionInfo
 from harnessrl.gateway.samples import build_samples
-from tests.gateway.support import BASH_TOOL, FINAL_REPLY, TOOL_REPLY, read_records
+from tests.gateway.support import (
+    BASH_TOOL,
+    FINAL_REPLY,
+    TOOL_REPLY,
+    Messages,
+    assistant_param,
+    call_records,
+    read_records,
+)
 
 
-def _client(s, **kw):
+def _client(s: SessionInfo, **kw: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0, **kw)
 
 
-def _turn(client, msgs, **kw):
-    r = client.chat.completions.create(model="policy", messages=msgs, tools=[BASH_TOOL], **kw)
-    m = r.choices[0].message
-    msgs.append(m.model_dump(exclude_none=True))
+def _turn(client: openai.OpenAI, msgs: Messages) -> ChatCompletion:
+    r = client.chat.completions.create(model="policy", messages=msgs, tools=[BASH_TOOL])
+    msgs.append(assistant_param(r.choices[0].message))
     return r
 
 
-def _start():
+def _call_id(r: ChatCompletion) -> str:
+    calls = r.choices[0].message.tool_calls
+    assert calls
+    return calls[0].id
+
+
+def _start() -> Messages:
     return [
         {"role": "system", "content": "You are a coding agent."},
         {"role": "user", "content": "List the files."},
@@ -42,15 +59,16 @@ def test_multi_turn_tool_use_is_one_chain_with_sampled_tokens(gateway, tokenizer
     msgs = _start()
     r1 = _turn(client, msgs)
     assert r1.choices[0].finish_reason == "tool_calls"
-    call = r1.choices[0].message.tool_calls[0]
+    [call] = r1.choices[0].message.tool_calls or []
+    assert call.type == "function"
     assert (call.function.name, call.function.arguments) == ("bash", '{"command": "ls"}')
     msgs.append({"role": "tool", "tool_call_id": call.id, "content": "a.py\nb.py"})
     r2 = _turn(client, msgs)
     assert r2.choices[0].message.content == FINAL_REPLY and r2.choices[0].finish_reason == "stop"
 
-    recs = [r for r in read_records(g.journal_dir) if r["type"] == "call"]
-    assert [r["op"] for r in recs] == ["new", "extend"]
-    assert recs[1]["drift"] == "clean"
+    recs = call_records(g.journal_dir)
+    assert [r.op for r in recs] == ["new", "extend"]
+    assert recs[1].drift == "clean"
     [sample] = build_samples(read_records(g.journal_dir))
     assert (sample.rollout_id, sample.group_id, sample.rollout_status) == ("rollout-1", "task-1", "ok")
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -65,7 +83,7 @@ def test_multi_turn_tool_use_is_one_chain_with_sampled_tokens(gateway, tokenizer
     assert all(lp < 0 for lp, m in zip(sample.behavior_logprobs, sample.loss_mask, strict=True) if m)
     assert all(v == -1 for v, m in zip(sample.policy_version, sample.loss_mask, strict=True) if not m)
     # the sequence is exactly what a full render of the final conversation gives (ChatML is append-only here)
-    assert sample.input_ids[: len(recs[1]["delta_ids"])] != []
+    assert sample.input_ids[: len(recs[1].delta_ids)] != []
     assert len(sample.input_ids) == len(sample.loss_mask) == len(sample.behavior_logprobs)
 
 
@@ -83,36 +101,38 @@ def test_streaming_sse_delivers_text_and_tool_calls(gateway):
         )
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    calls = [tc.function for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert text == "I will list the files."
-    assert calls[0].function.name == "bash" and calls[0].function.arguments == '{"command": "ls"}'
+    assert calls[0] and calls[0].name == "bash" and calls[0].arguments == '{"command": "ls"}'
     assert finish == ["tool_calls"]
-    assert chunks[-1].usage.completion_tokens > 0
+    usage = chunks[-1].usage
+    assert usage and usage.completion_tokens > 0
 
 
 def test_anthropic_messages_api_multi_turn_and_stream(gateway):
     g, admin = gateway()
     s = admin.create_session("r-anth", "t")
     client = anthropic.Anthropic(base_url=s.anthropic_base_url, api_key=s.api_key, max_retries=0)
-    tools = [{"name": "bash", "description": "run", "input_schema": {"type": "object"}}]
-    msgs = [{"role": "user", "content": "List the files."}]
+    tools: list[ToolParam] = [{"name": "bash", "description": "run", "input_schema": {"type": "object"}}]
+    msgs: list[MessageParam] = [{"role": "user", "content": "List the files."}]
     r1 = client.messages.create(
         model="policy", max_tokens=200, system="You are a coding agent.", messages=msgs, tools=tools
     )
     assert r1.stop_reason == "tool_use"
     use = [b for b in r1.content if b.type == "tool_use"][0]
     assert use.name == "bash" and use.input == {"command": "ls"}
-    msgs += [
-        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r1.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py"}]},
-    ]
+    msgs.append({"role": "assistant", "content": r1.content})
+    msgs.append(
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py"}]}
+    )
     with client.messages.stream(
         model="policy", max_tokens=200, system="You are a coding agent.", messages=msgs, tools=tools
     ) as stream:
         final = stream.get_final_message()
-    assert final.content[0].text == FINAL_REPLY and final.stop_reason == "end_turn"
-    ops = [r["op"] for r in read_records(g.journal_dir) if r["type"] == "call"]
+    [block] = final.content
+    assert block.type == "text" and block.text == FINAL_REPLY and final.stop_reason == "end_turn"
+    ops = [r.op for r in call_records(g.journal_dir)]
     assert ops == ["new", "extend"]
 
 
@@ -125,23 +145,23 @@ def test_retry_rolls_back_and_rewrite_enters_as_context(gateway, tokenizer):
     first = msgs.pop()  # the harness discards the answer and retries the same prompt
     _turn(client, msgs)
     # then it rewrites the last assistant turn before continuing
-    edited = {"role": "assistant", "content": "Edited by the harness."}
+    edited: ChatCompletionAssistantMessageParam = {"role": "assistant", "content": "Edited by the harness."}
     msgs[-1] = edited
     msgs.append({"role": "user", "content": "go on"})
     _turn(client, msgs)
-    recs = [r for r in read_records(g.journal_dir) if r["type"] == "call"]
-    assert [r["op"] for r in recs] == ["new", "rollback", "rollback"]
-    assert recs[1]["discarded_trainable"] == len(recs[0]["completion_ids"]) > 0
-    assert recs[2]["discarded_trainable"] == len(recs[1]["completion_ids"])
-    assert first["content"] == "I will list the files."
+    recs = call_records(g.journal_dir)
+    assert [r.op for r in recs] == ["new", "rollback", "rollback"]
+    assert recs[1].discarded_trainable == len(recs[0].completion_ids) > 0
+    assert recs[2].discarded_trainable == len(recs[1].completion_ids)
+    assert first.get("content") == "I will list the files."
     [sample] = build_samples(read_records(g.journal_dir))
     trained = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
-    assert trained == recs[2]["completion_ids"]  # only the surviving turn trains
+    assert trained == recs[2].completion_ids  # only the surviving turn trains
     context = tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m])
     assert "Edited by the harness." in context
     assert (
         admin.metrics()["discarded_trainable_tokens"]
-        == recs[1]["discarded_trainable"] + recs[2]["discarded_trainable"]
+        == recs[1].discarded_trainable + recs[2].discarded_trainable
     )
 
 
@@ -151,13 +171,16 @@ def test_compaction_splits_into_a_new_chain(gateway):
     client = _client(s)
     msgs = _start()
     r = _turn(client, msgs)
-    msgs.append({"role": "tool", "tool_call_id": r.choices[0].message.tool_calls[0].id, "content": "a.py"})
+    msgs.append({"role": "tool", "tool_call_id": _call_id(r), "content": "a.py"})
     _turn(client, msgs)
-    compacted = [msgs[0], {"role": "user", "content": "Summary so far: listed files a.py. Continue."}]
+    compacted: Messages = [
+        msgs[0],
+        {"role": "user", "content": "Summary so far: listed files a.py. Continue."},
+    ]
     _turn(client, compacted)
-    recs = [r for r in read_records(g.journal_dir) if r["type"] == "call"]
-    assert [r["op"] for r in recs] == ["new", "extend", "new"]
-    assert recs[2]["chain_id"] != recs[0]["chain_id"]
+    recs = call_records(g.journal_dir)
+    assert [r.op for r in recs] == ["new", "extend", "new"]
+    assert recs[2].chain_id != recs[0].chain_id
     samples = build_samples(read_records(g.journal_dir))
     assert len(samples) == 2 and {x.rollout_id for x in samples} == {"r"}
     assert len(build_samples(read_records(g.journal_dir), selection="longest")) == 1
@@ -169,7 +192,7 @@ def test_interleaved_subagent_calls_get_separate_chains(gateway, fast_engine):
     s = admin.create_session("r", "t")
     client = _client(s)
     main_msgs = _start()
-    sub_msgs = [
+    sub_msgs: Messages = [
         {"role": "system", "content": "You are a search sub-agent."},
         {"role": "user", "content": "Find x"},
     ]
@@ -184,11 +207,11 @@ def test_interleaved_subagent_calls_get_separate_chains(gateway, fast_engine):
     # the main agent continues its own chain after the sub-agents ran
     main_msgs.append({"role": "tool", "tool_call_id": "x", "content": "a.py"})
     _turn(client, main_msgs)
-    recs = [r for r in read_records(g.journal_dir) if r["type"] == "call"]
+    recs = call_records(g.journal_dir)
     assert len(recs) == 5
-    assert len({r["chain_id"] for r in recs[:4]}) == 4  # never two concurrent calls on one chain buffer
-    assert recs[4]["op"] == "extend"
-    assert {r["op"] for r in recs[:4]} <= {"new", "fork"}
+    assert len({r.chain_id for r in recs[:4]}) == 4  # never two concurrent calls on one chain buffer
+    assert recs[4].op == "extend"
+    assert {r.op for r in recs[:4]} <= {"new", "fork"}
     assert len(build_samples(read_records(g.journal_dir))) == 4
 
 
@@ -197,13 +220,13 @@ def test_pause_drains_in_flight_and_answers_429(gateway, fast_engine):
     g, admin = gateway(HTTPEngine(engine.base_url))
     s = admin.create_session("r", "t")
     client = _client(s)
-    done = {}
+    done: dict[str, ChatCompletion] = {}
     t = threading.Thread(target=lambda: done.setdefault("r", _turn(client, _start())))
     t.start()
     time.sleep(0.3)
     res = admin.pause("finish", timeout_s=30)
     assert res["drained"] and res["in_flight"] == 0
-    assert len([r for r in read_records(g.journal_dir) if r["type"] == "call"]) == 1  # finished, journaled
+    assert len(call_records(g.journal_dir)) == 1  # finished, journaled
     t.join(10)
     assert "r" in done
     req = urllib.request.Request(
@@ -224,7 +247,7 @@ def test_pause_abort_resumes_the_call_after_resume(gateway, fast_engine):
     g, admin = gateway(HTTPEngine(engine.base_url))
     s = admin.create_session("r", "t")
     client = _client(s)
-    out = {}
+    out: dict[str, ChatCompletion] = {}
     t = threading.Thread(target=lambda: out.setdefault("r", _turn(client, _start())))
     t.start()
     time.sleep(0.3)
@@ -237,7 +260,7 @@ def test_pause_abort_resumes_the_call_after_resume(gateway, fast_engine):
     assert out["r"].choices[0].finish_reason == "tool_calls"
     assert admin.metrics()["aborted_generations"] == 1
     assert engine.requests == 2
-    assert len([r for r in read_records(g.journal_dir) if r["type"] == "call"]) == 1
+    assert len(call_records(g.journal_dir)) == 1
 
 
 def test_context_budget_returns_length_instead_of_one_token(gateway, fast_engine):
@@ -258,7 +281,9 @@ def test_auth_and_bad_requests_are_clear(gateway):
             model="p", messages=_start()
         )
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\].role"):
-        _client(s).chat.completions.create(model="p", messages=[{"role": "robot", "content": "x"}])
+        _client(s).chat.completions.create(
+            model="p", messages=[], extra_body={"messages": [{"role": "robot", "content": "x"}]}
+        )
     with pytest.raises(GatewayClientError, match="admin"):
         type(admin)(admin.base_url, "nope").metrics()
     admin.end_session(s.session_id)
@@ -274,23 +299,21 @@ def test_deeper_rewind_forks_or_truncates(gateway, any_depth):
     client = _client(s)
     msgs = _start()
     r = _turn(client, msgs)
-    msgs.append({"role": "tool", "tool_call_id": r.choices[0].message.tool_calls[0].id, "content": "a.py"})
+    msgs.append({"role": "tool", "tool_call_id": _call_id(r), "content": "a.py"})
     _turn(client, msgs)
-    rewound = msgs[:2] + [
+    rewound: Messages = msgs[:2] + [
         {"role": "assistant", "content": "A different first answer."},
         {"role": "user", "content": "try again"},
     ]  # rewinds two assistant turns
     _turn(client, rewound)
-    recs = [r for r in read_records(g.journal_dir) if r["type"] == "call"]
+    recs = call_records(g.journal_dir)
     if any_depth:
-        assert recs[2]["op"] == "rollback" and recs[2]["chain_id"] == recs[0]["chain_id"]
-        assert recs[2]["discarded_trainable"] == len(recs[0]["completion_ids"]) + len(
-            recs[1]["completion_ids"]
-        )
+        assert recs[2].op == "rollback" and recs[2].chain_id == recs[0].chain_id
+        assert recs[2].discarded_trainable == len(recs[0].completion_ids) + len(recs[1].completion_ids)
         assert len(build_samples(read_records(g.journal_dir))) == 1
     else:
-        assert recs[2]["op"] == "fork" and recs[2]["parent_chain_id"] == recs[0]["chain_id"]
-        assert recs[2]["discarded_trainable"] == 0
+        assert recs[2].op == "fork" and recs[2].parent_chain_id == recs[0].chain_id
+        assert recs[2].discarded_trainable == 0
         assert len(build_samples(read_records(g.journal_dir))) == 2
 
 
@@ -327,15 +350,15 @@ def test_stop_strings_cut_the_reply_and_the_trained_tokens(gateway, tokenizer):
     g, admin = gateway()
     s = admin.create_session("r", "t")
     client = _client(s)
-    msgs = [{"role": "user", "content": "hi"}]
+    msgs: Messages = [{"role": "user", "content": "hi"}]
     client.chat.completions.create(model="p", messages=msgs, max_tokens=100)  # turn 0: the tool-call reply
-    msgs += [{"role": "assistant", "content": "x"}]
+    msgs.append({"role": "assistant", "content": "x"})
     r = client.chat.completions.create(
         model="p", messages=[*msgs, {"role": "user", "content": "and?"}], max_tokens=100, stop=["two files"]
     )
     assert r.choices[0].message.content == "The repository has " and r.choices[0].finish_reason == "stop"
-    rec = [x for x in read_records(g.journal_dir) if x["type"] == "call"][-1]
-    text = tokenizer.decode(rec["completion_ids"])
+    rec = call_records(g.journal_dir)[-1]
+    text = tokenizer.decode(rec.completion_ids)
     assert "two files" in text and "a.py" not in text  # sampled up to the stop string, nothing after it
     with pytest.raises(openai.BadRequestError, match="stop"):
-        client.chat.completions.create(model="p", messages=msgs, stop=[3])
+        client.chat.completions.create(model="p", messages=msgs, extra_body={"stop": [3]})

@@ -9,10 +9,12 @@ import time
 import anthropic
 import openai
 import pytest
+from anthropic.types import Message, MessageParam
 
 from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway.records import CallRecord
 from harnessrl.gateway.streaming import safe_prefix
-from tests.gateway.support import read_records
+from tests.gateway.support import Messages, call_records
 
 LONG_REPLY = (
     "Let me think about this step by step. " * 5
@@ -30,15 +32,22 @@ SAME_FIELDS = (
     "assistant_cum",
     "discarded_trainable",
 )
-MSGS = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Explain."}]
+MSGS: Messages = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Explain."},
+]
 
 
-def _calls(journal_dir) -> list[dict]:
-    return [r for r in read_records(journal_dir) if r["type"] == "call"]
+def _calls(journal_dir) -> list[CallRecord]:
+    return call_records(journal_dir)
 
 
-def _same(a: dict, b: dict) -> dict:
-    return {k: (a[k], b[k]) for k in SAME_FIELDS if a[k] != b[k]}
+def _anthropic_text(message: Message) -> str:
+    return "".join(b.text for b in message.content if b.type == "text")
+
+
+def _same(a: CallRecord, b: CallRecord) -> dict:
+    return {k: (getattr(a, k), getattr(b, k)) for k in SAME_FIELDS if getattr(a, k) != getattr(b, k)}
 
 
 def test_safe_prefix_holds_back_what_later_tokens_can_change():
@@ -61,13 +70,15 @@ def test_openai_stream_arrives_incrementally_and_matches_non_streamed(gateway, f
     plain_s, stream_s = admin.create_session("r-plain", "t"), admin.create_session("r-stream", "t")
     plain = openai.OpenAI(base_url=plain_s.openai_base_url, api_key=plain_s.api_key, max_retries=0)
     streamed = openai.OpenAI(base_url=stream_s.openai_base_url, api_key=stream_s.api_key, max_retries=0)
-    extra = {"stop": stop} if stop else {}
-    whole = plain.chat.completions.create(model="p", messages=MSGS, max_tokens=300, **extra)
+    whole = plain.chat.completions.create(model="p", messages=MSGS, max_tokens=300, stop=stop)
 
     t0 = time.perf_counter()
-    arrivals, pieces, records_at_finish = [], [], None
+    arrivals: list[float] = []
+    pieces: list[str] = []
+    records_at_finish: list[CallRecord] = []
+    finish = None
     for chunk in streamed.chat.completions.create(
-        model="p", messages=MSGS, max_tokens=300, stream=True, **extra
+        model="p", messages=MSGS, max_tokens=300, stream=True, stop=stop
     ):
         if chunk.choices and chunk.choices[0].delta.content:
             arrivals.append(time.perf_counter() - t0)
@@ -83,7 +94,7 @@ def test_openai_stream_arrives_incrementally_and_matches_non_streamed(gateway, f
     assert arrivals[0] < 0.3 * end  # the first text came long before generation ended
     assert len(records_at_finish) == 2
     plain_rec, stream_rec = _calls(g.journal_dir)
-    assert stream_rec["session_id"] == stream_s.session_id
+    assert stream_rec.session_id == stream_s.session_id
     assert _same(plain_rec, stream_rec) == {}
 
 
@@ -91,23 +102,25 @@ def test_anthropic_stream_arrives_incrementally_and_matches_non_streamed(gateway
     engine = fast_engine([{"text": LONG_REPLY}], per_token_s=0.01)
     g, admin = gateway(HTTPEngine(engine.base_url))
     plain_s, stream_s = admin.create_session("r-plain", "t"), admin.create_session("r-stream", "t")
-    msgs = [{"role": "user", "content": "Explain."}]
+    msgs: list[MessageParam] = [{"role": "user", "content": "Explain."}]
     plain = anthropic.Anthropic(base_url=plain_s.anthropic_base_url, api_key=plain_s.api_key, max_retries=0)
     whole = plain.messages.create(model="p", max_tokens=300, system="You are a coding agent.", messages=msgs)
     streamed = anthropic.Anthropic(
         base_url=stream_s.anthropic_base_url, api_key=stream_s.api_key, max_retries=0
     )
     t0 = time.perf_counter()
-    arrivals, pieces, kinds = [], [], []
+    arrivals: list[float] = []
+    pieces: list[str] = []
+    kinds: list[str] = []
     for event in streamed.messages.create(
         model="p", max_tokens=300, system="You are a coding agent.", messages=msgs, stream=True
     ):
         kinds.append(event.type)
-        if event.type == "content_block_delta":
+        if event.type == "content_block_delta" and event.delta.type == "text_delta":
             arrivals.append(time.perf_counter() - t0)
             pieces.append(event.delta.text)
     end = time.perf_counter() - t0
-    assert "".join(pieces) == whole.content[0].text == LONG_REPLY
+    assert "".join(pieces) == _anthropic_text(whole) == LONG_REPLY
     assert kinds[0] == "message_start" and kinds[1] == "content_block_start" and kinds[-1] == "message_stop"
     assert arrivals[0] < 0.3 * end
     assert _same(*_calls(g.journal_dir)) == {}
@@ -138,31 +151,25 @@ def test_real_model_streamed_equals_non_streamed_for_the_same_seed(gateway):
     engine = LocalEngine(max_batch=4, threads=1)
     try:
         g, admin = gateway(engine)
-        texts = []
+        texts: list[str | None] = []
+        msgs: Messages = [{"role": "user", "content": "Write a haiku about the sea."}]
         for i, stream in enumerate((False, True)):
             s = admin.create_session(f"r{i}", "t")
             client = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0, timeout=120)
-            kw = dict(
-                model="p",
-                messages=[{"role": "user", "content": "Write a haiku about the sea."}],
-                max_tokens=16,
-                temperature=0.9,
-                seed=11,
-            )
             if stream:
-                texts.append(
-                    "".join(
-                        c.choices[0].delta.content or ""
-                        for c in client.chat.completions.create(stream=True, **kw)
-                        if c.choices
-                    )
+                chunks = client.chat.completions.create(
+                    model="p", messages=msgs, max_tokens=16, temperature=0.9, seed=11, stream=True
                 )
+                texts.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
             else:
-                texts.append(client.chat.completions.create(**kw).choices[0].message.content)
+                r = client.chat.completions.create(
+                    model="p", messages=msgs, max_tokens=16, temperature=0.9, seed=11
+                )
+                texts.append(r.choices[0].message.content)
         plain_rec, stream_rec = _calls(g.journal_dir)
         assert texts[0] == texts[1] and texts[0]
-        assert plain_rec["completion_ids"] == stream_rec["completion_ids"]
-        assert plain_rec["completion_logprobs"] == pytest.approx(stream_rec["completion_logprobs"], abs=1e-4)
+        assert plain_rec.completion_ids == stream_rec.completion_ids
+        assert plain_rec.completion_logprobs == pytest.approx(stream_rec.completion_logprobs, abs=1e-4)
     finally:
         engine.close()
 
@@ -174,7 +181,8 @@ def test_text_streamed_before_an_aborting_pause_stays_in_the_record(gateway, fas
     g, admin = gateway(HTTPEngine(engine.base_url))
     s = admin.create_session("r", "t")
     client = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0, timeout=60)
-    pieces, paused = [], False
+    pieces: list[str] = []
+    paused = False
     for chunk in client.chat.completions.create(model="p", messages=MSGS, max_tokens=300, stream=True):
         if chunk.choices and chunk.choices[0].delta.content:
             pieces.append(chunk.choices[0].delta.content)
@@ -184,5 +192,5 @@ def test_text_streamed_before_an_aborting_pause_stays_in_the_record(gateway, fas
                 paused = True
     [rec] = _calls(g.journal_dir)
     assert paused and admin.metrics()["aborted_generations"] == 1
-    shown = g.renderer.completion_text(rec["completion_ids"])
+    shown = g.renderer.completion_text(rec.completion_ids)
     assert "".join(pieces) == shown and len(shown) > len(LONG_REPLY)  # partial stream + the continuation

@@ -12,10 +12,11 @@ import time
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.gateway.samples import build_samples
-from tests.gateway.support import read_records
+from tests.gateway.support import Messages, call_records, read_records
 
 
 @pytest.fixture
@@ -38,6 +39,7 @@ def engine_process():
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     if "listening on" not in line:
         proc.kill()
@@ -54,7 +56,7 @@ def test_real_model_multi_turn_then_abort_resume_then_engine_killed(gateway, eng
     g, admin = gateway(HTTPEngine(url))
     s = admin.create_session("r-real", "task-real")
     client = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0, timeout=120)
-    msgs = [
+    msgs: Messages = [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Name three colors."},
     ]
@@ -65,7 +67,7 @@ def test_real_model_multi_turn_then_abort_resume_then_engine_killed(gateway, eng
             msgs.append({"role": "user", "content": follow_up})
 
     # an aborting pause mid-generation: the engine returns the partial tokens, the call resumes after resume
-    out = {}
+    out: dict[str, ChatCompletion] = {}
     msgs.append({"role": "user", "content": "Write a long story about a cat."})
     t = threading.Thread(
         target=lambda: out.setdefault(
@@ -83,14 +85,14 @@ def test_real_model_multi_turn_then_abort_resume_then_engine_killed(gateway, eng
     t.join(120)
     assert out["r"].choices[0].finish_reason in ("stop", "length")
 
-    calls = [r for r in read_records(g.journal_dir) if r["type"] == "call"]
-    assert [c["op"] for c in calls] == ["new", "extend", "extend"]
-    assert {c["drift"] for c in calls[1:]} <= {"clean", "realigned"}
+    calls = call_records(g.journal_dir)
+    assert [c.op for c in calls] == ["new", "extend", "extend"]
+    assert {c.drift for c in calls[1:]} <= {"clean", "realigned"}
     [sample] = build_samples(read_records(g.journal_dir))
     trained = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
-    assert trained == [t for c in calls for t in c["completion_ids"]]  # the sampled ids, verbatim
+    assert trained == [t for c in calls for t in c.completion_ids]  # the sampled ids, verbatim
     lps = [lp for lp, m in zip(sample.behavior_logprobs, sample.loss_mask, strict=True) if m]
-    assert lps == [lp for c in calls for lp in c["completion_logprobs"]] and all(lp <= 0 for lp in lps)
+    assert lps == [lp for c in calls for lp in c.completion_logprobs] and all(lp <= 0 for lp in lps)
     # the engine answered the aborted request with its partial tokens; they were kept and continued from
     assert admin.metrics()["aborted_generations"] == 1
 
@@ -99,7 +101,7 @@ def test_real_model_multi_turn_then_abort_resume_then_engine_killed(gateway, eng
     proc.wait()
     with pytest.raises(openai.APIStatusError) as e:
         client.chat.completions.create(
-            model="p", messages=msgs + [{"role": "user", "content": "more"}], max_tokens=8
+            model="p", messages=[*msgs, {"role": "user", "content": "more"}], max_tokens=8
         )
     assert e.value.status_code == 502 and "inference engine failed" in str(e.value)
     assert admin.session(s.session_id)["status"] == "failed"

@@ -9,10 +9,11 @@ import pandas as pd
 
 from harnessrl.cli import main as cli_main
 from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway.records import CallRecord
 from harnessrl.gateway.render import ChatRenderer
 from harnessrl.gateway.samples import build_samples, call_rows
 from harnessrl.schema import Sample
-from tests.gateway.support import ADMIN, read_records
+from tests.gateway.support import ADMIN, Messages, assistant_param, read_records
 
 
 def _client(s):
@@ -27,19 +28,17 @@ def test_having_sampled_split_survives_into_the_sample(gateway, fast_engine, tok
     engine = fast_engine([{"token_ids": sampled}, {"text": "Done."}])
     g, admin = gateway(HTTPEngine(engine.base_url))
     s = admin.create_session("r-having", "task-having")
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How are you?"}]
+    msgs: Messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How are you?"}]
     r1 = _client(s).chat.completions.create(model="p", messages=msgs)
     assert r1.choices[0].message.content == "I am having fun."
-    msgs += [
-        {"role": "assistant", "content": r1.choices[0].message.content},
-        {"role": "user", "content": "Bye"},
-    ]
+    msgs.append({"role": "assistant", "content": r1.choices[0].message.content})
+    msgs.append({"role": "user", "content": "Bye"})
     _client(s).chat.completions.create(model="p", messages=msgs)
 
     recs = read_records(g.journal_dir)
-    calls = [r for r in recs if r["type"] == "call"]
-    assert [c["op"] for c in calls] == ["new", "extend"]
-    assert calls[1]["drift"] == "realigned"  # same text, other token boundaries than a re-render
+    calls = [r for r in recs if isinstance(r, CallRecord)]
+    assert [c.op for c in calls] == ["new", "extend"]
+    assert calls[1].drift == "realigned"  # same text, other token boundaries than a re-render
     rows = call_rows(recs)
     renderer = ChatRenderer(tokenizer)
     from harnessrl.gateway.messages import from_openai
@@ -64,9 +63,9 @@ def test_concurrent_continuations_fork_with_inherited_tokens_masked(gateway, fas
     g, admin = gateway(HTTPEngine(engine.base_url))
     s = admin.create_session("r", "t")
     client = _client(s)
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    msgs: Messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     r = client.chat.completions.create(model="p", messages=msgs)
-    msgs.append(r.choices[0].message.model_dump(exclude_none=True))
+    msgs.append(assistant_param(r.choices[0].message))
     msgs.append({"role": "user", "content": "next"})
     threads = [
         threading.Thread(target=client.chat.completions.create, kwargs={"model": "p", "messages": msgs})
@@ -77,16 +76,16 @@ def test_concurrent_continuations_fork_with_inherited_tokens_masked(gateway, fas
     for t in threads:
         t.join()
     recs = read_records(g.journal_dir)
-    calls = [c for c in recs if c["type"] == "call"]
-    assert sorted(c["op"] for c in calls[1:]) == ["extend", "fork"]
-    fork = next(c for c in calls if c["op"] == "fork")
-    assert fork["parent_chain_id"] == calls[0]["chain_id"]
+    calls = [c for c in recs if isinstance(c, CallRecord)]
+    assert sorted(c.op for c in calls[1:]) == ["extend", "fork"]
+    fork = next(c for c in calls if c.op == "fork")
+    assert fork.parent_chain_id == calls[0].chain_id
     samples = {x.sample_id.split("/")[1]: x for x in build_samples(recs)}
-    forked = samples[fork["chain_id"]]
-    n_inherited = len(fork["inherited_ids"])
-    assert n_inherited > len(calls[0]["completion_ids"])
+    forked = samples[fork.chain_id]
+    n_inherited = len(fork.inherited_ids)
+    assert n_inherited > len(calls[0].completion_ids)
     assert sum(forked.loss_mask[:n_inherited]) == 0  # trained once, in the parent chain
-    assert sum(forked.loss_mask) == len(fork["completion_ids"])
+    assert sum(forked.loss_mask) == len(fork.completion_ids)
     longest = build_samples(recs, selection="longest")
     assert len(longest) == 1 and len(longest[0].input_ids) == max(len(x.input_ids) for x in samples.values())
 

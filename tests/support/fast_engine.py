@@ -23,16 +23,19 @@ import hashlib
 import json
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionToolParam
 
 TOOL_REPLY = (
     'I will list the files.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
 )
 FINAL_REPLY = "The repository has two files: a.py and b.py."
 
-BASH_TOOL = {
+BASH_TOOL: ChatCompletionToolParam = {
     "type": "function",
     "function": {
         "name": "bash",
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-token-ms", type=float, default=0.0)
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
-    from .light_tokenizer import load_gateway_tokenizer
+    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
 
     with open(args.script) as f:
         replies = json.load(f)

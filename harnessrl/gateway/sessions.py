@@ -1,0 +1,97 @@
+"""Sessions: one per rollout, each with its own API key, chains and status; created and ended through the
+journal (a session exists once its record is durable)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from .auth import key_matches, new_api_key, sha256_hex
+from .chains import ChainSet
+from .config import GatewayConfig
+from .enums import SessionStatus
+from .errors import HTTPError
+from .journal import Journal
+from .messages import MessageHasher, PlainMessageCache
+from .records import SessionEndRecord, SessionRecord, status_after
+from .render import ChatRenderer
+
+
+@dataclass
+class Session:
+    session_id: str
+    rollout_id: str
+    group_id: str
+    key_sha256: str
+    chains: ChainSet
+    message_cache: PlainMessageCache = field(default_factory=PlainMessageCache)
+    status: SessionStatus = SessionStatus.ACTIVE
+    reason: str | None = None
+    calls: int = 0
+    created_at: float = field(default_factory=time.time)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "rollout_id": self.rollout_id,
+            "group_id": self.group_id,
+            "status": self.status.value,
+            "reason": self.reason,
+            "calls": self.calls,
+            "chains": len(self.chains.chains),
+        }
+
+
+class SessionStore:
+    def __init__(self, journal: Journal, renderer: ChatRenderer, config: GatewayConfig) -> None:
+        self.journal = journal
+        self.renderer = renderer
+        self.config = config
+        self.sessions: dict[str, Session] = {}
+
+    def _chainset(self) -> ChainSet:
+        return ChainSet(self.renderer, MessageHasher(), self.config.rollback_any_depth)
+
+    # -- applying records (live and on recovery) --------------------------------------------------------
+    def add(self, rec: SessionRecord) -> Session:
+        s = Session(rec.session_id, rec.rollout_id, rec.group_id, rec.key_sha256, self._chainset())
+        s.created_at = rec.created_at
+        self.sessions[rec.session_id] = s
+        return s
+
+    def apply_end(self, rec: SessionEndRecord) -> None:
+        s = self.sessions.get(rec.session_id)
+        if s is not None and s.status is not SessionStatus.FAILED:
+            s.status, s.reason = status_after(s.status, rec), rec.reason
+
+    # -- live ---------------------------------------------------------------------------------------------
+    async def create(self, rollout_id: str, group_id: str) -> tuple[Session, str]:
+        """A new session and its API key (only the key's hash is kept)."""
+        key = new_api_key()
+        rec = SessionRecord("s-" + uuid.uuid4().hex[:16], rollout_id, group_id, sha256_hex(key), time.time())
+        await self.journal.append(rec)
+        return self.add(rec), key
+
+    async def end(self, s: Session, status: SessionStatus, reason: str | None) -> None:
+        if s.status is SessionStatus.FAILED:
+            return
+        rec = SessionEndRecord(s.session_id, status, reason, time.time())
+        await self.journal.append(rec)
+        self.apply_end(rec)
+
+    def get(self, sid: str) -> Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise HTTPError(404, "not_found", f"unknown session {sid!r}")
+        return s
+
+    def authenticated(self, request: web.Request) -> Session:
+        sid = request.match_info["sid"]
+        s = self.sessions.get(sid)
+        if s is None or not key_matches(request, s.key_sha256):
+            raise HTTPError(401, "authentication_error", f"unknown session {sid!r} or wrong api key")
+        return s
