@@ -1,12 +1,14 @@
 """What kfp.local did in a run, task by task, as records instead of log text.
 
-kfp.local has no event interface, but both of its orchestrators (plain DAGs and DAGs with control flow) run
-every task through one function, and that function consults the cache and starts the step's process
-through two more. `TaskWatcher` wraps the three for the length of a run, observing without changing them:
+kfp.local has no event interface, but it runs every task through a few module-level functions, looked up at
+call time. `TaskWatcher` wraps them for the length of a run, observing without changing what they do:
 
-- `task_executor.execute_single_task`: the task's name, component, start, end, status, and its outputs as
-  kfp returns them (artifacts with URI and metadata, parameter values), for cached tasks too;
-- `LocalCache.get`: whether the outputs came from kfp.local's cache;
+- `task_executor.execute_single_task`: every task of a pipeline (both of kfp.local's orchestrators, plain
+  DAGs and DAGs with control flow, call it): name, start, end, status, and outputs as kfp returns them
+  (artifacts with URI and metadata, parameter values), for cached tasks too;
+- `task_dispatcher.run_single_task`: the same for a compiled YAML that holds a single component;
+- `LocalCache.get`: whether a task's outputs came from kfp.local's cache;
+- `task_dispatcher.run_single_task_implementation`: a step process is starting, and where its outputs go;
 - `subprocess_task_handler.run_local_subprocess`: which printed lines are the step's own output (kfp prints
   them from the step's process), so a failed step's error comes from its output, not kfp's framing.
 
@@ -15,13 +17,14 @@ kfp is pinned (kfp==2.17.*); should a release rename these, the run stops at onc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import io
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -42,7 +45,7 @@ class TaskStatus(StrEnum):
 class TaskRecord:
     name: str  # the task's name in the pipeline, e.g. "train-grpo-2"
     component: str  # its component's name in the compiled spec, e.g. "comp-train-grpo-2"
-    task_root: Path  # where kfp.local puts this task's outputs in this run
+    task_root: Path | None = None  # where kfp.local puts this step's outputs in this run
     started: float = field(default_factory=time.monotonic)
     status: TaskStatus = TaskStatus.RUNNING
     seconds: float = 0.0
@@ -91,7 +94,7 @@ class TaskWatcher:
         self._restore.append(lambda: setattr(owner, name, original))
 
     def __enter__(self) -> TaskWatcher:
-        from kfp.local import cache, subprocess_task_handler
+        from kfp.local import cache, subprocess_task_handler, task_dispatcher
         from kfp.local.orchestrator import task_executor
 
         try:
@@ -99,7 +102,14 @@ class TaskWatcher:
                 task_executor,
                 "execute_single_task",
                 self._wrap_execute,
-                ("task_name", "task_spec", "pipeline_resource_name", "pipeline_root"),
+                ("task_name", "task_spec"),
+            )
+            self._patch(task_dispatcher, "run_single_task", self._wrap_single, ("pipeline_spec",))
+            self._patch(
+                task_dispatcher,
+                "run_single_task_implementation",
+                self._wrap_step,
+                ("pipeline_resource_name", "component_name", "pipeline_root"),
             )
             self._patch(cache.LocalCache, "get", self._wrap_cache_get)
             self._patch(subprocess_task_handler, "run_local_subprocess", self._wrap_subprocess)
@@ -121,46 +131,80 @@ class TaskWatcher:
         if record is not None and getattr(self._current, "in_step", False):
             record.output.append(line)
 
+    @contextlib.contextmanager
+    def _task(self, name: str, component: str) -> Iterator[TaskRecord]:
+        """One task from start to end, in this thread; its status on an exception, the listener told."""
+        record = TaskRecord(name, component)
+        with self._lock:
+            self.records.append(record)
+        self._current.record = record
+        try:
+            yield record
+        except BaseException as e:
+            record.status = TaskStatus.INTERRUPTED if isinstance(e, KeyboardInterrupt) else TaskStatus.FAILED
+            raise
+        finally:
+            record.seconds = time.monotonic() - record.started
+            self._current.record = None
+            if self.listener is not None:
+                self.listener.finished(record)
+
+    @staticmethod
+    def _done(record: TaskRecord, outputs: dict[str, Any]) -> None:
+        record.status = TaskStatus.CACHED if record.status == TaskStatus.CACHED else TaskStatus.SUCCEEDED
+        record.outputs = dict(outputs)
+
     def _wrap_execute(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        from kfp.local import executor_input_utils as paths
         from kfp.local import status
 
         signature = inspect.signature(original)
 
         def execute(*args: Any, **kwargs: Any) -> Any:
             call = signature.bind(*args, **kwargs).arguments
-            component = call["task_spec"].component_ref.name
-            root = Path(call["pipeline_root"]) / call["pipeline_resource_name"]
-            record = TaskRecord(
-                call["task_name"], component, root / paths.get_local_task_resource_name(component)
-            )
-            with self._lock:
-                self.run_root = self.run_root or root
-                self.records.append(record)
-            self._current.record = record
-            try:
+            with self._task(call["task_name"], call["task_spec"].component_ref.name) as record:
                 outputs, task_status = original(*args, **kwargs)
-            except BaseException as e:
-                record.status = (
-                    TaskStatus.INTERRUPTED if isinstance(e, KeyboardInterrupt) else TaskStatus.FAILED
-                )
-                raise
-            else:
                 if task_status == status.Status.SUCCESS:
-                    record.status = (
-                        TaskStatus.SUCCEEDED if record.status == TaskStatus.RUNNING else record.status
-                    )
-                    record.outputs = dict(outputs)
+                    self._done(record, outputs)
                 else:
                     record.status = TaskStatus.FAILED
                 return outputs, task_status
-            finally:
-                record.seconds = time.monotonic() - record.started
-                self._current.record = None
-                if self.listener is not None:
-                    self.listener.finished(record)
 
         return execute
+
+    def _wrap_single(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        from kfp.local import executor_input_utils as paths
+
+        signature = inspect.signature(original)
+
+        def run_single(*args: Any, **kwargs: Any) -> Any:
+            component = next(iter(signature.bind(*args, **kwargs).arguments["pipeline_spec"].components))
+            with self._task(paths.get_local_task_resource_name(component), component) as record:
+                outputs = original(*args, **kwargs)  # a failure raises (local.init(raise_on_error=True))
+                self._done(record, outputs)
+                return outputs
+
+        return run_single
+
+    def _wrap_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        from kfp.local import executor_input_utils as paths
+
+        signature = inspect.signature(original)
+
+        def run_step(*args: Any, **kwargs: Any) -> Any:
+            record = getattr(self._current, "record", None)
+            if record is not None:
+                call = signature.bind(*args, **kwargs).arguments
+                run_root = Path(call["pipeline_root"]) / call["pipeline_resource_name"]
+                record.task_root = run_root / paths.get_local_task_resource_name(call["component_name"])
+                with self._lock:
+                    self.run_root = self.run_root or run_root
+                if not record.launched:
+                    record.launched = True
+                    if self.listener is not None:
+                        self.listener.launched(record)
+            return original(*args, **kwargs)
+
+        return run_step
 
     def _wrap_cache_get(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def get(cache: Any, key: str) -> Any:
@@ -173,19 +217,14 @@ class TaskWatcher:
         return get
 
     def _wrap_subprocess(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def run_step(*args: Any, **kwargs: Any) -> Any:
-            record = getattr(self._current, "record", None)
-            if record is not None and not record.launched:
-                record.launched = True
-                if self.listener is not None:
-                    self.listener.launched(record)
+        def run_process(*args: Any, **kwargs: Any) -> Any:
             self._current.in_step = True
             try:
                 return original(*args, **kwargs)
             finally:
                 self._current.in_step = False
 
-        return run_step
+        return run_process
 
 
 class RunLog(io.TextIOBase):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ def _outputs(record: TaskRecord, definitions: Mapping[str, Any]) -> dict[str, An
 def _partial_outputs(record: TaskRecord, definitions: Mapping[str, Any]) -> dict[str, Any]:
     """Whatever output files a failed or interrupted step left in its task folder."""
     outputs: dict[str, Any] = {}
+    if record.task_root is None:  # it never got as far as starting a step process
+        return outputs
     for name, spec in definitions.get("artifacts", {}).items():
         path = record.task_root / name
         if path.exists():
@@ -79,9 +82,36 @@ def _read_metrics(tasks: Mapping[str, dict[str, Any]]) -> None:
                     out["values"] = json.loads(Path(out["path"]).read_text())
 
 
+def _write_html_reports(tasks: Mapping[str, dict[str, Any]], reports_dir: Path) -> list[Path]:
+    """Each HTML output → reports/<task>[-<output>].html (as the KFP UI shows it: the page itself), and an
+    index.html linking them in run order; the run summary's links point at these files."""
+    from harnessrl.report_html import render_html
+
+    written: list[Path] = []
+    for task_key, task in tasks.items():
+        for out_name, out in task["outputs"].items():
+            if out.get("type") != "system.HTML" or not out.get("exists"):
+                continue
+            stem = task_key.replace("/", "__").replace("#", "-") + (
+                "" if out_name == "report_html" else f"-{out_name}"
+            )
+            path = reports_dir / f"{stem}.html"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out["path"], path)
+            written.append(path)
+            out["report"] = str(path)
+    if written:
+        items = [f"- [{p.stem}]({p.name})" for p in written]
+        index = render_html("# Run reports\n\n" + "\n".join(items) + "\n", title="Run reports")
+        written.insert(0, atomic_write_text(reports_dir / "index.html", index))
+    return written
+
+
 def write_reports(tasks: Mapping[str, dict[str, Any]], reports_dir: Path) -> list[Path]:
     """Each Markdown output → reports/<task>[-<output>].md with its plots as PNG files beside it, and an
-    index.md of them all; each output entry gets the path of its report."""
+    index.md of them all; each HTML output → reports/<task>.html and index.html; each output entry gets the
+    path of its report."""
+    html_reports = _write_html_reports(tasks, reports_dir)
     written: list[Path] = []
     sections: list[str] = []
     for task_key, task in sorted(tasks.items()):
@@ -109,4 +139,4 @@ def write_reports(tasks: Mapping[str, dict[str, Any]], reports_dir: Path) -> lis
         written.insert(
             0, atomic_write_text(reports_dir / "index.md", "# Run reports\n\n" + "\n\n".join(sections))
         )
-    return written
+    return written + html_reports

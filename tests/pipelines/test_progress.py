@@ -110,14 +110,15 @@ def test_small_jobs_get_no_bar(terminal):
 
 
 def test_logging_levels_from_the_cli_flags(capsys):
-    assert main(["-q", "pipelines"]) == 0
+    unknown = ["run", "no-such-pipeline"]  # a command that fails fast, after logging is set up
+    assert main(["-q", *unknown]) == 2
     assert is_quiet() and logging.getLogger("dataprep.clean").getEffectiveLevel() == logging.WARNING
-    assert main(["pipelines"]) == 0
+    assert main(unknown) == 2
     assert not is_quiet() and logging.getLogger("harnessrl").level == logging.INFO
-    assert main(["-v", "pipelines"]) == 0
+    assert main(["-v", *unknown]) == 2
     assert logging.getLogger("pipelines.local_run").isEnabledFor(logging.DEBUG)
     assert not logging.getLogger("urllib3").isEnabledFor(logging.INFO)  # other libraries: warnings only
-    assert main(["-vv", "pipelines"]) == 0
+    assert main(["-vv", *unknown]) == 2
     assert logging.getLogger("urllib3").isEnabledFor(logging.DEBUG)
     assert os.environ.get(PROGRESS_ENV) is None and os.environ.get(LOG_LEVEL_ENV) is None  # restored
 
@@ -212,14 +213,42 @@ def produce(words: dsl.Output[dsl.Dataset], count: int = 2) -> int:
 
 
 @component
-def consume(words: dsl.Input[dsl.Dataset], fail: bool = False, sleep_s: float = 0.0) -> str:
+def consume(
+    words: dsl.Input[dsl.Dataset], note: dsl.Output[dsl.Artifact], fail: bool = False, sleep_s: float = 0.0
+) -> str:
     import time
 
     print("line one of the step", flush=True)
+    with open(note.path, "w") as f:
+        f.write("written before any failure\n")
     time.sleep(sleep_s)
     if fail:
         raise ValueError("tasks.jsonl:3: malformed JSON")
     return open(words.path).read().strip()
+
+
+@component
+def switches() -> str:
+    import os
+
+    return f"{os.environ.get('HARNESSRL_PROGRESS')},{os.environ.get('HARNESSRL_LOG_LEVEL')}"
+
+
+@dsl.pipeline(name="switches")
+def report_switches():
+    switches()
+
+
+def test_cli_switches_reach_the_steps(tmp_path, capsys):
+    """`harnessrl -q run` / `--no-progress`: the step processes kfp.local starts see the same choices."""
+    path = compile_to_file(report_switches, tmp_path / "switches.yaml")
+    seen = {}
+    for flags in (["-q"], ["--no-progress"], ["-v"]):
+        run_dir = tmp_path / flags[0].strip("-")
+        assert main([*flags, "run", str(path), "--run-dir", str(run_dir), "--no-cache"]) == 0
+        index = json.loads((run_dir / "run.json").read_text())
+        seen[flags[0]] = index["tasks"]["switches"]["outputs"]["Output"]["value"]
+    assert seen == {"-q": "0,WARNING", "--no-progress": "0,INFO", "-v": "None,DEBUG"}
 
 
 @dsl.pipeline(name="tiny")
@@ -267,6 +296,8 @@ def test_failed_step_keeps_its_own_output(tiny_yaml, tmp_path):
     assert "line one of the step" in result.failed_log
     assert not any("Executing task" in line for line in result.failed_log)  # kfp's framing stays in run.log
     assert index["tasks"]["consume"]["status"] == "failed" and index["tasks"]["produce"]["status"] != "failed"
+    note = index["tasks"]["consume"]["outputs"]["note"]  # what the failed step left behind
+    assert note["partial"] and Path(note["path"]).read_text() == "written before any failure\n"
     assert "Executing task" in (tmp_path / "f" / "run.log").read_text()
 
 
@@ -306,7 +337,7 @@ def test_sigterm_interrupts_the_run_and_still_indexes_it(tiny_yaml, tmp_path):
 
 def test_heartbeat_for_long_steps():
     out = io.StringIO()
-    record = TaskRecord("train-grpo", "comp-train-grpo", Path("/nonexistent"))
+    record = TaskRecord("train-grpo", "comp-train-grpo")
     with StepLines(Console(file=out, width=200), every_s=0.05) as steps:
         steps.launched(record)
         time.sleep(0.3)
@@ -326,7 +357,7 @@ def test_a_kfp_that_no_longer_has_what_is_observed_is_a_clear_error(monkeypatch)
         with TaskWatcher():
             pass
     assert task_executor.execute_single_task is execute and cache.LocalCache.get is get  # unwrapped again
-    monkeypatch.setattr(subprocess_task_handler, "run_local_subprocess", run_step)
+    monkeypatch.setattr(subprocess_task_handler, "run_local_subprocess", run_step, raising=False)
     monkeypatch.setattr(task_executor, "execute_single_task", lambda name, spec: None)
     with pytest.raises(LocalRunError, match="execute_single_task is gone or takes other parameters"):
         with TaskWatcher():
