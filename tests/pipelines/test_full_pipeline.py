@@ -48,6 +48,17 @@ EDGES = [
     ("train-grpo-round-2", "samples", "generate-rollouts-round-2", "samples"),
     ("train-grpo-round-2", "verified", "verify-round-2", "verified"),
     ("train-grpo-round-2", "policy", "train-grpo-round-1", "model"),
+    ("summarize-run-round-1", "difficulty", "estimate-difficulty", "metrics"),
+    ("summarize-run-round-1", "selection", "select", "metrics"),
+    ("summarize-run-round-1", "generated", "generate-rollouts-round-1", "metrics"),
+    ("summarize-run-round-1", "verified", "verify-round-1", "metrics"),
+    ("summarize-run-round-1", "trained", "train-grpo-round-1", "metrics"),
+    ("summarize-run", "difficulty", "estimate-difficulty", "metrics"),
+    ("summarize-run", "selection", "select", "metrics"),
+    ("summarize-run", "generated", "generate-rollouts-round-2", "metrics"),
+    ("summarize-run", "verified", "verify-round-2", "metrics"),
+    ("summarize-run", "trained", "train-grpo-round-2", "metrics"),
+    ("summarize-run", "earlier", "summarize-run-round-1", "rounds"),
 ]
 
 
@@ -98,6 +109,7 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
     index = json.loads(result.index_path.read_text())
     steps = set(index["tasks"])
     assert {"synthesize", "clean", "validate", "estimate-difficulty", "select"} <= steps
-    trained = [index["tasks"][f"train-grpo-{r}"] for r in range(1, ROUNDS + 1)]
+    # kfp.local names repeated components `train-grpo`, `train-grpo-2`, ...
+    trained = [index["tasks"]["train-grpo" + (f"-{r}" if r > 1 else "")] for r in range(1, ROUNDS + 1)]
     assert all(t["status"] == "succeeded" for t in trained)
     assert Path(trained[-1]["outputs"]["model"]["path"]).is_dir()
