@@ -74,7 +74,7 @@ TOP_LEVEL_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 MAX_OUTPUT_BYTES = 2 << 20  # per stream kept in the result: head + tail around a truncation marker
 GIT_STUB = '#!/bin/sh\necho "git: disabled in this sandbox (strict workspace: no repository history)" >&2\nexit 127\n'
 ENV_MANIFEST = "harnessrl-env.json"  # written by envs.ensure_env: extra read-only paths the venv needs
-QUOTA_POLL_S = 0.25  # how often a running command's workspace is measured (at least 10x a walk's duration)
+QUOTA_POLL_S = 0.1  # how often a running command's workspace is measured (at least 20x a walk's duration)
 
 # Messages a process prints when an rlimit (not a cgroup) stopped it; used only when no cgroup is available
 # and only for a failing command.
@@ -483,7 +483,7 @@ class BubblewrapSandbox(Sandbox):
             violation = allowed.violation(quota.measure(self.workspace, stop_at=allowed))
             if violation:
                 return violation
-            poll = max(QUOTA_POLL_S, 10 * (time.monotonic() - t0))
+            poll = max(QUOTA_POLL_S, 20 * (time.monotonic() - t0))
 
     def close(self) -> None:
         for d in (self._stub_dir, self._stage_dir):

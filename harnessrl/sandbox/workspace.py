@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.io import atomic_output
+from harnessrl.sandbox import leftovers
 from harnessrl.taskset import TaskSet
 
 FIXED_DATE = "2000-01-01T00:00:00+0000"  # the workspace commit carries no real date or author
@@ -31,6 +33,30 @@ FIXED_DATE = "2000-01-01T00:00:00+0000"  # the workspace commit carries no real 
 
 class WorkspaceError(RuntimeError):
     """The task's repository is missing or malformed (infrastructure / data, never the agent)."""
+
+
+class PatchTooLarge(Exception):
+    """The agent's changes make a diff over the cap: the agent's doing, not an infrastructure failure."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the workspace diff exceeds {limit} bytes (MAX_PATCH_BYTES); it was not kept")
+        self.limit = limit
+
+
+MAX_PATCH_BYTES = 8 << 20  # a real fix is kilobytes; a bigger diff would bloat every row and log it enters
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def safe_name(key: str) -> str:
+    """A file or directory name for an id that comes from task data (rollout ids hold instance ids): the id
+    itself when it is a plain name, else its plain characters plus a hash of the whole id. `+` never occurs
+    in a plain name, so distinct ids keep distinct names; no result contains `/` or starts with `.`."""
+    if _PLAIN_NAME.fullmatch(key):
+        return key
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", key)[:80].lstrip(".")
+    return f"{plain}+{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}"
 
 
 def cache_root() -> Path:
@@ -162,7 +188,7 @@ class RepoCache:
     def export(self, rev: str, dest: Path) -> None:
         """Writes the tree of `rev` into `dest` (files only; no repository)."""
         dest.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="harnessrl-idx-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("idx")) as tmp:
             env = git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
             git(["--git-dir", str(self.path), "read-tree", rev], env=env)
             git(
@@ -172,7 +198,7 @@ class RepoCache:
     def restore_paths(self, rev: str, worktree: Path, paths: list[str]) -> list[str]:
         """Overwrites `paths` in `worktree` with their content at `rev`; returns those that do not exist there."""
         missing = []
-        with tempfile.TemporaryDirectory(prefix="harnessrl-idx-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("idx")) as tmp:
             env = git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
             git(["--git-dir", str(self.path), "read-tree", rev], env=env)
             for p in paths:
@@ -199,13 +225,14 @@ class RepoCache:
                     missing.append(p)
         return missing
 
-    def diff_worktree(self, rev: str, worktree: Path) -> bytes:
+    def diff_worktree(self, rev: str, worktree: Path, max_bytes: int | None = None) -> bytes:
         """Binary diff from `rev` to the files in `worktree` (new, deleted and binary files included).
 
         Uses a throwaway index and object directory, never the worktree's own `.git`, so nothing the agent
-        did to its repository (rewritten HEAD, staged tricks, hooks) matters.
+        did to its repository (rewritten HEAD, staged tricks, hooks) matters. With `max_bytes`, the diff is
+        read as git writes it and PatchTooLarge is raised as soon as it grows past the cap.
         """
-        with tempfile.TemporaryDirectory(prefix="harnessrl-diff-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("diff")) as tmp:
             objects = Path(tmp) / "objects"
             objects.mkdir()
             env = git_env(
@@ -216,20 +243,44 @@ class RepoCache:
             base = ["--git-dir", str(self.path), "--work-tree", str(worktree)]
             git([*base, "read-tree", rev], env=env)
             git([*base, "add", "-A", "--", "."], env=env)
-            return git(
-                [
-                    *base,
-                    "diff",
-                    "--cached",
-                    "--binary",
-                    "--full-index",
-                    "--no-renames",
-                    "--no-ext-diff",
-                    "--no-textconv",
-                    rev,
-                ],
-                env=env,
-            ).stdout
+            diff = [
+                *base,
+                "diff",
+                "--cached",
+                "--binary",
+                "--full-index",
+                "--no-renames",
+                "--no-ext-diff",
+                "--no-textconv",
+                rev,
+            ]
+            if max_bytes is None:
+                return git(diff, env=env).stdout
+            return _capped_git_output(diff, env, max_bytes)
+
+
+def _capped_git_output(args: list[str], env: dict[str, str], max_bytes: int) -> bytes:
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([*SAFE_GIT, *args], env=env, stdout=subprocess.PIPE, stderr=err)
+        assert proc.stdout is not None
+        chunks, size = [], 0
+        try:
+            while chunk := proc.stdout.read(1 << 16):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PatchTooLarge(max_bytes)
+                chunks.append(chunk)
+        finally:
+            proc.stdout.close()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        if proc.returncode != 0:
+            err.seek(0)
+            raise WorkspaceError(
+                f"git {' '.join(args[:3])} failed: {err.read().decode(errors='replace').strip()}"
+            )
+    return b"".join(chunks)
 
 
 def init_single_commit(tree_dir: Path) -> None:

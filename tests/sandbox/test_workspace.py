@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -10,7 +11,14 @@ import pytest
 from harnessrl.sandbox.base import Outcome
 from harnessrl.sandbox.bwrap import BubblewrapSandbox
 from harnessrl.sandbox.envs import ensure_env
-from harnessrl.sandbox.workspace import RepoCache, WorkspaceError, materialize
+from harnessrl.sandbox.workspace import (
+    MAX_PATCH_BYTES,
+    PatchTooLarge,
+    RepoCache,
+    WorkspaceError,
+    materialize,
+    safe_name,
+)
 from harnessrl.taskset import TaskSet
 from tests.support.fixtures import requires_bwrap
 
@@ -98,6 +106,40 @@ def test_diff_ignores_the_workspace_git_and_sees_new_deleted_binary_files(ts, tm
     assert "deleted file mode" in diff and "README.md" in diff
     assert "GIT binary patch" in diff
     assert ".git/" not in diff
+
+
+def test_diff_over_the_cap_raises_patch_too_large_without_reading_it_all(ts, tmp_path):
+    """200 MB of random files became a 258 MB model_patch: the diff is now cut off at the cap."""
+    row = ts.rows()[0]
+    ws = materialize(ts, row["instance_id"], tmp_path / "ws")
+    cache = RepoCache.for_repo(ts, row["repo"])
+    for i in range(4):
+        (ws / f"noise{i}.bin").write_bytes(os.urandom(2 << 20))
+    tip = cache.task_tip(row["instance_id"])
+    with pytest.raises(PatchTooLarge, match="exceeds 1048576 bytes"):
+        cache.diff_worktree(tip, ws, max_bytes=1 << 20)
+    small = materialize(ts, row["instance_id"], tmp_path / "small")
+    (small / "new_module.py").write_text("X = 1\n")
+    assert cache.diff_worktree(tip, small, max_bytes=MAX_PATCH_BYTES) == cache.diff_worktree(tip, small)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["../../etc/passwd", "..", ".", "a/b", "/abs", "x" * 300, "sp ace", "é", "", "-rf", ".hidden"],
+)
+def test_safe_name_never_escapes_a_directory(key, tmp_path):
+    name = safe_name(key)
+    assert name and "/" not in name and not name.startswith(".") and len(name.encode()) <= 255
+    assert (tmp_path / name).resolve().parent == tmp_path.resolve()
+
+
+def test_safe_name_keeps_plain_ids_and_distinct_ids_distinct():
+    assert safe_name("swesmith__minirepo.abc123.func_pm_op_swap__x1__r0") == (
+        "swesmith__minirepo.abc123.func_pm_op_swap__x1__r0"
+    )
+    keys = ["a/b", "a_b", "a?b", "a b", "a+b", "a_b+", "x" * 300, "x" * 301, "..", "._"]
+    assert len({safe_name(k) for k in keys}) == len(keys)
+    assert safe_name("a/b") == safe_name("a/b")  # stable across calls and processes (no salt)
 
 
 @requires_bwrap
