@@ -151,7 +151,9 @@ def drop_reason(f: FileDiff, task_test_files: set[str]) -> str:
     if "__pycache__" in p.parts or p.suffix in (".pyc", ".pyo"):
         return "byte code"
     if f.new_file:
-        parts = p.parts[1:] if p.parts[0] == "src" and len(p.parts) > 1 else p.parts
+        parts = list(p.parts)
+        if parts[0] == "src" and len(parts) > 1:
+            parts = parts[1:]
         top = parts[0]
         module = top[:-3] if (len(parts) == 1 and top.endswith(".py")) else (top if len(parts) > 1 else "")
         if module in SHADOWABLE:

@@ -31,6 +31,7 @@ from typing import Any
 from harnessrl.io import atomic_output, read_jsonl, write_jsonl
 from harnessrl.sandbox.base import Limits
 from harnessrl.taskset import TaskSet
+from harnessrl.verify.grading import GRADED, VerifyStatus
 from harnessrl.verify.verifier import (
     DEFAULT_TIMEOUT_S,
     VerifyResult,
@@ -38,8 +39,6 @@ from harnessrl.verify.verifier import (
     verify_patch,
     verify_workspace,
 )
-
-GRADED = {"resolved", "unresolved", "timeout", "resource_limit", "apply_failed"}
 
 
 def load_rollouts(rollouts: Path) -> tuple[list[dict], Path]:
@@ -79,11 +78,13 @@ def verify_rollout(
     iid = rollout["instance_id"]
     if iid not in tasks:
         return VerifyResult(
-            iid, "infra_error", detail=f"instance {iid!r} is not in the task set {taskset.root}"
+            iid, VerifyStatus.INFRA_ERROR, detail=f"instance {iid!r} is not in the task set {taskset.root}"
         )
     row = tasks[iid]
     if rollout.get("rollout_status") == "infra_error":
-        return VerifyResult(iid, "infra_error", detail="the rollout itself failed (infra_error); not graded")
+        return VerifyResult(
+            iid, VerifyStatus.INFRA_ERROR, detail="the rollout itself failed (infra_error); not graded"
+        )
     try:
         if rollout.get("workspace"):
             ws = Path(rollout["workspace"])
@@ -95,7 +96,10 @@ def verify_rollout(
         return verify_patch(taskset, row, rollout.get("patch") or "", timeout_s=timeout_s, limits=limits)
     except Exception as e:  # noqa: BLE001 - any crash here is ours, never the agent's: keep the row with why
         return VerifyResult(
-            iid, "infra_error", detail=f"{type(e).__name__}: {e}", test_log=traceback.format_exc()[-5000:]
+            iid,
+            VerifyStatus.INFRA_ERROR,
+            detail=f"{type(e).__name__}: {e}",
+            test_log=traceback.format_exc()[-5000:],
         )
 
 
@@ -160,7 +164,7 @@ def run_verify(
         "rollouts": len(rows),
         "graded": len(graded),
         "resolved": sum(v.resolved for v in graded),
-        "infra_errors": statuses.get("infra_error", 0),
+        "infra_errors": statuses.get(VerifyStatus.INFRA_ERROR, 0),
         "flagged": sum(v.flagged for _, v in ordered),
         "reward_mean": (sum(v.reward or 0.0 for v in graded) / len(graded)) if graded else None,
         "status_counts": dict(sorted(statuses.items())),

@@ -9,11 +9,13 @@
    (`git apply`, then `git apply --3way`, then `patch --fuzz`), then restore the F2P+P2P test files again;
 4. run only those test files in a **new** bubblewrap sandbox with the repo's env (read-only), a cleared
    environment and a timeout;
-5. grade with SWE-bench 5.x rules (grading.py).
+5. grade with SWE-bench 5.x rules (grading.py); when the run ended abnormally (crash, pytest.exit, nothing
+   collected), run the *unpatched* bug tree the same way as a witness: if it completes, the patch caused the
+   crash (0); if not, the environment did (infra_error).
 
-Statuses: resolved / unresolved (reward 1 / 0), timeout / resource_limit (the code under test hung or blew
-its limits: reward 0), apply_failed (the agent's diff does not apply: reward 0), infra_error (reward None:
-the sandbox broke, the task data is bad, or the test log is inconsistent — never trained as 0).
+Statuses (`VerifyStatus`): resolved / unresolved (reward 1 / 0), timeout / resource_limit (the code under test
+hung or blew its limits: reward 0), apply_failed (the agent's diff does not apply: reward 0), infra_error
+(reward None: the sandbox broke, the task data is bad, or the test log is inconsistent — never trained as 0).
 """
 
 from __future__ import annotations
@@ -22,28 +24,39 @@ import json
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.sandbox.base import Limits, Outcome
+from harnessrl.sandbox.base import Limits, Outcome, RunResult
 from harnessrl.sandbox.bwrap import BubblewrapSandbox
 from harnessrl.sandbox.envs import ensure_env
 from harnessrl.sandbox.workspace import RepoCache, git, init_single_commit
 from harnessrl.taskset import TaskSet
 from harnessrl.verify.filtering import filter_diff, test_files_of
-from harnessrl.verify.grading import grade
+from harnessrl.verify.grading import PytestRun, VerifyStatus, judge
 
 DEFAULT_TIMEOUT_S = 300.0
 MAX_LOG_CHARS = 200_000
 PYTEST_ARGS = ["-rA", "-v", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir=/workspace"]
+_STOPPED = {Outcome.TIMEOUT: VerifyStatus.TIMEOUT, Outcome.RESOURCE_LIMIT: VerifyStatus.RESOURCE_LIMIT}
+
+
+def pytest_argv(test_files: list[str]) -> list[str]:
+    """The command verify runs in the sandbox (from /workspace)."""
+    return ["python", "-P", "-m", "pytest", *PYTEST_ARGS, *test_files]
+
+
+def as_pytest_run(run: RunResult) -> PytestRun:
+    return PytestRun(run.stdout, run.exit_code, _STOPPED.get(run.outcome))
 
 
 @dataclass
 class VerifyResult:
     instance_id: str
-    status: str  # resolved | unresolved | timeout | resource_limit | apply_failed | infra_error
+    status: VerifyStatus
     resolved: bool = False
     reward: float | None = None
     f2p_fraction: float | None = None
@@ -60,7 +73,7 @@ class VerifyResult:
 
     @property
     def infra_error(self) -> bool:
-        return self.status == "infra_error"
+        return self.status is VerifyStatus.INFRA_ERROR
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,6 +137,30 @@ def apply_patch(tree: Path, patch: str) -> tuple[str, str]:
         Path(pf).unlink(missing_ok=True)
 
 
+_witnesses: dict[tuple, PytestRun] = {}  # one run of each unpatched tree per process
+_witness_lock = threading.Lock()
+
+
+def _witness(
+    cache: RepoCache, bug: str, env_dir: Path, test_files: list[str], timeout_s: float, limits: Limits | None
+) -> PytestRun:
+    """The same tests on the unpatched bug tree, in a new sandbox (a sandbox failure is not cached)."""
+    key = (str(cache.path), bug, tuple(test_files), timeout_s, limits)
+    with _witness_lock:
+        known = _witnesses.get(key)
+    if known is not None:
+        return known
+    with tempfile.TemporaryDirectory(prefix="harnessrl-witness-") as tmp:
+        tree = Path(tmp) / "tree"
+        cache.export(bug, tree)
+        with BubblewrapSandbox(tree, env_dir, git_stub=True) as sandbox:
+            run = sandbox.run(pytest_argv(test_files), timeout=timeout_s, limits=limits)
+    if run.outcome is Outcome.SANDBOX_ERROR:
+        return PytestRun("", None)
+    with _witness_lock:
+        return _witnesses.setdefault(key, as_pytest_run(run))
+
+
 def verify_diff(
     taskset: TaskSet,
     row: dict,
@@ -140,10 +177,10 @@ def verify_diff(
     try:
         filtered = filter_diff(raw_diff, f2p, p2p)
     except ValueError as e:
-        return VerifyResult(iid, "infra_error", detail=f"cannot parse the computed diff: {e}")
+        return VerifyResult(iid, VerifyStatus.INFRA_ERROR, detail=f"cannot parse the computed diff: {e}")
     result = VerifyResult(
         iid,
-        "infra_error",
+        VerifyStatus.INFRA_ERROR,
         dropped=[{**d.to_dict(), "diff": _printable(d.diff)} for d in filtered.dropped],
         suspicious=filtered.suspicious,
         flagged=filtered.flagged,
@@ -164,11 +201,8 @@ def verify_diff(
         result.apply_method = method
         timings["prepare_s"] = time.monotonic() - t0
         if not method:
-            result.status, result.reward, result.detail = (
-                "apply_failed",
-                0.0,
-                f"the diff does not apply: {error}",
-            )
+            result.status, result.reward = VerifyStatus.APPLY_FAILED, 0.0
+            result.detail = f"the diff does not apply: {error}"
             result.timings = timings
             return result
         missing = cache.restore_paths(bug, tree, test_files)
@@ -178,9 +212,7 @@ def verify_diff(
         shutil.rmtree(tree / ".git", ignore_errors=True)
         t1 = time.monotonic()
         with BubblewrapSandbox(tree, env_dir, git_stub=True) as sandbox:
-            run = sandbox.run(
-                ["python", "-P", "-m", "pytest", *PYTEST_ARGS, *test_files], timeout=timeout_s, limits=limits
-            )
+            run = sandbox.run(pytest_argv(test_files), timeout=timeout_s, limits=limits)
         timings["tests_s"] = time.monotonic() - t1
     log = run.stdout + ("\n--- stderr ---\n" + run.stderr if run.stderr.strip() else "")
     result.test_log = log[-MAX_LOG_CHARS:]
@@ -189,14 +221,18 @@ def verify_diff(
     if run.outcome is Outcome.SANDBOX_ERROR:
         result.detail = f"sandbox error: {run.detail}"
         return result
-    g = grade(f2p, p2p, run.stdout, run.exit_code if run.exit_code is not None else -1)
+
+    def witness() -> PytestRun:
+        t2 = time.monotonic()
+        try:
+            return _witness(cache, bug, env_dir, test_files, timeout_s, limits)
+        finally:
+            timings["witness_s"] = time.monotonic() - t2
+
+    g = judge(f2p, p2p, as_pytest_run(run), witness)
+    result.status, result.resolved, result.reward = g.status, g.resolved, g.reward
     result.tests, result.f2p_fraction = g.tests, g.f2p_fraction
-    if run.outcome in (Outcome.TIMEOUT, Outcome.RESOURCE_LIMIT):
-        result.status, result.reward = run.outcome.value, 0.0
-        result.f2p_fraction = 0.0 if g.f2p_fraction is not None else None
-        result.detail = f"tests stopped: {run.detail}"
-        return result
-    result.status, result.resolved, result.reward, result.detail = g.status, g.resolved, g.reward, g.detail
+    result.detail = f"tests stopped: {run.detail}" if g.status in _STOPPED.values() else g.detail
     return result
 
 
@@ -210,7 +246,9 @@ def verify_workspace(
 ) -> VerifyResult:
     workspace = Path(workspace)
     if not workspace.is_dir():
-        return VerifyResult(row["instance_id"], "infra_error", detail=f"workspace {workspace} does not exist")
+        return VerifyResult(
+            row["instance_id"], VerifyStatus.INFRA_ERROR, detail=f"workspace {workspace} does not exist"
+        )
     cache = RepoCache.for_repo(taskset, row["repo"])
     raw = cache.diff_worktree(cache.task_tip(row["instance_id"]), workspace).decode(
         "utf-8", errors="surrogateescape"
@@ -236,7 +274,7 @@ def verify_patch(
         if not method:
             return VerifyResult(
                 row["instance_id"],
-                "apply_failed",
+                VerifyStatus.APPLY_FAILED,
                 reward=0.0,
                 detail=f"the patch does not apply to the task: {error}",
             )

@@ -365,3 +365,19 @@ def test_forged_summary_printed_at_exit_is_an_infra_error(graded):
 def test_a_patch_that_does_not_apply_scores_zero(task):
     r = verify_patch(task.taskset, task.row, task.row["patch"].replace(" ", "\t"), timeout_s=60)
     assert r.status == "apply_failed" and r.reward == 0.0 and "does not apply" in r.detail
+
+
+@pytest.mark.parametrize(
+    "crash",
+    ["import os\nos._exit(0)\n", "import ctypes\nctypes.string_at(0)\n", "raise KeyboardInterrupt\n"],
+    ids=["os-exit", "segfault", "interrupt"],
+)
+def test_a_patch_that_crashes_the_test_run_scores_zero(task, tmp_path, crash):
+    """No summary, killed, interrupted: the unpatched tree (run as a witness) completes, so the patch caused it."""
+    from harnessrl.verify.verifier import verify_workspace
+
+    ws = task.workspace(tmp_path / "ws")
+    _append(ws / task.module(), crash)
+    r = verify_workspace(task.taskset, task.row, ws, timeout_s=120)
+    assert r.status == "unresolved" and r.reward == 0.0, (r.status, r.detail, r.test_log[-2000:])
+    assert "the unpatched tree's run completes" in r.detail and "witness_s" in r.timings
