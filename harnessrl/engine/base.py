@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator accepts
 
 
 class FinishReason(StrEnum):
@@ -18,9 +21,27 @@ class FinishReason(StrEnum):
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """Raises ValueError naming the field for values no engine can sample with (NaN, inf, a negative
+    temperature, top_p outside (0, 1], a seed beyond 64 bits, booleans or strings)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (_real(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature!r}")
+        if not (_real(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p: must be a number in (0, 1], got {self.top_p!r}")
+        seed = self.seed
+        if seed is not None and not (
+            isinstance(seed, int) and not isinstance(seed, bool) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]
+        ):
+            raise ValueError(f"seed: must be an integer in [-2**63, 2**64 - 1] or null, got {seed!r}")
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass

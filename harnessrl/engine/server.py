@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from pathlib import Path
@@ -37,7 +38,7 @@ def _error(message: str, status: int) -> web.Response:
 async def _json(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise web.HTTPBadRequest(
             text=json.dumps(error_body(f"request body is not JSON: {e}", 400)),
             content_type="application/json",
@@ -74,6 +75,10 @@ def _number(body: dict[str, Any], name: str, default, kind=float):
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"`{name}` must be a number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"`{name}` must be a finite number, got {value!r}")
+    if kind is int and value != int(value):
+        raise ValueError(f"`{name}` must be an integer, got {value!r}")
     return kind(value)
 
 
