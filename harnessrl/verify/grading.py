@@ -103,9 +103,8 @@ _EXIT_MEANING = {
 class ParsedLog:
     outcomes: dict[str, PytestOutcome] = field(default_factory=dict)  # node id -> result
     collection_errors: list[str] = field(default_factory=list)  # files (or collectors) that failed to collect
-    counts: dict[PytestOutcome, int] = field(
-        default_factory=dict
-    )  # from the final "=== 1 failed ... ===" line
+    # from the final "=== 1 failed, 2 passed in 0.1s ===" line
+    counts: dict[PytestOutcome, int] = field(default_factory=dict)
     skipped: int = 0  # skips in the summary ("SKIPPED [N] file:line: reason"), with or without a test id
     truncated: bool = False  # the sandbox cut the middle of the output
     summary_cut: bool = False  # ... and the cut reaches into the summary

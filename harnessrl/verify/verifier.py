@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harnessrl.sandbox import leftovers
 from harnessrl.sandbox.base import Limits, Outcome, RunResult
 from harnessrl.sandbox.bwrap import BubblewrapSandbox
 from harnessrl.sandbox.envs import ensure_env
@@ -137,8 +138,9 @@ def apply_patch(tree: Path, patch: str) -> tuple[str, str]:
         Path(pf).unlink(missing_ok=True)
 
 
-_witnesses: dict[tuple, PytestRun] = {}  # one run of each unpatched tree per process
+_witnesses: dict[tuple, PytestRun] = {}  # one run of each unpatched tree per process (the latest few)
 _witness_lock = threading.Lock()
+MAX_WITNESSES = 64
 
 
 def _witness(
@@ -150,7 +152,7 @@ def _witness(
         known = _witnesses.get(key)
     if known is not None:
         return known
-    with tempfile.TemporaryDirectory(prefix="harnessrl-witness-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("witness")) as tmp:
         tree = Path(tmp) / "tree"
         cache.export(bug, tree)
         with BubblewrapSandbox(tree, env_dir, git_stub=True) as sandbox:
@@ -158,6 +160,8 @@ def _witness(
     if run.outcome is Outcome.SANDBOX_ERROR:
         return PytestRun("", None)
     with _witness_lock:
+        while len(_witnesses) >= MAX_WITNESSES:
+            del _witnesses[next(iter(_witnesses))]
         return _witnesses.setdefault(key, as_pytest_run(run))
 
 
@@ -193,7 +197,7 @@ def verify_diff(
     cache = RepoCache.for_repo(taskset, row["repo"])
     env_dir = ensure_env(taskset, row["repo"])
     bug = cache.bug_commit(iid)
-    with tempfile.TemporaryDirectory(prefix="harnessrl-verify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("verify")) as tmp:
         tree = Path(tmp) / "tree"
         cache.export(bug, tree)
         init_single_commit(tree)
@@ -266,7 +270,7 @@ def verify_patch(
 ) -> VerifyResult:
     """Applies `patch_text` to a fresh copy of the task tip, then verifies that tree like a workspace."""
     cache = RepoCache.for_repo(taskset, row["repo"])
-    with tempfile.TemporaryDirectory(prefix="harnessrl-patch-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("patch")) as tmp:
         ws = Path(tmp) / "ws"
         cache.export(cache.task_tip(row["instance_id"]), ws)
         init_single_commit(ws)

@@ -370,6 +370,36 @@ def specs() -> list[Spec]:
     )
     add(
         Spec(
+            "live_logging",
+            {
+                **BASE,
+                "pytest.ini": "[pytest]\nlog_cli = true\nlog_cli_level = INFO\n",
+                "calcmod.py": _calc_with(
+                    "import logging\n\n\ndef add(a, b):\n"
+                    "    logging.getLogger('calc').error('ERROR test_calc.py::test_add adding')\n    return a + b\n"
+                ),
+            },
+            R,
+            "F2P PASSED; the repo's ini turns on live logging, whose sections split the -v lines",
+        )
+    )
+    add(
+        Spec(
+            "terminal_summary_plugin",
+            {
+                **BASE,
+                "conftest.py": _src("""
+                    def pytest_terminal_summary(terminalreporter):
+                        terminalreporter.write_sep("=", "custom report")
+                        terminalreporter.write_line("FAILED test_calc.py::test_add (in the custom report)")
+                """),
+            },
+            R,
+            "F2P and P2P PASSED; a repo plugin writes its own section (with a FAILED line) before the summary",
+        )
+    )
+    add(
+        Spec(
             "live_output_listed",
             {
                 **BASE,
