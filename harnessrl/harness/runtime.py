@@ -201,8 +201,14 @@ class WorkspaceFiles:
         return view
 
     def write_file(self, path: str, content: str) -> None:
+        """Writes in place; new files and directories take the owner of the workspace root (the sandbox's
+        unprivileged uid when we run as root), so the agent can change them afterwards."""
         target = self.resolve(path)
         data = content.encode("utf-8")
+        root = self.workspace.resolve()
+        new_dirs = [
+            d for d in (target.parent, *target.parent.parents) if root in d.parents and not d.exists()
+        ]
         with _agent_errors(path):
             target.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(
@@ -213,6 +219,11 @@ class WorkspaceFiles:
             if not stat.S_ISREG(st.st_mode):
                 raise ToolError(f"{path}: not a regular file")
             self._check_room(path, len(data) - st.st_size)
+            owner = os.stat(root)
+            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (owner.st_uid, owner.st_gid):
+                os.fchown(fd, owner.st_uid, owner.st_gid)
+                for d in new_dirs:
+                    os.chown(d, owner.st_uid, owner.st_gid, follow_symlinks=False)
             with _agent_errors(path):
                 os.ftruncate(fd, 0)
                 view = memoryview(data)

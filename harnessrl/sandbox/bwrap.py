@@ -161,7 +161,9 @@ class BubblewrapSandbox(Sandbox):
         try:
             if self.gateway_socket is not None and self.identity is not None:
                 _let_group_connect(self.gateway_socket, self.identity.gid)
-            self.baseline = quota.measure(self.workspace, owner=self.owner)
+            # everything in the workspace now goes to the sandbox uid; files the harness writes later are
+            # handed over as it writes them (harness/runtime.py)
+            self.baseline = self.last_usage = quota.measure(self.workspace, owner=self.owner)
         except BaseException:
             self.close()
             raise
@@ -372,10 +374,8 @@ class BubblewrapSandbox(Sandbox):
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise ValueError("empty command")
-        # Hands what the host wrote since the last run to the sandbox uid, and measures the starting point:
-        # a workspace already over its quota may still run commands (to delete files), but not grow.
-        start_usage = quota.measure(self.workspace, owner=self.owner)
-        allowed = self.workspace_quota(limits).relaxed_to(start_usage)
+        # A workspace already over its quota may still run commands (to delete files), but not grow.
+        allowed = self.workspace_quota(limits).relaxed_to(self.last_usage)
         factory = cgroups.factory()
         cgroup = None
         if factory.available():
@@ -450,8 +450,10 @@ class BubblewrapSandbox(Sandbox):
             if cgroup is not None:
                 cgroup.remove()
             shutil.rmtree(tmpdir, ignore_errors=True)
-        if not stopped_for:  # growth since the last measurement
-            stopped_for = allowed.violation(quota.measure(self.workspace, stop_at=allowed))
+        usage = quota.measure(self.workspace, stop_at=allowed)  # growth since the last poll
+        violation = allowed.violation(usage)
+        self.last_usage = quota.measure(self.workspace) if violation else usage  # the next run starts here
+        stopped_for = stopped_for or violation
         if stopped_for and stopped_for != "timeout":
             return RunResult(Outcome.RESOURCE_LIMIT, None, stdout, stderr, wall, stopped_for, events)
         return _classify(
