@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from harnessrl.rollout.executors import ExecutorName
+from harnessrl.rollout.model_server import ModelSource
+
 
 def _tasks(path: str | None, work: Path) -> Path:
     if path:
@@ -68,8 +71,8 @@ def generate(
     out: Path,
     specs: list[dict],
     rollouts: int,
-    policy,
-    executor: str = "threads",
+    model: ModelSource,
+    executor: ExecutorName = ExecutorName.THREADS,
     concurrency: int | None = None,
 ) -> dict:
     from harnessrl.rollout.generate import GenerateConfig, run_generate
@@ -80,7 +83,7 @@ def generate(
         tasks,
         out,
         parse_specs(specs),
-        policy,
+        model,
         GenerateConfig(
             group_size=max(1, rollouts // n_tasks),
             concurrency=concurrency or rollouts,
@@ -91,7 +94,7 @@ def generate(
 
 
 def executors_side_by_side(
-    tasks: Path, work: Path, spec: dict, rollouts: int, concurrency: int, repeats: int, policy
+    tasks: Path, work: Path, spec: dict, rollouts: int, concurrency: int, repeats: int, model: ModelSource
 ) -> dict:
     """Same no-model generate run with threads and with local Ray, interleaved `repeats` times."""
     import ray
@@ -101,10 +104,12 @@ def executors_side_by_side(
     ray_init_s = time.perf_counter() - t0
     walls: dict[str, list[float]] = {"threads": [], "ray": []}
     try:
-        generate(tasks, work / "warm", [spec], concurrency, policy, "ray", concurrency)  # worker processes up
+        generate(
+            tasks, work / "warm", [spec], concurrency, model, ExecutorName.RAY, concurrency
+        )  # workers up
         for i in range(repeats):
-            for executor in ("threads", "ray"):
-                m = generate(tasks, work / f"{executor}{i}", [spec], rollouts, policy, executor, concurrency)
+            for executor in ExecutorName:
+                m = generate(tasks, work / f"{executor}{i}", [spec], rollouts, model, executor, concurrency)
                 assert m["status"].get("ok", 0) == m["rollouts"], m["status"]
                 walls[executor].append(m["wall_s"])
     finally:
@@ -137,7 +142,6 @@ def main() -> int:
     ap.add_argument("--skip-real-model", action="store_true", help="leave out part 3 (the slow one)")
     args = ap.parse_args()
 
-    from harnessrl.rollout.model_server import PolicySource
     from harnessrl.tinymodel import load_tokenizer
     from tests.support.fast_engine import FastEngineServer
 
@@ -175,7 +179,7 @@ def main() -> int:
                 work / "scripted",
                 [scripted_spec],
                 args.rollouts,
-                PolicySource(engine_url=engine.base_url),
+                ModelSource(engine_url=engine.base_url),
             )
             overhead = (
                 scripted["tool_s_per_turn"]
@@ -195,7 +199,7 @@ def main() -> int:
                 args.executor_rollouts,
                 args.executor_concurrency,
                 args.executor_repeats,
-                PolicySource(engine_url=engine.base_url),
+                ModelSource(engine_url=engine.base_url),
             )
             print(
                 f"executors (no model, {ex['executor_rollouts']} rollouts, concurrency "
@@ -209,7 +213,7 @@ def main() -> int:
 
         real = None
         if not args.skip_real_model:
-            real = generate(tasks, work / "real", [spec], args.rollouts, PolicySource())
+            real = generate(tasks, work / "real", [spec], args.rollouts, ModelSource())
             print(
                 f"tiny model: {real['rollouts']} rollouts in {real['wall_s']:.1f} s = "
                 f"{real['rollouts_per_hour']:.0f}/h; model {real['model_s_per_turn']:.2f} s/turn, tools "

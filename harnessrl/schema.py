@@ -1,9 +1,16 @@
-"""Data contracts shared between stages (see DESIGN.md §3). Column names are the Parquet/JSONL names."""
+"""Data contracts shared between stages. Column names are the Parquet/JSONL names.
+
+A task row is SWE-smith's schema (see harnessrl.taskset); a `Sample` is what the trainer reads; a
+`HarnessSpec` is the per-sample choice of harness, sandbox, reward and limits.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from typing import Any
+
+from harnessrl.harness.base import RolloutStatus
 
 
 @dataclass
@@ -23,32 +30,53 @@ class Sample:
     behavior_logprobs: list[float]
     policy_version: list[int] = field(default_factory=list)
     reward: float | None = None
-    rollout_status: str = "ok"  # ok | failed | timeout | infra_error — non-ok rollouts are never trained as 0
+    rollout_status: RolloutStatus = RolloutStatus.OK  # non-ok rollouts are never trained as reward 0
 
     def to_row(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Sample:
-        names = cls.__dataclass_fields__
-        return cls(
-            **{
-                k: (list(v) if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else v)
-                for k, v in row.items()
-                if k in names
-            }
-        )
+        """Reads a row (JSON or Parquet: sequences may come as arrays); extra columns are ignored."""
+
+        def sequence(v: Any) -> list:
+            return v.tolist() if hasattr(v, "tolist") else list(v)
+
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in row.items() if k in names}
+        for k in ("input_ids", "loss_mask", "behavior_logprobs", "policy_version"):
+            if k in kw:
+                kw[k] = sequence(kw[k])
+        if "rollout_status" in kw:
+            kw["rollout_status"] = RolloutStatus(kw["rollout_status"])
+        return cls(**kw)
+
+
+class HarnessName(StrEnum):
+    REACT = "react"
+    MINI_SWE_AGENT = "mini-swe-agent"
+
+
+class SandboxKind(StrEnum):
+    BUBBLEWRAP = "bubblewrap"  # workspace = a one-commit git repo
+    BUBBLEWRAP_STRICT = "bubblewrap-strict"  # no .git in the workspace; git refuses
+    LOCAL = "local"  # no isolation: only with allow_unsandboxed, for debugging
+
+
+class RewardName(StrEnum):
+    SWEBENCH = "swebench"  # binary: resolved under SWE-bench grading
+    F2P_FRACTION = "f2p_fraction"  # fraction of FAIL_TO_PASS tests that pass
 
 
 @dataclass
 class HarnessSpec:
     """Per-sample choice of harness, tools, sandbox, reward and limits."""
 
-    harness: str = "react"  # react | mini-swe-agent | <registered name>
+    harness: HarnessName = HarnessName.REACT
     tools: list[str] = field(default_factory=lambda: ["bash", "edit", "submit"])
-    sandbox: str = "bubblewrap"  # bubblewrap | kubernetes
-    reward: str = "swebench"  # swebench (binary resolved) | f2p_fraction
+    sandbox: SandboxKind = SandboxKind.BUBBLEWRAP
+    reward: RewardName = RewardName.SWEBENCH
     limits: dict[str, Any] = field(default_factory=lambda: {"turns": 20, "tokens": 8192, "wall_s": 600})
     options: dict[str, Any] = field(
         default_factory=dict
-    )  # harness-specific (context policy, error policies…)
+    )  # harness-specific (context strategy, error handling)

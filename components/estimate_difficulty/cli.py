@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from harnessrl.rollout.executors import ExecutorName
+
 
 def register(commands, stages) -> None:
-    from components.generate.cli import add_policy_args
+    from components.generate.cli import add_model_args
 
     p = stages.add_parser(
         "estimate-difficulty",
@@ -24,8 +26,9 @@ def register(commands, stages) -> None:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument(
         "--executor",
-        choices=["threads", "ray"],
-        default="threads",
+        type=ExecutorName,
+        choices=list(ExecutorName),
+        default=ExecutorName.THREADS,
         help="where rollouts run (see `harnessrl stage generate --help`)",
     )
     p.add_argument("--ray-cpus", type=float, default=0.5, help="ray: CPUs reserved per rollout task")
@@ -33,20 +36,20 @@ def register(commands, stages) -> None:
     p.add_argument("--max-tasks", type=int)
     p.add_argument("--round", type=int, default=0, help="history round these counts are recorded as")
     p.add_argument("--allow-unsandboxed", action="store_true")
-    add_policy_args(p)
+    add_model_args(p)
     p.set_defaults(func=_estimate)
 
 
 def _estimate(args) -> int:
     from components.estimate_difficulty.stage import run_estimate
-    from components.generate.cli import policy_from_args
+    from components.generate.cli import model_from_args
 
     metrics = run_estimate(
         args.tasks,
         args.out,
         n=args.n,
         specs=args.specs,
-        policy=policy_from_args(args),
+        model=model_from_args(args),
         concurrency=args.concurrency,
         verify_workers=args.verify_workers,
         max_tasks=args.max_tasks,

@@ -25,7 +25,8 @@ def estimate_difficulty(
 
     from components.estimate_difficulty.stage import run_estimate
     from harnessrl.reports import publish
-    from harnessrl.rollout.model_server import PolicySource
+    from harnessrl.rollout.executors import ExecutorName
+    from harnessrl.rollout.model_server import ModelSource
     from harnessrl.rollout.specs import parse_specs
 
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
@@ -34,10 +35,10 @@ def estimate_difficulty(
         Path(estimates.path),
         n=n,
         specs=specs,
-        policy=PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
+        model=ModelSource(checkpoint=policy.path, engine_url=engine_url or None),
         concurrency=concurrency,
         verify_workers=verify_workers,
-        executor=executor,
+        executor=ExecutorName(executor),
     )
     publish(
         (Path(estimates.path) / "report.md").read_text(),

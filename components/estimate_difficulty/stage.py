@@ -13,21 +13,19 @@ listed under `excluded` with their reason, never counted as failures.
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.difficulty.history import PassRateHistory
-from harnessrl.difficulty.selection import (
-    ALL_FAIL,
-    ALL_PASS,
-    MIXED,
-    UNKNOWN,
-    classify,
-    plot_pass_rate_histogram,
-)
+from harnessrl.difficulty.selection import DifficultyClass, classify, plot_pass_rate_histogram
+from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from harnessrl.rollout.executors import ExecutorName
+
+if TYPE_CHECKING:
+    from harnessrl.rollout.model_server import ModelSource
+    from harnessrl.rollout.specs import NamedSpec
 
 
 def count_passes(rollouts: list[dict], rewards: list[dict]) -> list[dict]:
@@ -48,7 +46,7 @@ def count_passes(rollouts: list[dict], rewards: list[dict]) -> list[dict]:
         )
         t["n"] += 1
         verdict = by_rollout.get(r["rollout_id"])
-        if r.get("rollout_status", "ok") != "ok":
+        if r.get("rollout_status", RolloutStatus.OK) != RolloutStatus.OK:
             t["excluded"][f"rollout_{r['rollout_status']}"] += 1
         elif verdict is None:
             t["excluded"]["not_verified"] += 1
@@ -69,14 +67,14 @@ def run_estimate(
     tasks: str | Path,
     out: str | Path,
     n: int = 4,
-    specs: Any = None,
-    policy: Any = None,
+    specs: list[NamedSpec] | str | Path | None = None,
+    model: ModelSource | None = None,
     concurrency: int = 4,
     verify_workers: int = 2,
     max_tasks: int | None = None,
     history_round: int = 0,
     allow_unsandboxed: bool = False,
-    executor: str = "threads",
+    executor: ExecutorName = ExecutorName.THREADS,
     ray_cpus: float = 0.5,
 ) -> dict[str, Any]:
     from harnessrl.rollout.generate import GenerateConfig, run_generate
@@ -90,7 +88,7 @@ def run_estimate(
             tasks,
             tmp / "rollouts",
             specs,
-            policy,
+            model,
             GenerateConfig(
                 group_size=n,
                 concurrency=concurrency,
@@ -119,10 +117,7 @@ def run_estimate(
             "rollouts": len(rollouts),
             "valid_rollouts": sum(c["n_valid"] for c in counts),
             "passes": sum(c["passes"] for c in counts),
-            ALL_PASS: classes[ALL_PASS],
-            MIXED: classes[MIXED],
-            ALL_FAIL: classes[ALL_FAIL],
-            UNKNOWN: classes[UNKNOWN],
+            **{c.value: classes[c] for c in DifficultyClass},
             "excluded": dict(excluded),
             "generate_wall_s": gen_metrics["wall_s"],
             "verify_wall_s": verify_summary.get("wall_s"),
@@ -145,8 +140,8 @@ def _report(m: dict, counts: list[dict], png: bytes) -> str:
         "# Difficulty estimation (Best-of-N)",
         "",
         f"{m['tasks']} tasks × N={m['n']}: {m['rollouts']} rollouts, {m['valid_rollouts']} finished and graded, "
-        f"{m['passes']} passed. Tasks: {m[MIXED]} mixed, {m[ALL_PASS]} all-pass, {m[ALL_FAIL]} all-fail, "
-        f"{m[UNKNOWN]} without a valid rollout.",
+        f"{m['passes']} passed. Tasks: {m[DifficultyClass.MIXED]} mixed, {m[DifficultyClass.ALL_PASS]} all-pass, "
+        f"{m[DifficultyClass.ALL_FAIL]} all-fail, {m[DifficultyClass.NO_VALID_ROLLOUTS]} without a valid rollout.",
         "",
         f"Excluded rollouts (not counted as failures): {m['excluded'] or 'none'}.",
         "",
@@ -156,13 +151,8 @@ def _report(m: dict, counts: list[dict], png: bytes) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {repo} | {c[MIXED]} | {c[ALL_PASS]} | {c[ALL_FAIL]} | {c[UNKNOWN]} |"
+        f"| {repo} | {c[DifficultyClass.MIXED]} | {c[DifficultyClass.ALL_PASS]} | {c[DifficultyClass.ALL_FAIL]} "
+        f"| {c[DifficultyClass.NO_VALID_ROLLOUTS]} |"
         for repo, c in sorted(per_repo.items())
     ]
     return "\n".join(lines) + "\n"
-
-
-def copy_tree(src: Path, dst: Path) -> None:
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+from harnessrl.rollout.executors import ExecutorName
+from harnessrl.rollout.generate import FailedSamples
 
 
-def add_policy_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Which model the rollouts sample from: `--policy` (the checkpoint being trained) or `--engine-url`."""
     p.add_argument(
         "--policy",
         help="HF model directory (checkpoint) served by the local engine "
@@ -30,8 +35,9 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
     p.add_argument(
         "--executor",
-        choices=["threads", "ray"],
-        default="threads",
+        type=ExecutorName,
+        choices=list(ExecutorName),
+        default=ExecutorName.THREADS,
         help="where rollouts run: threads in this process, or Ray tasks (local Ray when RAY_ADDRESS "
         "is unset, else that cluster, e.g. ray://harnessrl-ray-head-svc.harnessrl:10001)",
     )
@@ -47,7 +53,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
         "--keep-workspaces", action="store_true", help="keep final workspaces under OUT/workspaces"
     )
     p.add_argument("--seed", type=int, default=0)
-    add_policy_args(p)
+    add_model_args(p)
 
 
 def register(commands, stages) -> None:
@@ -61,8 +67,9 @@ def register(commands, stages) -> None:
     p.add_argument("--group-size", type=int, default=4, help="rollouts per task (N)")
     p.add_argument(
         "--failed-samples",
-        choices=["keep", "drop"],
-        default="keep",
+        type=FailedSamples,
+        choices=list(FailedSamples),
+        default=FailedSamples.KEEP,
         help="samples of non-ok rollouts: keep them (with rollout_status; the trainer masks/drops) "
         "or leave them out of samples.parquet",
     )
@@ -70,10 +77,10 @@ def register(commands, stages) -> None:
     p.set_defaults(func=_run)
 
 
-def policy_from_args(args):
-    from harnessrl.rollout.model_server import PolicySource
+def model_from_args(args):
+    from harnessrl.rollout.model_server import ModelSource
 
-    return PolicySource(checkpoint=args.policy, engine_url=args.engine_url, max_batch=args.max_batch)
+    return ModelSource(checkpoint=args.policy, engine_url=args.engine_url, max_batch=args.max_batch)
 
 
 def config_from_args(args, group_size: int):
@@ -89,7 +96,7 @@ def config_from_args(args, group_size: int):
         seed=args.seed,
         executor=args.executor,
         ray_cpus=args.ray_cpus,
-        failed_samples=getattr(args, "failed_samples", "keep"),
+        failed_samples=getattr(args, "failed_samples", FailedSamples.KEEP),
     )
 
 
@@ -100,7 +107,7 @@ def _run(args) -> int:
         args.tasks,
         args.out,
         args.specs,
-        policy_from_args(args),
+        model_from_args(args),
         config_from_args(args, args.group_size),
     )
     print(
@@ -119,5 +126,5 @@ def _run(args) -> int:
             }
         )
     )
-    print(f"wrote {args.out}/rollouts.jsonl, records.parquet, samples.parquet, report.md")
+    print(f"wrote {args.out}/rollouts.jsonl, records.parquet, samples.parquet, report.md", file=sys.stderr)
     return 0

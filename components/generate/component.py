@@ -30,8 +30,9 @@ def generate_rollouts(
     from pathlib import Path
 
     from harnessrl.reports import publish
+    from harnessrl.rollout.executors import ExecutorName
     from harnessrl.rollout.generate import GenerateConfig, run_generate
-    from harnessrl.rollout.model_server import PolicySource
+    from harnessrl.rollout.model_server import ModelSource
     from harnessrl.rollout.specs import parse_specs
 
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
@@ -40,9 +41,13 @@ def generate_rollouts(
         Path(tasks.path),
         out,
         specs,
-        PolicySource(checkpoint=policy.path, engine_url=engine_url or None),
+        ModelSource(checkpoint=policy.path, engine_url=engine_url or None),
         GenerateConfig(
-            group_size=group_size, concurrency=concurrency, seed=seed, executor=executor, ray_cpus=ray_cpus
+            group_size=group_size,
+            concurrency=concurrency,
+            seed=seed,
+            executor=ExecutorName(executor),
+            ray_cpus=ray_cpus,
         ),
     )
     Path(samples.path).mkdir(parents=True, exist_ok=True)

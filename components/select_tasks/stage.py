@@ -10,11 +10,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from harnessrl.difficulty.selection import (
-    ALL_FAIL,
-    ALL_PASS,
-    MIXED,
-    UNKNOWN,
+    DifficultyClass,
     Selection,
+    Split,
     plot_pass_rate_histogram,
     read_pass_counts,
     select_tasks,
@@ -50,7 +48,7 @@ def run_select(
         "k_all_fail": k_all_fail,
     }
     with atomic_output(out) as tmp:
-        for split, ids in (("train", sel.train), ("test", sel.test)):
+        for split, ids in ((Split.TRAIN, sel.train), (Split.TEST, sel.test)):
             split_rows = [rows[i] for i in ids]
             repos = sorted({r["repo"] for r in split_rows})
             write_taskset(
@@ -76,9 +74,10 @@ def _report(metrics: dict, sel: Selection, png: bytes) -> str:
     lines = [
         "# Task selection",
         "",
-        f"Estimated {metrics['tasks_estimated']} tasks: {metrics[MIXED]} mixed, {metrics[ALL_PASS]} all-pass "
-        f"(dropped), {metrics[ALL_FAIL]} all-fail ({metrics['all_fail_kept']} kept, K={metrics['k_all_fail']}), "
-        f"{metrics[UNKNOWN]} without finished rollouts (dropped).",
+        f"Estimated {metrics['tasks_estimated']} tasks: {metrics[DifficultyClass.MIXED]} mixed, "
+        f"{metrics[DifficultyClass.ALL_PASS]} all-pass (dropped), {metrics[DifficultyClass.ALL_FAIL]} all-fail "
+        f"({metrics['all_fail_kept']} kept, K={metrics['k_all_fail']}), "
+        f"{metrics[DifficultyClass.NO_VALID_ROLLOUTS]} without finished rollouts (dropped).",
         "",
         f"Split (seed {metrics['seed']}, test fraction {metrics['test_fraction']}, stratified by repo): "
         f"**{metrics['train']} train**, **{metrics['test']} test**.",

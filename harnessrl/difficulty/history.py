@@ -11,7 +11,7 @@ Rewriting a round replaces that round's rows (idempotent reruns); the file is re
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,12 +63,9 @@ class PassRateHistory:
     def next_round(self) -> int:
         return max(self.rounds, default=-1) + 1
 
-    def record_round(self, round_: int, counts: Mapping[str, tuple[int, int]] | Iterable[HistoryRow]) -> None:
+    def record_round(self, round_: int, counts: Mapping[str, tuple[int, int]]) -> None:
         """Replaces round `round_` with `counts` (group_id -> (n, passes)) and saves atomically."""
-        if isinstance(counts, Mapping):
-            new = [HistoryRow(g, round_, int(n), int(p)) for g, (n, p) in sorted(counts.items())]
-        else:
-            new = [HistoryRow(r.group_id, round_, r.n, r.passes) for r in counts]
+        new = [HistoryRow(g, round_, int(n), int(p)) for g, (n, p) in sorted(counts.items())]
         for row in new:
             _parse(asdict(row), f"round {round_}, group {row.group_id}")
         self.rows = [r for r in self.rows if r.round != round_] + new

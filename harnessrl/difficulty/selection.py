@@ -11,21 +11,34 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from harnessrl.io import read_jsonl
 
-ALL_PASS, MIXED, ALL_FAIL, UNKNOWN = "all_pass", "mixed", "all_fail", "no_valid_rollouts"
+
+class DifficultyClass(StrEnum):
+    """A task's class from its Best-of-N pass count (also the metric names of these counts)."""
+
+    ALL_PASS = "all_pass"  # no learning signal: dropped
+    MIXED = "mixed"  # kept
+    ALL_FAIL = "all_fail"  # K of them kept
+    NO_VALID_ROLLOUTS = "no_valid_rollouts"  # no finished rollout to judge: dropped
 
 
-def classify(n_valid: int, passes: int) -> str:
+class Split(StrEnum):
+    TRAIN = "train"
+    TEST = "test"
+
+
+def classify(n_valid: int, passes: int) -> DifficultyClass:
     if n_valid <= 0:
-        return UNKNOWN
+        return DifficultyClass.NO_VALID_ROLLOUTS
     if passes == n_valid:
-        return ALL_PASS
+        return DifficultyClass.ALL_PASS
     if passes == 0:
-        return ALL_FAIL
-    return MIXED
+        return DifficultyClass.ALL_FAIL
+    return DifficultyClass.MIXED
 
 
 def read_pass_counts(path: str | Path) -> list[dict]:
@@ -47,20 +60,18 @@ def read_pass_counts(path: str | Path) -> list[dict]:
 class Selection:
     train: list[str] = field(default_factory=list)
     test: list[str] = field(default_factory=list)
-    decisions: dict[str, dict] = field(
-        default_factory=dict
-    )  # instance_id -> {class, pass_rate, kept, split|reason}
+    decisions: dict[str, dict] = field(default_factory=dict)  # instance_id -> {class, pass_rate, kept, ...}
 
     def counts(self) -> dict[str, int]:
         classes = Counter(d["class"] for d in self.decisions.values())
+        kept_all_fail = [
+            d for d in self.decisions.values() if d["class"] == DifficultyClass.ALL_FAIL and d["kept"]
+        ]
         return {
-            ALL_PASS: classes[ALL_PASS],
-            MIXED: classes[MIXED],
-            ALL_FAIL: classes[ALL_FAIL],
-            UNKNOWN: classes[UNKNOWN],
-            "all_fail_kept": sum(1 for d in self.decisions.values() if d["class"] == ALL_FAIL and d["kept"]),
-            "train": len(self.train),
-            "test": len(self.test),
+            **{c.value: classes[c] for c in DifficultyClass},
+            "all_fail_kept": len(kept_all_fail),
+            Split.TRAIN.value: len(self.train),
+            Split.TEST.value: len(self.test),
         }
 
 
@@ -72,7 +83,7 @@ def select_tasks(pass_counts: list[dict], k_all_fail: int, test_fraction: float,
     rng = random.Random(seed)
     sel = Selection()
     repo_of: dict[str, str] = {}
-    by_class: dict[str, list[str]] = defaultdict(list)
+    by_class: dict[DifficultyClass, list[str]] = defaultdict(list)
     for row in sorted(pass_counts, key=lambda r: r["instance_id"]):
         iid, n_valid, passes = row["instance_id"], int(row["n_valid"]), int(row["passes"])
         cls = classify(n_valid, passes)
@@ -87,13 +98,13 @@ def select_tasks(pass_counts: list[dict], k_all_fail: int, test_fraction: float,
             "pass_rate": passes / n_valid if n_valid else None,
             "kept": False,
         }
-    all_fail = by_class[ALL_FAIL]
+    all_fail = by_class[DifficultyClass.ALL_FAIL]
     fail_kept = set(rng.sample(all_fail, min(k_all_fail, len(all_fail))))
-    kept = by_class[MIXED] + sorted(fail_kept)
+    kept = by_class[DifficultyClass.MIXED] + sorted(fail_kept)
     reasons = {
-        ALL_PASS: "all rollouts passed: no learning signal",
-        UNKNOWN: "no finished rollouts to judge",
-        ALL_FAIL: f"all rollouts failed and not among the {k_all_fail} all-fail tasks kept",
+        DifficultyClass.ALL_PASS: "all rollouts passed: no learning signal",
+        DifficultyClass.NO_VALID_ROLLOUTS: "no finished rollouts to judge",
+        DifficultyClass.ALL_FAIL: f"all rollouts failed and not among the {k_all_fail} all-fail tasks kept",
     }
     for iid, d in sel.decisions.items():
         if iid not in kept:
@@ -106,8 +117,8 @@ def select_tasks(pass_counts: list[dict], k_all_fail: int, test_fraction: float,
         rng.shuffle(ids)
         n_test = round(len(ids) * test_fraction)
         for i, iid in enumerate(ids):
-            split = "test" if i < n_test else "train"
-            (sel.test if split == "test" else sel.train).append(iid)
+            split = Split.TEST if i < n_test else Split.TRAIN
+            (sel.test if split is Split.TEST else sel.train).append(iid)
             sel.decisions[iid].update(kept=True, split=split)
     sel.train.sort()
     sel.test.sort()

@@ -3,12 +3,60 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from harnessrl.harness.runtime import ToolRuntime
 
-# rollout_status values (harnessrl.schema.Sample.rollout_status): non-ok rollouts are never trained as reward 0
-STATUS_OK, STATUS_FAILED, STATUS_TIMEOUT, STATUS_INFRA = "ok", "failed", "timeout", "infra_error"
+
+class RolloutStatus(StrEnum):
+    """How a rollout ended (`rollout_status` of rollout rows and samples). Only `ok` rollouts are rewarded;
+    the others keep their rows and reasons and are never trained as reward 0."""
+
+    OK = "ok"  # the episode ran to an end the agent is accountable for (submitted, budget, ...)
+    FAILED = "failed"  # the harness or the model call broke (a bug, a rejected request)
+    TIMEOUT = "timeout"  # the wall-clock limit
+    INFRA_ERROR = "infra_error"  # the sandbox, the engine or a worker failed: not the agent's doing
+    # the agent's changes made a diff over the cap (sandbox/workspace.py MAX_PATCH_BYTES): no patch is kept.
+    # The agent's doing: a trainer should count it as reward 0 (ok_statuses), not drop it as a failure.
+    PATCH_TOO_LARGE = "patch_too_large"
+
+
+class EpisodeEnd(StrEnum):
+    """Why an episode ended: the `finish_reason` of a harness result and of a rollout row."""
+
+    SUBMITTED = "submitted"
+    TURN_BUDGET = "turn_budget"
+    TOKEN_BUDGET = "token_budget"
+    NO_TOOL_CALL = "no_tool_call"
+    MALFORMED_ARGS = "malformed_args"
+    TOOL_TIMEOUT = "tool_timeout"
+    TOO_MANY_FAILED_TURNS = "too_many_failed_turns"
+    FORMAT_ERRORS = "format_errors"  # mini-swe-agent: repeated replies without an action block
+    WALL_TIME = "wall_time"
+    SANDBOX_ERROR = "sandbox_error"
+    MODEL_ERROR = "model_error"
+    HARNESS_ERROR = "harness_error"
+    SETUP_ERROR = "setup_error"  # the rollout failed before or after the harness ran (workspace, diff)
+    WORKER_CRASHED = "worker_crashed"  # the rollout's worker died without returning
+
+
+class TurnError(StrEnum):
+    """What went wrong in one turn (the keys of `HarnessResult.errors`, counted per episode)."""
+
+    NO_TOOL_CALL = "no_tool_call"
+    MALFORMED_ARGS = "malformed_args"
+    TOOL_TIMEOUT = "tool_timeout"
+    SANDBOX_FAILURE = "sandbox_failure"
+
+
+def model_error_status(http_status: int | None) -> RolloutStatus:
+    """A failed model call: no answer (None), overloaded (429) or a server error (5xx, e.g. the gateway's 502
+    for an unreachable engine) is infrastructure; any other answer (4xx: a request the harness got wrong)
+    fails the rollout."""
+    if http_status is None or http_status == 429 or http_status >= 500:
+        return RolloutStatus.INFRA_ERROR
+    return RolloutStatus.FAILED
 
 
 @dataclass(frozen=True)
@@ -28,15 +76,12 @@ class TaskPrompt:
 
 @dataclass
 class HarnessResult:
-    status: str = STATUS_OK  # ok | failed | timeout | infra_error
-    finish_reason: str = ""  # submitted | turn_budget | token_budget | no_tool_call | malformed_args |
-    # tool_timeout | too_many_failed_turns | wall_time | sandbox_error | model_error | harness_error | <harness's>
+    status: RolloutStatus = RolloutStatus.OK
+    finish_reason: EpisodeEnd | None = None  # set when the episode ends
     turns: int = 0  # model calls made for the agent loop (summaries excluded)
     failed_turns: int = 0
     tool_calls: int = 0
-    errors: dict[str, int] = field(
-        default_factory=dict
-    )  # no_tool_call, malformed_args, tool_timeout, sandbox_failure
+    errors: dict[TurnError, int] = field(default_factory=dict)
     compactions: int = 0  # context rewrites (trims that changed history, summaries)
     prompt_tokens_last: int = 0
     completion_tokens: int = 0
@@ -46,7 +91,7 @@ class HarnessResult:
     error: str = ""  # human-readable reason for a non-ok status
     transcript: list[dict[str, Any]] = field(default_factory=list)  # debugging only — never training data
 
-    def count(self, key: str) -> None:
+    def count(self, key: TurnError) -> None:
         self.errors[key] = self.errors.get(key, 0) + 1
 
     def to_row(self, with_transcript: bool = False) -> dict[str, Any]:

@@ -14,16 +14,17 @@ import platform
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from harnessrl.harness.base import (
-    STATUS_FAILED,
-    STATUS_INFRA,
-    STATUS_OK,
-    STATUS_TIMEOUT,
     Endpoint,
+    EpisodeEnd,
     HarnessResult,
+    RolloutStatus,
     TaskPrompt,
+    TurnError,
+    model_error_status,
 )
 from harnessrl.harness.runtime import TIMEOUT, SandboxFailure, ToolRuntime
 
@@ -36,19 +37,23 @@ OFFLINE_ENV = {
 }
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
-EXIT_STATUS_TO_RESULT = {  # mini-swe-agent exit_status -> (rollout_status, finish_reason)
-    "Submitted": (STATUS_OK, "submitted"),
-    "LimitsExceeded": (STATUS_OK, "turn_budget"),
-    "TimeExceeded": (STATUS_TIMEOUT, "wall_time"),
-    "RepeatedFormatError": (STATUS_OK, "format_errors"),
+EXIT_STATUS_TO_RESULT: dict[str, tuple[RolloutStatus, EpisodeEnd]] = {  # mini-swe-agent's exit_status
+    "Submitted": (RolloutStatus.OK, EpisodeEnd.SUBMITTED),
+    "LimitsExceeded": (RolloutStatus.OK, EpisodeEnd.TURN_BUDGET),
+    "TimeExceeded": (RolloutStatus.TIMEOUT, EpisodeEnd.WALL_TIME),
+    "RepeatedFormatError": (RolloutStatus.OK, EpisodeEnd.FORMAT_ERRORS),
 }
 
 
-def _import_minisweagent() -> Any:
+def import_minisweagent() -> ModuleType:
+    """Imports mini-swe-agent for offline use (it reads MSWEA_* at import) with litellm quiet: litellm
+    otherwise prints a help banner to stdout with every provider error, into a stage's JSON output."""
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
-    import minisweagent  # noqa: F401  (reads MSWEA_* at import)
+    import litellm
+    import minisweagent
 
+    litellm.suppress_debug_info = True
     return minisweagent
 
 
@@ -141,7 +146,7 @@ class MiniSweAgentHarness:
     def _agent_config(self) -> dict[str, Any]:
         import yaml
 
-        minisweagent = _import_minisweagent()
+        minisweagent = import_minisweagent()
         path = Path(self.config.config_file)
         if not path.is_file():
             path = Path(minisweagent.package_dir) / "config" / self.config.config_file
@@ -185,13 +190,19 @@ class MiniSweAgentHarness:
             }
             agent = DefaultAgent(model, env, **agent_cfg)
             info = agent.run(task.problem_statement)
-            status, finish = EXIT_STATUS_TO_RESULT.get(
-                info.get("exit_status", ""), (STATUS_FAILED, info.get("exit_status") or "harness_error")
-            )
-            res.status, res.finish_reason = status, finish
+            exit_status = info.get("exit_status") or ""
+            if exit_status in EXIT_STATUS_TO_RESULT:
+                res.status, res.finish_reason = EXIT_STATUS_TO_RESULT[exit_status]
+            else:
+                res.status, res.finish_reason = RolloutStatus.FAILED, EpisodeEnd.HARNESS_ERROR
+                res.error = f"mini-swe-agent ended with exit status {exit_status!r}"
         except SandboxFailure as e:
-            res.status, res.finish_reason, res.error = STATUS_INFRA, "sandbox_error", str(e)
-            res.count("sandbox_failure")
+            res.status, res.finish_reason, res.error = (
+                RolloutStatus.INFRA_ERROR,
+                EpisodeEnd.SANDBOX_ERROR,
+                str(e),
+            )
+            res.count(TurnError.SANDBOX_FAILURE)
         except Exception as e:
             res.status, res.finish_reason, res.error = _classify_exception(e)
         if agent is not None:
@@ -201,34 +212,28 @@ class MiniSweAgentHarness:
                 1 for m in agent.messages if m.get("extra", {}).get("interrupt_type") == "FormatError"
             )
             if format_errors:
-                res.errors["no_tool_call"] = format_errors
+                res.errors[TurnError.NO_TOOL_CALL] = format_errors
         res.tool_calls = int(stats.get("tool_calls", 0))
         if stats.get("tool_timeout"):
-            res.errors["tool_timeout"] = int(stats["tool_timeout"])
+            res.errors[TurnError.TOOL_TIMEOUT] = int(stats["tool_timeout"])
         res.tool_s = stats.get("tool_s", 0.0)
         res.wall_s = time.monotonic() - start
         res.model_s = max(0.0, res.wall_s - res.tool_s)  # mini-swe-agent does little besides these two
         return res
 
 
-def _classify_exception(e: Exception) -> tuple[str, str, str]:
+def _classify_exception(e: Exception) -> tuple[RolloutStatus, EpisodeEnd, str]:
+    """litellm raises openai's exception classes (subclassed): the same rules as the ReAct harness."""
     import litellm
+    import openai
 
     msg = f"{type(e).__name__}: {e}"[:1000]
-    if isinstance(e, litellm.exceptions.Timeout):
-        return STATUS_TIMEOUT, "wall_time", msg
-    if isinstance(
-        e,
-        (
-            litellm.exceptions.APIConnectionError,
-            litellm.exceptions.ServiceUnavailableError,
-            litellm.exceptions.InternalServerError,
-            litellm.exceptions.RateLimitError,
-        ),
-    ):
-        return STATUS_INFRA, "model_error", msg
+    if isinstance(e, openai.APITimeoutError):  # before APIConnectionError, its base class
+        return RolloutStatus.TIMEOUT, EpisodeEnd.WALL_TIME, msg
     if isinstance(e, litellm.exceptions.ContextWindowExceededError):
-        return STATUS_OK, "token_budget", msg
-    if isinstance(e, litellm.exceptions.APIError):
-        return STATUS_FAILED, "model_error", msg
-    return STATUS_FAILED, "harness_error", msg
+        return RolloutStatus.OK, EpisodeEnd.TOKEN_BUDGET, msg
+    if isinstance(e, openai.APIConnectionError):
+        return model_error_status(None), EpisodeEnd.MODEL_ERROR, msg
+    if isinstance(e, openai.APIStatusError | litellm.exceptions.APIError):
+        return model_error_status(e.status_code), EpisodeEnd.MODEL_ERROR, msg
+    return RolloutStatus.FAILED, EpisodeEnd.HARNESS_ERROR, msg

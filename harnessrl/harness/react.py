@@ -1,4 +1,4 @@
-"""Our white-box ReAct harness: tool set, budgets, context policy and error policies are all exposed.
+"""Our white-box ReAct harness: tool set, budgets, context strategy and error handling are all exposed.
 
 It talks to the model only through an OpenAI-compatible endpoint (the gateway session URL + key), exactly
 as a production harness would; the gateway records the exact tokens. One `ReActHarness.run` = one episode.
@@ -9,33 +9,36 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
 
 from harnessrl.harness.base import (
-    STATUS_FAILED,
-    STATUS_INFRA,
-    STATUS_OK,
-    STATUS_TIMEOUT,
     Endpoint,
+    EpisodeEnd,
     HarnessResult,
+    RolloutStatus,
     TaskPrompt,
-)
-from harnessrl.harness.policies import (
-    CONTEXT_POLICIES,
-    CONTEXT_POLICY_FACTORIES,
-    MALFORMED_ARGS_POLICIES,
-    NO_TOOL_CALL_POLICIES,
-    SANDBOX_FAILURE_POLICIES,
-    SUMMARY_REQUEST,
-    TOOL_TIMEOUT_POLICIES,
-    ContextPolicy,
-    check_choice,
-    compacted_history,
+    TurnError,
+    model_error_status,
 )
 from harnessrl.harness.runtime import SandboxFailure, ToolRuntime
+from harnessrl.harness.strategies import (
+    SUMMARY_REQUEST,
+    ContextStrategy,
+    ContextStrategyName,
+    OnMalformedArgs,
+    OnNoToolCall,
+    OnSandboxFailure,
+    OnToolTimeout,
+    compacted_history,
+    context_strategy,
+    parse_choice,
+)
 from harnessrl.harness.tools import MalformedArguments, Observation, Tool, parse_arguments, toolset
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 SYSTEM_PROMPT = (
     "You are a software engineer fixing a bug in the repository in your current directory. "
@@ -47,7 +50,11 @@ NUDGE = "You did not call a tool. Call one of the tools ({tools}); call submit w
 
 class _EndEpisode(Exception):
     def __init__(
-        self, finish_reason: str, status: str = STATUS_OK, error: str = "", history: list[dict] | None = None
+        self,
+        finish_reason: EpisodeEnd,
+        status: RolloutStatus = RolloutStatus.OK,
+        error: str = "",
+        history: list[dict] | None = None,
     ):
         super().__init__(finish_reason)
         self.finish_reason, self.status, self.error = finish_reason, status, error
@@ -64,13 +71,13 @@ class ReActConfig:
     wall_s: float = 600.0
     tool_timeout_s: float = 60.0
     temperature: float = 1.0
-    on_no_tool_call: str = "nudge"
-    on_malformed_args: str = "report"
-    on_tool_timeout: str = "report"
-    on_sandbox_failure: str = "retry"
+    on_no_tool_call: OnNoToolCall = OnNoToolCall.NUDGE
+    on_malformed_args: OnMalformedArgs = OnMalformedArgs.REPORT
+    on_tool_timeout: OnToolTimeout = OnToolTimeout.REPORT
+    on_sandbox_failure: OnSandboxFailure = OnSandboxFailure.RETRY
     max_failed_turns: int = 3
     sandbox_retries: int = 1
-    context: str = "keep_all"
+    context: ContextStrategyName = ContextStrategyName.KEEP_ALL
     keep_last_observations: int = 3
     summarize_at_tokens: int = 4096
     system_prompt: str = SYSTEM_PROMPT
@@ -78,11 +85,14 @@ class ReActConfig:
     http_retries: int = 5  # 429/5xx from the gateway (e.g. paused for a weight sync) are retried with backoff
 
     def __post_init__(self) -> None:
-        check_choice("on_no_tool_call", self.on_no_tool_call, NO_TOOL_CALL_POLICIES)
-        check_choice("on_malformed_args", self.on_malformed_args, MALFORMED_ARGS_POLICIES)
-        check_choice("on_tool_timeout", self.on_tool_timeout, TOOL_TIMEOUT_POLICIES)
-        check_choice("on_sandbox_failure", self.on_sandbox_failure, SANDBOX_FAILURE_POLICIES)
-        check_choice("context", self.context, CONTEXT_POLICIES)
+        # options arrive as JSON strings: each becomes its enum member (or a ValueError naming the option)
+        self.on_no_tool_call = parse_choice("on_no_tool_call", self.on_no_tool_call, OnNoToolCall)
+        self.on_malformed_args = parse_choice("on_malformed_args", self.on_malformed_args, OnMalformedArgs)
+        self.on_tool_timeout = parse_choice("on_tool_timeout", self.on_tool_timeout, OnToolTimeout)
+        self.on_sandbox_failure = parse_choice(
+            "on_sandbox_failure", self.on_sandbox_failure, OnSandboxFailure
+        )
+        self.context = parse_choice("context", self.context, ContextStrategyName)
         self.tools = tuple(self.tools)
         toolset(list(self.tools))
         for name in ("max_turns", "max_context_tokens", "max_tokens_per_turn", "min_tokens_per_turn"):
@@ -107,10 +117,8 @@ class ReActConfig:
             kw["wall_s"] = float(limits["wall_s"])
         return cls(tools=tuple(tools), **kw)
 
-    def context_policy(self) -> ContextPolicy:
-        return CONTEXT_POLICY_FACTORIES[self.context](
-            keep_last_observations=self.keep_last_observations, summarize_at_tokens=self.summarize_at_tokens
-        )
+    def context_strategy(self) -> ContextStrategy:
+        return context_strategy(self.context, self.keep_last_observations, self.summarize_at_tokens)
 
 
 def _assistant_message(msg: Any) -> dict[str, Any]:
@@ -142,7 +150,7 @@ class ReActHarness:
         client = openai.OpenAI(
             base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=cfg.http_retries
         )
-        policy = cfg.context_policy()
+        context = cfg.context_strategy()
         head = [
             {"role": "system", "content": cfg.system_prompt},
             {"role": "user", "content": task.problem_statement},
@@ -152,11 +160,11 @@ class ReActHarness:
         try:
             while True:
                 if res.turns >= cfg.max_turns:
-                    raise _EndEpisode("turn_budget")
-                if policy.should_compact(res.prompt_tokens_last):
-                    history = self._summarize(client, endpoint, policy.view(history), head, res)
+                    raise _EndEpisode(EpisodeEnd.TURN_BUDGET)
+                if context.should_compact(res.prompt_tokens_last):
+                    history = self._summarize(client, endpoint, context.view(history), head, res)
                     last_sent = None
-                messages = policy.view(history)
+                messages = context.view(history)
                 if last_sent is not None and _rewrote_prefix(last_sent, messages):
                     res.compactions += 1
                 completion = self._call(client, endpoint, messages, res, with_tools=True)
@@ -172,11 +180,8 @@ class ReActHarness:
             res.finish_reason, res.status, res.error = end.finish_reason, end.status, end.error
             history = end.history or history
         except Exception as e:  # a harness bug: recorded as failed, never as reward 0
-            res.finish_reason, res.status, res.error = (
-                "harness_error",
-                STATUS_FAILED,
-                f"{type(e).__name__}: {e}",
-            )
+            res.finish_reason, res.status = EpisodeEnd.HARNESS_ERROR, RolloutStatus.FAILED
+            res.error = f"{type(e).__name__}: {e}"
         res.wall_s = time.monotonic() - start
         res.transcript = history
         return res
@@ -196,10 +201,12 @@ class ReActHarness:
         cfg = self.config
         max_tokens = min(cfg.max_tokens_per_turn, cfg.max_context_tokens - res.prompt_tokens_last)
         if max_tokens < min(cfg.min_tokens_per_turn, cfg.max_tokens_per_turn):
-            raise _EndEpisode("token_budget")
+            raise _EndEpisode(EpisodeEnd.TOKEN_BUDGET)
         remaining = self._remaining()
         if remaining <= 0:
-            raise _EndEpisode("wall_time", STATUS_TIMEOUT, f"wall-clock limit {cfg.wall_s:.0f}s reached")
+            raise _EndEpisode(
+                EpisodeEnd.WALL_TIME, RolloutStatus.TIMEOUT, f"wall-clock limit {cfg.wall_s:.0f}s reached"
+            )
         kwargs: dict[str, Any] = {"tools": [t.schema() for t in self.tools.values()]} if with_tools else {}
         if cfg.seed is not None:
             kwargs["seed"] = cfg.seed + self._calls
@@ -208,7 +215,8 @@ class ReActHarness:
         try:
             completion = client.chat.completions.create(
                 model=endpoint.model,
-                messages=messages,
+                # the history holds OpenAI chat messages (system/user/assistant/tool dicts) built here
+                messages=cast("list[ChatCompletionMessageParam]", messages),
                 max_tokens=max_tokens,
                 temperature=cfg.temperature,
                 timeout=remaining,
@@ -216,15 +224,18 @@ class ReActHarness:
             )
         except openai.APITimeoutError:
             raise _EndEpisode(
-                "wall_time", STATUS_TIMEOUT, "model call outlived the wall-clock limit"
+                EpisodeEnd.WALL_TIME, RolloutStatus.TIMEOUT, "model call outlived the wall-clock limit"
             ) from None
         except openai.APIStatusError as e:
-            status = STATUS_INFRA if e.status_code >= 500 or e.status_code == 429 else STATUS_FAILED
             raise _EndEpisode(
-                "model_error", status, f"model endpoint answered {e.status_code}: {e.message}"
+                EpisodeEnd.MODEL_ERROR,
+                model_error_status(e.status_code),
+                f"model endpoint answered {e.status_code}: {e.message}",
             ) from None
         except openai.APIConnectionError as e:
-            raise _EndEpisode("model_error", STATUS_INFRA, f"model endpoint unreachable: {e}") from None
+            raise _EndEpisode(
+                EpisodeEnd.MODEL_ERROR, model_error_status(None), f"model endpoint unreachable: {e}"
+            ) from None
         finally:
             res.model_s += time.monotonic() - t0
         usage = completion.usage
@@ -253,20 +264,20 @@ class ReActHarness:
         res.prompt_tokens_last = 0  # unknown until the next call reports usage; the history is now short
         return compacted_history(head, summary)
 
-    # ------------------------------------------------------------------ error policies
+    # ------------------------------------------------------------------ error handling
     def _fail_turn(self, history: list[dict], res: HarnessResult) -> list[dict]:
         """Discards the response: the next call resamples from the same context (a gateway rollback)."""
         res.failed_turns += 1
         if res.failed_turns > self.config.max_failed_turns:
-            raise _EndEpisode("too_many_failed_turns")
+            raise _EndEpisode(EpisodeEnd.TOO_MANY_FAILED_TURNS)
         return history
 
     def _on_no_tool_call(self, history: list[dict], assistant: dict, res: HarnessResult) -> list[dict]:
-        res.count("no_tool_call")
-        policy = self.config.on_no_tool_call
-        if policy == "end":
-            raise _EndEpisode("no_tool_call")
-        if policy == "fail_turn":
+        res.count(TurnError.NO_TOOL_CALL)
+        handling = self.config.on_no_tool_call
+        if handling is OnNoToolCall.END:
+            raise _EndEpisode(EpisodeEnd.NO_TOOL_CALL)
+        if handling is OnNoToolCall.FAIL_TURN:
             return self._fail_turn(history, res)
         nudge = NUDGE.format(tools=", ".join(self.tools))
         return [*history, assistant, {"role": "user", "content": nudge}]
@@ -286,42 +297,44 @@ class ReActHarness:
                 args = parse_arguments(tool, fn.get("arguments"))
                 obs = self._execute(tool, args, runtime, res)
             except MalformedArguments as e:
-                res.count("malformed_args")
-                if cfg.on_malformed_args == "end":
-                    raise _EndEpisode("malformed_args") from None
-                if cfg.on_malformed_args == "fail_turn":
+                res.count(TurnError.MALFORMED_ARGS)
+                if cfg.on_malformed_args is OnMalformedArgs.END:
+                    raise _EndEpisode(EpisodeEnd.MALFORMED_ARGS) from None
+                if cfg.on_malformed_args is OnMalformedArgs.FAIL_TURN:
                     return self._fail_turn(history, res)
                 obs = Observation(f"Error: {e}")
             if obs.timed_out:
-                res.count("tool_timeout")
-                if cfg.on_tool_timeout == "end":
-                    raise _EndEpisode("tool_timeout")
+                res.count(TurnError.TOOL_TIMEOUT)
+                if cfg.on_tool_timeout is OnToolTimeout.END:
+                    raise _EndEpisode(EpisodeEnd.TOOL_TIMEOUT)
             observations.append({"role": "tool", "tool_call_id": call["id"], "content": obs.content})
             submitted = submitted or obs.submitted
         history = [*history, assistant, *observations]
         if submitted:
-            raise _EndEpisode("submitted", history=history)
+            raise _EndEpisode(EpisodeEnd.SUBMITTED, history=history)
         return history
 
     def _execute(
         self, tool: Tool, args: dict[str, Any], runtime: ToolRuntime, res: HarnessResult
     ) -> Observation:
         cfg = self.config
-        attempts = 1 + (cfg.sandbox_retries if cfg.on_sandbox_failure == "retry" else 0)
+        attempts = 1 + (cfg.sandbox_retries if cfg.on_sandbox_failure is OnSandboxFailure.RETRY else 0)
         for attempt in range(attempts):
             timeout = min(cfg.tool_timeout_s, self._remaining())
             if timeout <= 0:
-                raise _EndEpisode("wall_time", STATUS_TIMEOUT, f"wall-clock limit {cfg.wall_s:.0f}s reached")
+                raise _EndEpisode(
+                    EpisodeEnd.WALL_TIME, RolloutStatus.TIMEOUT, f"wall-clock limit {cfg.wall_s:.0f}s reached"
+                )
             t0 = time.monotonic()
             try:
                 res.tool_calls += 1
                 return tool.execute(args, runtime, timeout)
             except SandboxFailure as e:
-                res.count("sandbox_failure")
-                if cfg.on_sandbox_failure == "report":
+                res.count(TurnError.SANDBOX_FAILURE)
+                if cfg.on_sandbox_failure is OnSandboxFailure.REPORT:
                     return Observation(f"Error: the tool could not run ({e}). Try again.")
                 if attempt + 1 >= attempts:
-                    raise _EndEpisode("sandbox_error", STATUS_INFRA, str(e)) from None
+                    raise _EndEpisode(EpisodeEnd.SANDBOX_ERROR, RolloutStatus.INFRA_ERROR, str(e)) from None
             finally:
                 res.tool_s += time.monotonic() - t0
         raise AssertionError("unreachable")

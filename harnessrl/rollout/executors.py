@@ -13,43 +13,60 @@ the gateway's URL, which the driver keeps serving.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
-EXECUTORS = ("threads", "ray")
-CRASHED = "worker_crashed"
+from harnessrl.harness.base import EpisodeEnd, RolloutStatus
+
+if TYPE_CHECKING:
+    from harnessrl.rollout.generate import RolloutContext, RolloutRow
+    from harnessrl.rollout.specs import NamedSpec
+
+    RolloutFn = Callable[[RolloutContext, RolloutRow, NamedSpec, dict, int], "RolloutOutcome"]
+
+logger = logging.getLogger(__name__)
+
+
+class ExecutorName(StrEnum):
+    THREADS = "threads"
+    RAY = "ray"
 
 
 @dataclass
 class RolloutOutcome:
-    row: Any  # generate.RolloutRow
+    row: RolloutRow
     files: dict[str, str] = field(default_factory=dict)  # transcripts/<name> -> text, written by the driver
 
 
 @dataclass
 class RolloutJob:
-    row: Any  # generate.RolloutRow (the plan's row, returned with the reason if the worker dies)
-    spec: Any  # specs.NamedSpec
+    row: RolloutRow  # the plan's row, returned with the reason if the worker dies
+    spec: NamedSpec
     task: dict
     seed: int
 
 
 def crashed_outcome(job: RolloutJob, reason: str) -> RolloutOutcome:
-    from harnessrl.harness.base import STATUS_INFRA
-
     row = job.row
-    row.rollout_status, row.finish_reason, row.error = STATUS_INFRA, CRASHED, reason[:2000]
+    row.rollout_status, row.finish_reason, row.error = (
+        RolloutStatus.INFRA_ERROR,
+        EpisodeEnd.WORKER_CRASHED,
+        reason[:2000],
+    )
+    logger.warning("rollout %s: worker crashed: %s", row.rollout_id, reason.splitlines()[0] if reason else "")
     return RolloutOutcome(row, {f"{row.rollout_id}.traceback.txt": reason})
 
 
 class ThreadExecutor:
     """`concurrency` rollouts at once in threads of this process (the local engine batches their calls)."""
 
-    name = "threads"
+    name = ExecutorName.THREADS
 
     def __init__(self, concurrency: int):
         self.concurrency = concurrency
@@ -57,9 +74,7 @@ class ThreadExecutor:
     def gateway_host(self) -> str:
         return "127.0.0.1"
 
-    def run(
-        self, jobs: list[RolloutJob], fn: Callable[..., RolloutOutcome], ctx: Any
-    ) -> Iterator[RolloutOutcome]:
+    def run(self, jobs: list[RolloutJob], fn: RolloutFn, ctx: RolloutContext) -> Iterator[RolloutOutcome]:
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="rollout") as pool:
             futures = {pool.submit(fn, ctx, j.row, j.spec, j.task, j.seed): j for j in jobs}
             for fut in as_completed(futures):
@@ -75,7 +90,7 @@ class ThreadExecutor:
 class RayExecutor:
     """Rollouts as Ray tasks, at most `concurrency` in flight, `ray_cpus` CPUs each."""
 
-    name = "ray"
+    name = ExecutorName.RAY
 
     def __init__(self, concurrency: int, ray_cpus: float = 0.5):
         import ray
@@ -97,9 +112,9 @@ class RayExecutor:
             return "127.0.0.1"
         return os.environ.get("HARNESSRL_GATEWAY_HOST") or _routable_ip()
 
-    def run(
-        self, jobs: list[RolloutJob], fn: Callable[..., RolloutOutcome], ctx: Any
-    ) -> Iterator[RolloutOutcome]:
+    def run(self, jobs: list[RolloutJob], fn: RolloutFn, ctx: RolloutContext) -> Iterator[RolloutOutcome]:
+        from ray.exceptions import RayError
+
         ray = self.ray
         remote = ray.remote(fn).options(num_cpus=self.ray_cpus, max_retries=0, name="rollout")
         pending = list(reversed(jobs))
@@ -113,7 +128,7 @@ class RayExecutor:
                 job = in_flight.pop(ref)
                 try:
                     yield ray.get(ref)
-                except ray.exceptions.RayError as e:  # worker died (OOM kill, segfault, node lost, ...)
+                except RayError as e:  # worker died (OOM kill, segfault, node lost, ...)
                     yield crashed_outcome(job, f"{type(e).__name__}: {_first_lines(str(e))}")
 
     def close(self) -> None:
@@ -122,11 +137,11 @@ class RayExecutor:
 
 
 def make_executor(name: str, concurrency: int, ray_cpus: float = 0.5) -> ThreadExecutor | RayExecutor:
-    if name not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}, got {name!r}")
+    if name not in set(ExecutorName):
+        raise ValueError(f"executor must be one of {[e.value for e in ExecutorName]}, got {name!r}")
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    if name == "ray":
+    if name == ExecutorName.RAY:
         if ray_cpus < 0:
             raise ValueError(f"ray_cpus must be >= 0, got {ray_cpus}")
         return RayExecutor(concurrency, ray_cpus)

@@ -18,30 +18,44 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import tempfile
 import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from harnessrl.harness.base import (
-    STATUS_FAILED,
-    STATUS_INFRA,
-    STATUS_OK,
     Endpoint,
+    EpisodeEnd,
     HarnessResult,
+    RolloutStatus,
     TaskPrompt,
+    TurnError,
 )
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, write_jsonl
-from harnessrl.rollout.executors import EXECUTORS, RolloutJob, RolloutOutcome, make_executor
-from harnessrl.rollout.model_server import PolicyServer, PolicySource
+from harnessrl.progress import track
+from harnessrl.rollout.executors import ExecutorName, RolloutJob, RolloutOutcome, make_executor
+from harnessrl.rollout.model_server import ModelServer, ModelSource
 from harnessrl.rollout.specs import NamedSpec, assign, build_harness, load_specs, sandbox_limits
+from harnessrl.schema import HarnessName, RewardName, SandboxKind
 from harnessrl.taskset import TaskSet
 
-FAILED_POLICIES = ("keep", "drop")  # samples of non-ok rollouts: keep (status set; trainer masks) | drop
+if TYPE_CHECKING:
+    from harnessrl.gateway.client import GatewayAdmin
+
+logger = logging.getLogger(__name__)
+
+
+class FailedSamples(StrEnum):
+    """What happens to the samples of non-ok rollouts in samples.parquet."""
+
+    KEEP = "keep"  # kept with their rollout_status; the trainer masks or drops them
+    DROP = "drop"  # left out
 
 
 @dataclass
@@ -50,12 +64,28 @@ class GenerateConfig:
     concurrency: int = 4
     max_tasks: int | None = None
     instance_ids: list[str] | None = None
-    failed_samples: str = "keep"
+    failed_samples: FailedSamples = FailedSamples.KEEP
     allow_unsandboxed: bool = False
     keep_workspaces: bool = False
     seed: int = 0
-    executor: str = "threads"  # threads | ray (executors.py)
+    executor: ExecutorName = ExecutorName.THREADS
     ray_cpus: float = 0.5  # CPUs Ray reserves per rollout (the engine's GPUs stay with the engine service)
+
+    def __post_init__(self) -> None:  # modes may arrive as strings (KFP parameters, Python callers)
+        self.failed_samples = _member("failed_samples", self.failed_samples, FailedSamples)
+        self.executor = _member("executor", self.executor, ExecutorName)
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+
+Mode = TypeVar("Mode", bound=StrEnum)
+
+
+def _member(field_name: str, value: str, modes: type[Mode]) -> Mode:
+    try:
+        return modes(value)
+    except ValueError:
+        raise ValueError(f"{field_name} must be one of {[m.value for m in modes]}, got {value!r}") from None
 
 
 @dataclass
@@ -66,16 +96,16 @@ class RolloutRow:
     repo: str
     sample_index: int
     spec_name: str
-    harness: str
-    sandbox: str
-    reward_fn: str
-    rollout_status: str = STATUS_OK
-    finish_reason: str = ""
+    harness: HarnessName
+    sandbox: SandboxKind
+    reward_fn: RewardName
+    rollout_status: RolloutStatus = RolloutStatus.OK
+    finish_reason: EpisodeEnd | None = None  # set when the rollout ends
     error: str = ""
     turns: int = 0
     failed_turns: int = 0
     tool_calls: int = 0
-    harness_errors: dict[str, int] = field(default_factory=dict)
+    harness_errors: dict[TurnError, int] = field(default_factory=dict)
     compactions: int = 0
     session_id: str = ""
     model_s: float = 0.0
@@ -118,7 +148,7 @@ class _Sandboxes:
         from harnessrl.harness.runtime import LocalSubprocessRuntime, SandboxRuntime
 
         kind = spec.spec.sandbox
-        if kind == "local":
+        if kind is SandboxKind.LOCAL:
             if not self.allow_unsandboxed:
                 raise ValueError(
                     f"spec {spec.name!r}: sandbox 'local' runs agent commands unisolated on this host; "
@@ -162,21 +192,23 @@ def run_rollout(
 ) -> RolloutOutcome:
     """One rollout, start to end; errors are caught and kept in the row. Runs in a thread or a Ray worker."""
     from harnessrl.gateway import GatewayAdmin
-    from harnessrl.sandbox.workspace import RepoCache, materialize
+    from harnessrl.sandbox.leftovers import make_tempdir
+    from harnessrl.sandbox.workspace import MAX_PATCH_BYTES, PatchTooLarge, RepoCache, materialize, safe_name
 
     t0 = time.monotonic()
     sandboxes = _sandboxes_for(ctx)
     taskset = sandboxes.taskset
     admin = GatewayAdmin(ctx.gateway_url, ctx.admin_token)
     own_work = ctx.work is None
-    work = Path(tempfile.mkdtemp(prefix="harnessrl-ws-")) if own_work else Path(ctx.work)
-    workspace = work / row.rollout_id
+    work = make_tempdir("ws") if ctx.work is None else Path(ctx.work)
+    workspace = work / safe_name(row.rollout_id)
     files: dict[str, str] = {}
     session = None
     result: HarnessResult | None = None
     try:
         _import_harnesses({spec.spec.harness})
-        materialize(taskset, row.instance_id, workspace, strict=spec.spec.sandbox == "bubblewrap-strict")
+        strict = spec.spec.sandbox is SandboxKind.BUBBLEWRAP_STRICT
+        materialize(taskset, row.instance_id, workspace, strict=strict)
         runtime = sandboxes.runtime(spec, row.repo, workspace)
         session = admin.create_session(rollout_id=row.rollout_id, group_id=row.group_id)
         row.session_id = session.session_id
@@ -191,21 +223,30 @@ def run_rollout(
         row.turns, row.failed_turns, row.tool_calls = result.turns, result.failed_turns, result.tool_calls
         row.harness_errors, row.compactions = dict(result.errors), result.compactions
         row.model_s, row.tool_s, row.harness_wall_s = result.model_s, result.tool_s, result.wall_s
+        engine_failure = _engine_failure(admin, session.session_id)
+        if engine_failure is not None:  # whatever the harness made of the errors it got afterwards
+            row.rollout_status, row.finish_reason = RolloutStatus.INFRA_ERROR, EpisodeEnd.MODEL_ERROR
+            row.error = engine_failure
         t1 = time.monotonic()
         cache = RepoCache.for_repo(taskset, row.repo)
-        row.model_patch = cache.diff_worktree(cache.task_tip(row.instance_id), workspace).decode(
-            "utf-8", errors="replace"
-        )
+        try:
+            patch = cache.diff_worktree(cache.task_tip(row.instance_id), workspace, max_bytes=MAX_PATCH_BYTES)
+            row.model_patch = patch.decode("utf-8", errors="replace")
+        except PatchTooLarge as e:  # the agent's doing: the row says so, no patch is stored
+            if row.rollout_status is RolloutStatus.OK:
+                row.rollout_status = RolloutStatus.PATCH_TOO_LARGE
+            row.error = (row.error + "; " + str(e)).strip("; ")
         row.teardown_s = time.monotonic() - t1
     except Exception as e:  # setup / infrastructure: the rollout is kept with its reason
-        row.rollout_status = STATUS_INFRA if result is None else STATUS_FAILED
-        row.finish_reason = row.finish_reason or "setup_error"
+        row.rollout_status = RolloutStatus.INFRA_ERROR if result is None else RolloutStatus.FAILED
+        row.finish_reason = row.finish_reason or EpisodeEnd.SETUP_ERROR
         row.error = f"{type(e).__name__}: {e}"
-        files[f"{row.rollout_id}.traceback.txt"] = traceback.format_exc()
+        files[f"{safe_name(row.rollout_id)}.traceback.txt"] = traceback.format_exc()
+        logger.warning("rollout %s: %s", row.rollout_id, row.error)
     finally:
         if session is not None:
             try:
-                ok = row.rollout_status == STATUS_OK
+                ok = row.rollout_status is RolloutStatus.OK
                 admin.end_session(
                     session.session_id,
                     "ok" if ok else "failed",
@@ -214,7 +255,7 @@ def run_rollout(
             except Exception as e:  # the rollout row already says what happened
                 row.error = (row.error + f"; ending the gateway session failed: {e}").strip("; ")
         if result is not None:
-            files[f"{row.rollout_id}.json"] = (
+            files[f"{safe_name(row.rollout_id)}.json"] = (
                 json.dumps(result.transcript, indent=2, sort_keys=True, default=str) + "\n"
             )
         if not ctx.keep_workspace:
@@ -261,20 +302,14 @@ def run_generate(
     tasks: str | Path,
     out: str | Path,
     specs: list[NamedSpec] | str | Path | None = None,
-    policy: PolicySource | None = None,
+    model: ModelSource | None = None,
     config: GenerateConfig | None = None,
-    progress: bool = True,
 ) -> dict[str, Any]:
     """Generates rollouts into `out` (replaced atomically); returns the metrics dict."""
     from harnessrl.rollout.report import export_and_summarize
+    from harnessrl.sandbox.leftovers import temp_prefix
 
     cfg = config or GenerateConfig()
-    if cfg.failed_samples not in FAILED_POLICIES:
-        raise ValueError(f"failed_samples must be one of {FAILED_POLICIES}, got {cfg.failed_samples!r}")
-    if cfg.concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {cfg.concurrency}")
-    if cfg.executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}, got {cfg.executor!r}")
     taskset = TaskSet.open(tasks)
     specs = specs if isinstance(specs, list) else load_specs(specs)
     plan = plan_rollouts(taskset, specs, cfg)
@@ -282,25 +317,23 @@ def run_generate(
         raise ValueError(f"{taskset.tasks_path}: no tasks selected; nothing to generate")
     sandboxes = _Sandboxes(taskset, cfg.allow_unsandboxed)
     for _, spec, _ in plan:  # refuse a forbidden sandbox before starting anything
-        if spec.spec.sandbox == "local" and not cfg.allow_unsandboxed:
+        if spec.spec.sandbox is SandboxKind.LOCAL and not cfg.allow_unsandboxed:
             sandboxes.runtime(spec, "", Path("."))
     _import_harnesses({spec.spec.harness for _, spec, _ in plan})
     jobs = [RolloutJob(row, spec, task, _rollout_seed(cfg.seed, row.rollout_id)) for row, spec, task in plan]
     executor = make_executor(cfg.executor, cfg.concurrency, cfg.ray_cpus)
     started = time.monotonic()
     try:
-        with atomic_output(out) as tmp, tempfile.TemporaryDirectory(prefix="harnessrl-ws-") as work_dir:
+        with atomic_output(out) as tmp, tempfile.TemporaryDirectory(prefix=temp_prefix("ws")) as work_dir:
             transcripts = tmp / "transcripts"
             transcripts.mkdir(parents=True)
             if cfg.keep_workspaces:
                 work: str | None = str(tmp / "workspaces")
                 Path(work).mkdir(parents=True)
             else:  # threads share one temp dir; Ray workers (maybe on other machines) make their own
-                work = work_dir if executor.name == "threads" else None
+                work = work_dir if executor.name is ExecutorName.THREADS else None
             rows: list[RolloutRow] = []
-            with PolicyServer(
-                policy or PolicySource(), tmp / "journal", host=executor.gateway_host()
-            ) as server:
+            with ModelServer(model or ModelSource(), tmp / "journal", host=executor.gateway_host()) as server:
                 ctx = RolloutContext(
                     str(taskset.root.resolve()),
                     server.admin.base_url,
@@ -309,7 +342,7 @@ def run_generate(
                     work,
                     cfg.keep_workspaces,
                 )
-                for outcome in _progress(executor.run(jobs, run_rollout, ctx), len(jobs), progress):
+                for outcome in track(executor.run(jobs, run_rollout, ctx), "rollouts", len(jobs)):
                     for name, text in outcome.files.items():
                         atomic_write_text(transcripts / name, text)
                     rows.append(outcome.row)
@@ -327,28 +360,23 @@ def run_generate(
     return metrics
 
 
-def _import_harnesses(kinds: set[str]) -> None:
+def _import_harnesses(kinds: set[HarnessName]) -> None:
     """Imports harness client libraries once, in this thread: concurrent first imports of openai / httpx /
     litellm from several rollout threads race into half-initialized modules."""
     import openai  # noqa: F401
 
-    if "mini-swe-agent" in kinds:
-        from harnessrl.harness.mini_swe_agent import _import_minisweagent
+    if HarnessName.MINI_SWE_AGENT in kinds:
+        from harnessrl.harness.mini_swe_agent import import_minisweagent
 
-        _import_minisweagent()
-        import litellm  # noqa: F401
+        import_minisweagent()
         import minisweagent.agents.default  # noqa: F401
         import minisweagent.models.litellm_textbased_model  # noqa: F401
 
 
-def _progress(iterable, total: int, enabled: bool):
-    if not enabled:
-        yield from iterable
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("rollouts", total=total)
-        for item in iterable:
-            yield item
-            bar.advance(task)
+def _engine_failure(admin: GatewayAdmin, session_id: str) -> str | None:
+    """The gateway's reason when it failed the session itself, which it does only when the engine failed
+    (unreachable, crashed): the harness then saw a 502 and, on retrying, a closed session."""
+    view = admin.session(session_id)
+    if view.get("status") != "failed":  # the gateway's session status (failed | ended | active)
+        return None
+    return str(view.get("reason") or "the gateway failed the session: engine error")

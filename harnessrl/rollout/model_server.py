@@ -1,4 +1,4 @@
-"""Serving the policy for a generate run: an engine behind a recording gateway.
+"""Serving the model for a generate run: an engine behind a recording gateway.
 
 Locally the engine is in-process (`LocalEngine` on the tiny model or a checkpoint directory) and the gateway
 listens on loopback. With `engine_url` the gateway fronts a remote engine (vLLM pool / engine server) instead;
@@ -15,8 +15,10 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class PolicySource:
-    checkpoint: str | None = None  # HF model dir (a trained checkpoint); None = the tiny base model
+class ModelSource:
+    """Which model a generate run samples from: a checkpoint served in-process, or a remote engine."""
+
+    checkpoint: str | None = None  # HF model dir (the policy being trained); None = the tiny base model
     engine_url: str | None = None  # remote token-level engine; None = in-process LocalEngine
     max_batch: int = 16
     max_model_len: int | None = None  # prompt + completion cap at the gateway (default: the model's context)
@@ -28,10 +30,10 @@ def _remote_engine(url: str) -> Any:
     return HTTPEngine(url)
 
 
-class PolicyServer:
+class ModelServer:
     """Context manager: starts engine + gateway; opens/ends sessions; exports records and samples."""
 
-    def __init__(self, source: PolicySource, journal_dir: str | Path, host: str = "127.0.0.1"):
+    def __init__(self, source: ModelSource, journal_dir: str | Path, host: str = "127.0.0.1"):
         self.source = source
         self.host = host  # where the gateway listens and what session URLs name (Ray workers on other pods)
         self.journal_dir = Path(journal_dir)
@@ -40,7 +42,7 @@ class PolicyServer:
         self.gateway: Any = None
         self.admin: Any = None
 
-    def __enter__(self) -> PolicyServer:
+    def __enter__(self) -> ModelServer:
         from harnessrl.gateway import GatewayAdmin, GatewayConfig, GatewayServer
         from harnessrl.tinymodel import load_tokenizer, tiny_model_dir
 

@@ -11,7 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import atomic_write_text
+from harnessrl.rollout.generate import FailedSamples, GenerateConfig
 
 
 def _gateway_stats(records: pa.Table) -> dict[str, dict[str, int]]:
@@ -45,7 +47,9 @@ def _gateway_stats(records: pa.Table) -> dict[str, dict[str, int]]:
     return out
 
 
-def export_and_summarize(out: Path, rows: list[dict], gateway_metrics: dict, wall_s: float, cfg: Any) -> dict:
+def export_and_summarize(
+    out: Path, rows: list[dict], gateway_metrics: dict, wall_s: float, cfg: GenerateConfig
+) -> dict:
     """Moves the gateway export into `out`, stamps rollout_status on samples, adds gateway stats to rows."""
     export = out / "gateway_export"
     records = pq.read_table(export / "records.parquet")
@@ -63,8 +67,8 @@ def export_and_summarize(out: Path, rows: list[dict], gateway_metrics: dict, wal
             "rollout_status",
             pa.array([status[i] for i in ids], pa.string()),
         )
-        if cfg.failed_samples == "drop":
-            keep = pa.array([status[i] == "ok" for i in ids])
+        if cfg.failed_samples is FailedSamples.DROP:
+            keep = pa.array([status[i] == RolloutStatus.OK for i in ids])
             samples = samples.filter(keep)
     pq.write_table(records, out / "records.parquet")
     pq.write_table(samples, out / "samples.parquet")

@@ -4,9 +4,10 @@ A spec file is JSON: one `HarnessSpec` object or a list of them (fields: harness
 limits, options; plus an optional `name`). Rollout k of task i (global index g = i * group_size + k) gets
 spec[g % len(specs)], so a list of two specs mixes them inside every group.
 
-    harness   react | mini-swe-agent
-    sandbox   bubblewrap (workspace = one-commit git repo) | bubblewrap-strict (no .git; git refuses)
-              | local (no isolation: only with allow_unsandboxed, for debugging)
+    harness   HarnessName: react | mini-swe-agent
+    sandbox   SandboxKind: bubblewrap (workspace = one-commit git repo) | bubblewrap-strict (no .git; git
+              refuses) | local (no isolation: only with allow_unsandboxed, for debugging)
+    reward    RewardName: swebench | f2p_fraction
     limits    turns, tokens, wall_s (harness);  memory_mb, processes, cpu_s, file_size_mb, tmp_mb (sandbox);
               tool_timeout_s (per command)
 """
@@ -15,15 +16,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harnessrl.harness.base import Harness
-from harnessrl.schema import HarnessSpec
+from harnessrl.schema import HarnessName, HarnessSpec, RewardName, SandboxKind
 
-HARNESSES = ("react", "mini-swe-agent")
-SANDBOXES = ("bubblewrap", "bubblewrap-strict", "local")
-REWARDS = ("swebench", "f2p_fraction")
 HARNESS_LIMITS = ("turns", "tokens", "wall_s", "tool_timeout_s")
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
 
@@ -51,6 +50,9 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
         if unknown:
             raise ValueError(f"{here}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
         kw = {k: v for k, v in item.items() if k != "name"}
+        kw["harness"] = _choice(here, "harness", kw.get("harness", HarnessName.REACT), HarnessName)
+        kw["sandbox"] = _choice(here, "sandbox", kw.get("sandbox", SandboxKind.BUBBLEWRAP), SandboxKind)
+        kw["reward"] = _choice(here, "reward", kw.get("reward", RewardName.SWEBENCH), RewardName)
         spec = HarnessSpec(**kw)
         if "limits" in item:  # partial limits extend the defaults
             spec.limits = {**HarnessSpec().limits, **item["limits"]}
@@ -59,13 +61,17 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
     return out
 
 
+Choice = TypeVar("Choice", bound=StrEnum)
+
+
+def _choice(where: str, field: str, value: Any, choices: type[Choice]) -> Choice:
+    try:
+        return choices(value)
+    except ValueError:
+        raise ValueError(f"{where}.{field}: {value!r} is not one of {[c.value for c in choices]}") from None
+
+
 def validate_spec(spec: HarnessSpec, where: str) -> None:
-    if spec.harness not in HARNESSES:
-        raise ValueError(f"{where}.harness: {spec.harness!r} is not one of {list(HARNESSES)}")
-    if spec.sandbox not in SANDBOXES:
-        raise ValueError(f"{where}.sandbox: {spec.sandbox!r} is not one of {list(SANDBOXES)}")
-    if spec.reward not in REWARDS:
-        raise ValueError(f"{where}.reward: {spec.reward!r} is not one of {list(REWARDS)}")
     unknown = sorted(set(spec.limits) - set(HARNESS_LIMITS) - set(SANDBOX_LIMITS))
     if unknown:
         raise ValueError(
@@ -95,7 +101,7 @@ def assign(specs: list[NamedSpec], task_index: int, sample_index: int, group_siz
 def build_harness(spec: HarnessSpec, seed: int | None = None) -> Harness:
     """`seed` (per rollout) applies unless the spec's options set one."""
     limits = spec.limits
-    if spec.harness == "react":
+    if spec.harness is HarnessName.REACT:
         from harnessrl.harness.react import ReActConfig, ReActHarness
 
         options = dict(spec.options)
@@ -104,7 +110,7 @@ def build_harness(spec: HarnessSpec, seed: int | None = None) -> Harness:
         if "tool_timeout_s" in limits:
             options.setdefault("tool_timeout_s", float(limits["tool_timeout_s"]))
         return ReActHarness(ReActConfig.from_spec(spec.tools, limits, options))
-    if spec.harness == "mini-swe-agent":
+    if spec.harness is HarnessName.MINI_SWE_AGENT:
         from harnessrl.harness.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
 
         options = dict(spec.options)

@@ -1,14 +1,14 @@
-"""mini-swe-agent (unchanged, its own loop and prompts) against a scripted policy server over real HTTP,
+"""mini-swe-agent (unchanged, its own loop and prompts) against a scripted model server over real HTTP,
 its actions executed through our ToolRuntime."""
 
 from __future__ import annotations
 
 import pytest
 
-from harnessrl.harness.base import Endpoint, TaskPrompt
+from harnessrl.harness.base import Endpoint, TaskPrompt, TurnError
 from harnessrl.harness.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
 from harnessrl.harness.runtime import LocalSubprocessRuntime
-from tests.support.scripted_policy import ScriptedPolicyServer
+from tests.support.scripted_model import ScriptedModelServer
 
 TASK = TaskPrompt("demo__task-1", "Fix the bug in calc.py")
 
@@ -18,7 +18,7 @@ def action(cmd: str) -> dict:
 
 
 def episode(script, tmp_path, **options):
-    server = ScriptedPolicyServer(script)
+    server = ScriptedModelServer(script)
     url = server.start()
     try:
         cfg = MiniSweAgentConfig(model_retries=1, **options)
@@ -33,7 +33,7 @@ def test_mini_swe_agent_runs_actions_in_our_runtime_and_submits(tmp_path):
     res, reqs = episode(
         [
             action("sed -i 's/1 - 1/1 + 1/' calc.py && cat calc.py"),
-            {"content": "I am not sure what to do."},  # format error: mini-swe-agent's own policy handles it
+            {"content": "I am not sure what to do."},  # format error: mini-swe-agent handles it itself
             action("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
         ],
         tmp_path,
@@ -52,13 +52,20 @@ def test_mini_swe_agent_step_limit_and_tool_timeout(tmp_path):
         [action("sleep 5"), action("echo a"), action("echo b")], tmp_path, step_limit=2, tool_timeout_s=0.5
     )
     assert (res.status, res.finish_reason, len(reqs)) == ("ok", "turn_budget", 2)
-    assert res.errors.get("tool_timeout") == 1
+    assert res.errors.get(TurnError.TOOL_TIMEOUT) == 1
     assert "timed out" in reqs[1]["messages"][-1]["content"]
 
 
 def test_mini_swe_agent_endpoint_down_is_infra_error(tmp_path):
     res, _ = episode([{"status": 503, "error": "engine unavailable"}], tmp_path)
     assert res.status == "infra_error" and res.finish_reason == "model_error"
+
+
+def test_mini_swe_agent_bad_gateway_is_infra_error(tmp_path):
+    """The gateway answers 502 when the engine behind it fails: litellm raises BadGatewayError for it."""
+    res, _ = episode([{"status": 502, "error": "inference engine failed: unreachable"}] * 3, tmp_path)
+    assert (res.status, res.finish_reason) == ("infra_error", "model_error")
+    assert "BadGateway" in res.error
 
 
 def test_mini_swe_agent_rejects_unknown_option():

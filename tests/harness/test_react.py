@@ -1,4 +1,4 @@
-"""Control flow of the ReAct harness against a scripted policy server (real loopback HTTP) and a real
+"""Control flow of the ReAct harness against a scripted model server (real loopback HTTP) and a real
 local-subprocess tool runtime in a temp dir."""
 
 from __future__ import annotations
@@ -8,21 +8,21 @@ import os
 import pytest
 
 from harnessrl.harness.base import Endpoint, TaskPrompt
-from harnessrl.harness.policies import SUMMARY_REQUEST, TRIMMED
 from harnessrl.harness.react import ReActConfig, ReActHarness
 from harnessrl.harness.runtime import LocalSubprocessRuntime, SandboxFailure, ShellResult
-from tests.support.scripted_policy import ScriptedPolicyServer
+from harnessrl.harness.strategies import SUMMARY_REQUEST, TRIMMED
+from tests.support.scripted_model import ScriptedModelServer
 
 TASK = TaskPrompt("demo__task-1", "Fix the bug in calc.py")
 
 
 @pytest.fixture
 def episode(tmp_path):
-    """Runs one episode; returns (result, requests the policy server received)."""
+    """Runs one episode; returns (result, requests the scripted model server received)."""
 
     def _run(script, runtime=None, repeat_last=False, **options):
         cfg = ReActConfig(http_retries=options.pop("http_retries", 0), **options)
-        server = ScriptedPolicyServer(script, repeat_last=repeat_last)
+        server = ScriptedModelServer(script, repeat_last=repeat_last)
         url = server.start()
         try:
             res = ReActHarness(cfg).run(

@@ -12,7 +12,7 @@ import pytest
 from harnessrl.harness.runtime import VIEW_MAX_BYTES, VIEW_MAX_LINES, LocalSubprocessRuntime
 from harnessrl.harness.tools import EDITOR, MalformedArguments, parse_arguments
 from tests.support.fixtures import requires_bwrap
-from tests.support.scripted_policy import ScriptedPolicyServer
+from tests.support.scripted_model import ScriptedModelServer
 
 
 def editor(runtime, **args):
@@ -161,7 +161,7 @@ def test_an_episode_in_the_sandbox_goes_on_after_tool_errors(tmp_path):
         call("bash", command="echo two >> notes/todo.txt && touch notes/more && cat notes/todo.txt"),
         {"tool": "submit", "arguments": {}},
     ]
-    server = ScriptedPolicyServer(script)
+    server = ScriptedModelServer(script)
     url = server.start()
     try:
         with BubblewrapSandbox(ws) as sandbox:

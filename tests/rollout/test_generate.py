@@ -5,6 +5,7 @@ control flow and the pass path are deterministic. The real tiny model runs in te
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -12,7 +13,7 @@ import pytest
 
 from harnessrl.io import read_jsonl
 from harnessrl.rollout.generate import GenerateConfig, run_generate
-from harnessrl.rollout.model_server import PolicySource
+from harnessrl.rollout.model_server import ModelSource
 from harnessrl.rollout.specs import parse_specs
 from harnessrl.taskset import TaskSet
 from tests.support.fixtures import requires_bwrap
@@ -73,7 +74,7 @@ def test_generate_two_sandbox_settings_records_and_verify(synth_taskset, fast_en
         synth_taskset,
         out,
         specs,
-        PolicySource(engine_url=engine.base_url),
+        ModelSource(engine_url=engine.base_url),
         GenerateConfig(group_size=2, concurrency=2, instance_ids=[row["instance_id"]]),
     )
     rows = list(read_jsonl(out / "rollouts.jsonl"))
@@ -208,7 +209,39 @@ def test_unsandboxed_spec_refused_without_flag(synth_taskset, tmp_path):
             synth_taskset,
             tmp_path / "out",
             specs,
-            PolicySource(engine_url="http://127.0.0.1:9"),
+            ModelSource(engine_url="http://127.0.0.1:9"),
             GenerateConfig(group_size=1, max_tasks=1),
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_unreachable_engine_is_infra_error_and_stdout_is_only_json(synth_taskset, tmp_path, capsys):
+    """The gateway fails a session whose engine call failed (502, then 409 on a retry): the rollout is an
+    infra_error whatever the harness made of it, and litellm's error banner stays out of stdout."""
+    from harnessrl.cli import main
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    (tmp_path / "specs.json").write_text(
+        json.dumps(
+            [
+                {"name": "react", "harness": "react", "sandbox": "local", "options": {"http_retries": 1}},
+                {
+                    "name": "mini",
+                    "harness": "mini-swe-agent",
+                    "sandbox": "local",
+                    "options": {"model_retries": 1},
+                },
+            ]
+        )
+    )
+    out = tmp_path / "gen"
+    args = ["stage", "generate", "--tasks", str(synth_taskset), "--out", str(out), "--specs"]
+    args += [str(tmp_path / "specs.json"), "--engine-url", dead, "--group-size", "2", "--max-tasks", "1"]
+    assert main([*args, "--allow-unsandboxed"]) == 0
+    printed = json.loads(capsys.readouterr().out)  # the whole of stdout is the JSON summary
+    assert printed["status"] == {"infra_error": 2}
+    for row in read_jsonl(out / "rollouts.jsonl"):
+        assert (row["rollout_status"], row["finish_reason"]) == ("infra_error", "model_error"), row
+        assert "engine" in row["error"], row["error"]

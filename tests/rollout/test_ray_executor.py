@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from harnessrl.io import read_jsonl
-from harnessrl.rollout.executors import make_executor
+from harnessrl.rollout.executors import ExecutorName, make_executor
 from harnessrl.rollout.generate import GenerateConfig, run_generate
-from harnessrl.rollout.model_server import PolicySource
+from harnessrl.rollout.model_server import ModelSource
 from harnessrl.rollout.specs import parse_specs
 from tests.rollout.test_generate import pick_task, single_line_fix, tool_call
 from tests.support.fixtures import requires_bwrap
@@ -80,13 +80,13 @@ def test_ray_executor_writes_the_same_outputs_as_threads(ray_local, synth_taskse
         ]
     )
     outs = {}
-    for executor in ("threads", "ray"):
+    for executor in (ExecutorName.THREADS, ExecutorName.RAY):
         outs[executor] = tmp_path / executor
         metrics = run_generate(
             synth_taskset,
             outs[executor],
             specs,
-            PolicySource(engine_url=server.base_url),
+            ModelSource(engine_url=server.base_url),
             GenerateConfig(group_size=2, concurrency=2, instance_ids=[row["instance_id"]], executor=executor),
         )
         assert metrics["executor"] == executor and metrics["status"] == {"ok": 2}

@@ -12,8 +12,8 @@ from tests.support.fixtures import requires_bwrap
 def test_kfp_local_generate_rollouts_and_select(synth_taskset, tmp_path):
     from kfp import dsl, local
 
-    from components.estimate_difficulty.component import select
     from components.generate.component import generate_rollouts
+    from components.select_tasks.component import select
     from harnessrl.tinymodel import load_tokenizer, tiny_model_dir
     from tests.support.fast_engine import FastEngineServer
 

@@ -1,27 +1,51 @@
-"""Swappable ReAct parts: error-handling policies and context policies.
+"""Swappable parts of the ReAct harness: how it handles errors and what context each model call sees.
 
-Error policies (chosen per sample through `HarnessSpec.options`):
+Error handling (chosen per sample through `HarnessSpec.options`):
   on_no_tool_call     nudge (append a user reminder, continue) | fail_turn (discard the response and resample
                       from the same context — a gateway rollback; the turn still counts) | end
   on_malformed_args   report (tool message with the error, continue) | fail_turn | end
   on_tool_timeout     report (observation says it was killed, continue) | end
   on_sandbox_failure  retry (up to `sandbox_retries`, then end as infra_error) | report | end (infra_error)
 
-Context policies decide which messages each call sends. `trim_oldest` and `summarize` rewrite earlier
+Context strategies decide which messages each call sends. `trim_oldest` and `summarize` rewrite earlier
 history, so the gateway sees a prefix it has not sampled and starts a new chain (a split) — by design.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from enum import StrEnum
+from typing import Protocol, TypeVar
 
-NO_TOOL_CALL_POLICIES = ("nudge", "fail_turn", "end")
-MALFORMED_ARGS_POLICIES = ("report", "fail_turn", "end")
-TOOL_TIMEOUT_POLICIES = ("report", "end")
-SANDBOX_FAILURE_POLICIES = ("retry", "report", "end")
-CONTEXT_POLICIES = ("keep_all", "trim_oldest", "summarize")
+
+class OnNoToolCall(StrEnum):
+    NUDGE = "nudge"
+    FAIL_TURN = "fail_turn"
+    END = "end"
+
+
+class OnMalformedArgs(StrEnum):
+    REPORT = "report"
+    FAIL_TURN = "fail_turn"
+    END = "end"
+
+
+class OnToolTimeout(StrEnum):
+    REPORT = "report"
+    END = "end"
+
+
+class OnSandboxFailure(StrEnum):
+    RETRY = "retry"
+    REPORT = "report"
+    END = "end"
+
+
+class ContextStrategyName(StrEnum):
+    KEEP_ALL = "keep_all"
+    TRIM_OLDEST = "trim_oldest"
+    SUMMARIZE = "summarize"
+
 
 TRIMMED = "[earlier output trimmed to save context]"
 SUMMARY_REQUEST = (
@@ -30,8 +54,8 @@ SUMMARY_REQUEST = (
 )
 
 
-class ContextPolicy(Protocol):
-    name: str
+class ContextStrategy(Protocol):
+    name: ContextStrategyName
 
     def view(self, history: list[dict]) -> list[dict]: ...
 
@@ -40,7 +64,7 @@ class ContextPolicy(Protocol):
 
 @dataclass
 class KeepAll:
-    name: str = "keep_all"
+    name: ContextStrategyName = ContextStrategyName.KEEP_ALL
 
     def view(self, history: list[dict]) -> list[dict]:
         return history
@@ -54,7 +78,7 @@ class TrimOldest:
     """Keeps only the last `keep_last` tool observations verbatim; older ones become a placeholder."""
 
     keep_last: int = 3
-    name: str = "trim_oldest"
+    name: ContextStrategyName = ContextStrategyName.TRIM_OLDEST
 
     def view(self, history: list[dict]) -> list[dict]:
         tool_idx = [i for i, m in enumerate(history) if m.get("role") == "tool"]
@@ -70,7 +94,7 @@ class Summarize:
     """When the prompt exceeds `at_tokens`, ask the model for a summary and restart from task + summary."""
 
     at_tokens: int = 4096
-    name: str = "summarize"
+    name: ContextStrategyName = ContextStrategyName.SUMMARIZE
 
     def view(self, history: list[dict]) -> list[dict]:
         return history
@@ -84,14 +108,24 @@ def compacted_history(head: list[dict], summary: str) -> list[dict]:
     return [*head, {"role": "user", "content": f"Summary of your progress so far:\n{summary}\n\nContinue."}]
 
 
-CONTEXT_POLICY_FACTORIES: dict[str, Callable[..., ContextPolicy]] = {
-    "keep_all": lambda **kw: KeepAll(),
-    "trim_oldest": lambda keep_last_observations=3, **kw: TrimOldest(keep_last=int(keep_last_observations)),
-    "summarize": lambda summarize_at_tokens=4096, **kw: Summarize(at_tokens=int(summarize_at_tokens)),
-}
+def context_strategy(
+    name: ContextStrategyName, keep_last_observations: int = 3, summarize_at_tokens: int = 4096
+) -> ContextStrategy:
+    if name is ContextStrategyName.TRIM_OLDEST:
+        return TrimOldest(keep_last=int(keep_last_observations))
+    if name is ContextStrategyName.SUMMARIZE:
+        return Summarize(at_tokens=int(summarize_at_tokens))
+    return KeepAll()
 
 
-def check_choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"harness option {field}={value!r} is not one of {list(allowed)}")
-    return value
+Choice = TypeVar("Choice", bound=StrEnum)
+
+
+def parse_choice(field: str, value: str, choices: type[Choice]) -> Choice:
+    """`value` as a member of `choices`, or a ValueError naming the harness option and what it may be."""
+    try:
+        return choices(value)
+    except ValueError:
+        raise ValueError(
+            f"harness option {field}={value!r} is not one of {[c.value for c in choices]}"
+        ) from None

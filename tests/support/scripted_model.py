@@ -1,4 +1,4 @@
-"""A scripted policy server: a real loopback HTTP server speaking OpenAI chat completions, replying from a
+"""A scripted model server: a real loopback HTTP server speaking OpenAI chat completions, replying from a
 fixed script. It is NOT a model — it exists to drive harness control flow deterministically in tests and to
 measure harness/sandbox overhead with zero model time in benchmarks. Every request it receives is kept.
 
@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
-class ScriptedPolicyServer:
+class ScriptedModelServer:
     def __init__(self, script: list[dict[str, Any]], repeat_last: bool = False):
         self.script = list(script)
         self.repeat_last = repeat_last
@@ -37,17 +37,17 @@ class ScriptedPolicyServer:
                 return self.script[-1]
             return {
                 "status": 500,
-                "error": f"scripted policy: script exhausted after {len(self.script)} replies",
+                "error": f"scripted model: script exhausted after {len(self.script)} replies",
             }
 
     def start(self) -> str:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 if not self.path.endswith("/chat/completions"):
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 length = int(self.headers.get("Content-Length", 0))
