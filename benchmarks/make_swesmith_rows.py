@@ -22,7 +22,8 @@ from pathlib import Path
 from dataprep.gitrepo import init_squashed
 from harnessrl.taskset import write_taskset
 
-# share of rows that break one rule each (duplicates copy an earlier row verbatim)
+# share of rows that break one rule each (duplicates copy an earlier row verbatim, so they also carry
+# duplicate_patch: clean keeps every reason of a row)
 BAD_SHARES = {
     "empty_problem_statement": 0.02,
     "missing_task_branch": 0.01,
@@ -103,14 +104,18 @@ def make_patch(rng: random.Random, path: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def make_rows(n: int, n_repos: int, seed: int) -> tuple[list[dict], dict[str, list[str]], dict[str, int]]:
-    """Rows, the branches each repo's bundle must hold, and how many rows break each rule."""
+def make_rows(
+    n: int, n_repos: int, seed: int
+) -> tuple[list[dict], dict[str, list[str]], dict[str, int], int]:
+    """Rows, the branches each repo's bundle must hold, how many rows break each rule, and how many rows clean
+    must reject."""
     rng = random.Random(seed)
     repos = [f"swesmith/{rng.choice(WORDS)}{i}.{rng.getrandbits(32):08x}" for i in range(n_repos)]
     missing_repo = repos[-1]  # its bundle is not written
     branches: dict[str, list[str]] = {r: [] for r in repos[:-1]}
     rows: list[dict] = []
-    expected = dict.fromkeys(BAD_SHARES, 0)
+    expected = dict.fromkeys([*BAD_SHARES, "duplicate_patch"], 0)
+    rejected_rows = 0
     good: list[int] = []
     for i in range(n):
         kind = None
@@ -126,6 +131,8 @@ def make_rows(n: int, n_repos: int, seed: int) -> tuple[list[dict], dict[str, li
         if kind == "duplicate_instance_id":
             rows.append(dict(rows[good[rng.randrange(len(good))]]))  # a copy of a row that is otherwise fine
             expected[kind] += 1
+            expected["duplicate_patch"] += 1
+            rejected_rows += 1
             continue
         repo = missing_repo if kind == "missing_repo_bundle" else rng.choice(repos[:-1])
         name = repo.split("/", 1)[1]
@@ -154,12 +161,13 @@ def make_rows(n: int, n_repos: int, seed: int) -> tuple[list[dict], dict[str, li
             row["patch"] = row["patch"][: len(row["patch"]) // 2]
         if kind is not None:
             expected[kind] += 1
+            rejected_rows += 1
         else:
             good.append(len(rows))
         if kind not in ("missing_task_branch", "missing_repo_bundle"):
             branches[repo].append(iid)
         rows.append(row)
-    return rows, branches, expected
+    return rows, branches, expected, rejected_rows
 
 
 def make_bundles(branches: dict[str, list[str]], scratch: Path) -> dict[str, Path]:
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    rows, branches, expected = make_rows(args.rows, args.repos, args.seed)
+    rows, branches, expected, rejected_rows = make_rows(args.rows, args.repos, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         bundles = make_bundles(branches, Path(tmp))
         write_taskset(
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             rows,
             bundles,
             source="benchmarks/make_swesmith_rows.py",
-            extra_manifest={"expected_rejections": expected},
+            extra_manifest={"expected_rejections": expected, "expected_rejected_rows": rejected_rows},
         )
     size_mb = (args.out / "tasks.jsonl").stat().st_size / 2**20
     print(f"{len(rows)} rows ({size_mb:.0f} MB JSONL), {len(bundles)} bundles -> {args.out}", file=sys.stderr)
@@ -211,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 "repos": len(bundles),
                 "jsonl_mb": round(size_mb, 1),
                 "expected_rejections": expected,
+                "expected_rejected_rows": rejected_rows,
                 "seconds": round(time.perf_counter() - start, 2),
             }
         )

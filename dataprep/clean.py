@@ -1,5 +1,6 @@
-"""Cleaning rules for SWE-smith task rows (seed write-up: drop empty problem statements, missing task
-branches, more than 200 tests; plus duplicates, unparsable patches, empty FAIL_TO_PASS).
+"""Cleaning rules for SWE-smith task rows: empty problem statements, missing repo bundles or task branches,
+more than 200 tests (a task that large costs minutes per verification and is rarely a single bug), empty
+FAIL_TO_PASS, unparsable patches and duplicates.
 
 Every rejected row keeps all of its reasons; `n_in == n_kept + n_rejected` always.
 """
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from dataprep.gitrepo import GitError, bundle_heads
@@ -19,30 +22,25 @@ from harnessrl.io import atomic_output, atomic_write_bytes, write_jsonl
 from harnessrl.progress import track
 from harnessrl.taskset import TaskSet, write_taskset
 
-# Reason codes, in the order they are checked.
-EMPTY_PROBLEM_STATEMENT = "empty_problem_statement"
-MISSING_REPO_BUNDLE = "missing_repo_bundle"
-MISSING_TASK_BRANCH = "missing_task_branch"
-TOO_MANY_TESTS = "too_many_tests"
-EMPTY_F2P = "empty_fail_to_pass"
-UNPARSABLE_PATCH = "unparsable_patch"
-DUPLICATE_INSTANCE_ID = "duplicate_instance_id"
-DUPLICATE_PATCH = "duplicate_patch"
-REASONS = (
-    EMPTY_PROBLEM_STATEMENT,
-    MISSING_REPO_BUNDLE,
-    MISSING_TASK_BRANCH,
-    TOO_MANY_TESTS,
-    EMPTY_F2P,
-    UNPARSABLE_PATCH,
-    DUPLICATE_INSTANCE_ID,
-    DUPLICATE_PATCH,
-)
+logger = logging.getLogger(__name__)
+
+
+class RejectReason(StrEnum):
+    """Why a row is rejected, in the order the rules are checked (`reject_reasons` of rejected.jsonl)."""
+
+    EMPTY_PROBLEM_STATEMENT = "empty_problem_statement"
+    MISSING_REPO_BUNDLE = "missing_repo_bundle"
+    MISSING_TASK_BRANCH = "missing_task_branch"
+    TOO_MANY_TESTS = "too_many_tests"
+    EMPTY_F2P = "empty_fail_to_pass"
+    UNPARSABLE_PATCH = "unparsable_patch"
+    DUPLICATE_INSTANCE_ID = "duplicate_instance_id"
+    DUPLICATE_PATCH = "duplicate_patch"
 
 
 @dataclass
 class CleanParams:
-    max_tests: int = 200  # F2P + P2P above this -> rejected (seed: "more than 200 tests")
+    max_tests: int = 200  # F2P + P2P above this -> rejected
     require_f2p: bool = True
     require_problem_statement: bool = True
     min_problem_statement_chars: int = 1  # after stripping whitespace
@@ -105,7 +103,7 @@ class CleanReport:
     n_in: int = 0
     n_kept: int = 0
     n_rejected: int = 0
-    reasons: Counter = field(default_factory=Counter)  # reason code -> rows carrying it
+    reasons: Counter[RejectReason] = field(default_factory=Counter)  # reason -> rows carrying it
     params: CleanParams = field(default_factory=CleanParams)
 
     def metrics(self) -> dict[str, float]:
@@ -114,7 +112,7 @@ class CleanReport:
             "rows_kept": float(self.n_kept),
             "rows_rejected": float(self.n_rejected),
         }
-        out.update({f"rejected_{r}": float(self.reasons.get(r, 0)) for r in REASONS})
+        out.update({f"rejected_{r}": float(self.reasons.get(r, 0)) for r in RejectReason})
         return out
 
     def markdown(self) -> str:
@@ -127,7 +125,7 @@ class CleanReport:
             "| reason | rows | share of input |",
             "|---|---:|---:|",
         ]
-        for r in REASONS:
+        for r in RejectReason:
             n = self.reasons.get(r, 0)
             lines.append(f"| `{r}` | {n} | {100 * n / max(self.n_in, 1):.1f}% |")
         lines += [
@@ -140,19 +138,19 @@ class CleanReport:
         return "\n".join(lines)
 
 
-def reject_reasons(rows: list[dict], ts: TaskSet, params: CleanParams) -> list[list[str]]:
-    """Reason codes per row (empty list = kept)."""
+def reject_reasons(rows: list[dict], ts: TaskSet, params: CleanParams) -> list[list[RejectReason]]:
+    """Reasons per row (empty list = kept)."""
     heads: dict[str, set[str] | None] = {}  # repo -> branch names, None when there is no usable bundle
     seen_ids: set[str] = set()
     seen_patches: set[tuple[str, str]] = set()
-    out: list[list[str]] = []
+    out: list[list[RejectReason]] = []
     for row in track(rows, "clean", min_total=1000):
-        reasons = []
+        reasons: list[RejectReason] = []
         if (
             params.require_problem_statement
             and len((row.get("problem_statement") or "").strip()) < params.min_problem_statement_chars
         ):
-            reasons.append(EMPTY_PROBLEM_STATEMENT)
+            reasons.append(RejectReason.EMPTY_PROBLEM_STATEMENT)
         if params.check_branches:
             repo = row["repo"]
             if repo not in heads:
@@ -162,21 +160,21 @@ def reject_reasons(rows: list[dict], ts: TaskSet, params: CleanParams) -> list[l
                 except GitError:
                     heads[repo] = None
             if heads[repo] is None:
-                reasons.append(MISSING_REPO_BUNDLE)
+                reasons.append(RejectReason.MISSING_REPO_BUNDLE)
             elif row["instance_id"] not in heads[repo]:
-                reasons.append(MISSING_TASK_BRANCH)
+                reasons.append(RejectReason.MISSING_TASK_BRANCH)
         if len(row["FAIL_TO_PASS"]) + len(row["PASS_TO_PASS"]) > params.max_tests:
-            reasons.append(TOO_MANY_TESTS)
+            reasons.append(RejectReason.TOO_MANY_TESTS)
         if params.require_f2p and not row["FAIL_TO_PASS"]:
-            reasons.append(EMPTY_F2P)
+            reasons.append(RejectReason.EMPTY_F2P)
         if params.require_parsable_patch and patch_problem(row["patch"]) is not None:
-            reasons.append(UNPARSABLE_PATCH)
+            reasons.append(RejectReason.UNPARSABLE_PATCH)
         if params.drop_duplicates:
             key = (row["repo"], row["patch"])
             if row["instance_id"] in seen_ids:
-                reasons.append(DUPLICATE_INSTANCE_ID)
-            elif row["patch"].strip() and key in seen_patches:
-                reasons.append(DUPLICATE_PATCH)
+                reasons.append(RejectReason.DUPLICATE_INSTANCE_ID)
+            if row["patch"].strip() and key in seen_patches:  # also for an exact duplicate: all reasons kept
+                reasons.append(RejectReason.DUPLICATE_PATCH)
             seen_ids.add(row["instance_id"])
             seen_patches.add(key)
         out.append(reasons)
@@ -206,6 +204,7 @@ def clean_taskset(
         reasons=Counter(code for why in all_reasons for code in why),
         params=params,
     )
+    logger.info("%s: kept %d of %d rows (%d rejected)", ts.tasks_path, len(kept), len(rows), len(rejected))
     write_jsonl(rejected_out, rejected)
     write_taskset(
         kept_out,
@@ -226,8 +225,8 @@ def plot_reasons(report: CleanReport, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    counts = [report.reasons.get(r, 0) for r in REASONS]
-    ax.barh(list(REASONS), counts, color="#c0504d")
+    counts = [report.reasons.get(r, 0) for r in RejectReason]
+    ax.barh([r.value for r in RejectReason], counts, color="#c0504d")
     ax.set_xlabel("rejected rows")
     ax.set_title(f"clean: {report.n_kept} kept / {report.n_rejected} rejected of {report.n_in}")
     ax.invert_yaxis()

@@ -65,7 +65,11 @@ class Modifier:
         raise NotImplementedError
 
     def mutate(self, node: cst.CSTNode, rng: random.Random) -> cst.CSTNode | cst.RemovalSentinel:
+        """Rewrites a node `matches` accepted."""
         raise NotImplementedError
+
+    def not_a_site(self, node: cst.CSTNode) -> TypeError:
+        return TypeError(f"{self.name}: {type(node).__name__} is not one of its sites (see matches)")
 
 
 class OperationChange(Modifier):
@@ -78,8 +82,13 @@ class OperationChange(Modifier):
         )
 
     def mutate(self, node, rng):
-        table = _ARITH_CHANGE if isinstance(node, cst.BinaryOperation) else _AUG_CHANGE
-        return node.with_changes(operator=_same_spacing(node.operator, table[type(node.operator)]))
+        if isinstance(node, cst.BinaryOperation):
+            return node.with_changes(
+                operator=_same_spacing(node.operator, _ARITH_CHANGE[type(node.operator)])
+            )
+        if isinstance(node, cst.AugAssign):
+            return node.with_changes(operator=_same_spacing(node.operator, _AUG_CHANGE[type(node.operator)]))
+        raise self.not_a_site(node)
 
 
 class OperationFlip(Modifier):
@@ -95,6 +104,8 @@ class OperationFlip(Modifier):
         if isinstance(node, cst.BooleanOperation):
             new = cst.Or if isinstance(node.operator, cst.And) else cst.And
             return node.with_changes(operator=_same_spacing(node.operator, new))
+        if not isinstance(node, cst.Comparison):
+            raise self.not_a_site(node)
         target = node.comparisons[0]
         op = _same_spacing(target.operator, _CMP_FLIP[type(target.operator)])
         return node.with_changes(comparisons=[target.with_changes(operator=op)])
@@ -119,6 +130,8 @@ class OperationSwap(Modifier):
     def mutate(self, node, rng):
         if isinstance(node, cst.BinaryOperation):
             return node.with_changes(left=node.right, right=node.left)
+        if not isinstance(node, cst.Comparison):
+            raise self.not_a_site(node)
         target = node.comparisons[0]
         return node.with_changes(
             left=target.comparator, comparisons=[target.with_changes(comparator=node.left)]
@@ -133,6 +146,8 @@ class ConstantChange(Modifier):
         return isinstance(node, cst.Integer)
 
     def mutate(self, node, rng):
+        if not isinstance(node, cst.Integer):
+            raise self.not_a_site(node)
         value = int(node.evaluated_value)
         new = value + rng.choice((-1, 1)) if value > 0 else value + 1
         return node.with_changes(value=str(new))
@@ -183,6 +198,8 @@ class InvertIf(Modifier):
         return isinstance(node, cst.If) and isinstance(node.orelse, cst.Else)
 
     def mutate(self, node, rng):
+        if not (isinstance(node, cst.If) and isinstance(node.orelse, cst.Else)):
+            raise self.not_a_site(node)
         return node.with_changes(body=node.orelse.body, orelse=node.orelse.with_changes(body=node.body))
 
 

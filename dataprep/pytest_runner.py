@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 _SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$")
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S+?)(?: - (.*))?$")
 _FINAL_LINE = re.compile(r"^=+ .*(passed|failed|error|skipped|no tests ran).* =+$")

@@ -107,6 +107,13 @@ def _is_test_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(t, str) and t for t in v)
 
 
+def _disjoint_test_lists(f2p: Any, p2p: Any) -> bool:
+    """Both are test lists and no test is in both (False when either is not a list of test ids)."""
+    if not isinstance(f2p, list) or not isinstance(p2p, list):
+        return False
+    return _is_test_list(f2p) and _is_test_list(p2p) and set(f2p).isdisjoint(p2p)
+
+
 def validation_frame(rows: list[dict]):
     """The DataFrame the suite runs on: the rows' columns, with `patch` cut after its first hunk header and
     FAIL_TO_PASS / PASS_TO_PASS replaced by their lengths (None stays None, a non-list becomes -1), plus
@@ -127,36 +134,60 @@ def validation_frame(rows: list[dict]):
     for name, values in (("FAIL_TO_PASS", f2p), ("PASS_TO_PASS", p2p)):
         if name in columns:
             data[name] = [None if v is None else len(v) if isinstance(v, list) else -1 for v in values]
-    are_lists = [_is_test_list(a) and _is_test_list(b) for a, b in zip(f2p, p2p, strict=True)]
-    data["tests_are_lists"] = are_lists
+    data["tests_are_lists"] = [_is_test_list(a) and _is_test_list(b) for a, b in zip(f2p, p2p, strict=True)]
     data["n_fail_to_pass"] = [len(a) if isinstance(a, list) else -1 for a in f2p]
-    data["f2p_p2p_disjoint"] = [
-        ok and set(a).isdisjoint(b) for ok, a, b in zip(are_lists, f2p, p2p, strict=True)
-    ]
+    data["f2p_p2p_disjoint"] = [_disjoint_test_lists(a, b) for a, b in zip(f2p, p2p, strict=True)]
     return pd.DataFrame(data)
 
 
 def build_suite(gx, columns: set[str]):
-    import great_expectations.expectations as gxe
+    # each expectation from the module that defines it (the package re-exports them without __all__)
+    from great_expectations.expectations.core.expect_column_value_lengths_to_be_between import (
+        ExpectColumnValueLengthsToBeBetween,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_be_between import (
+        ExpectColumnValuesToBeBetween,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_be_in_set import (
+        ExpectColumnValuesToBeInSet,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_be_of_type import (
+        ExpectColumnValuesToBeOfType,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_be_unique import (
+        ExpectColumnValuesToBeUnique,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_match_regex import (
+        ExpectColumnValuesToMatchRegex,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_not_be_null import (
+        ExpectColumnValuesToNotBeNull,
+    )
+    from great_expectations.expectations.core.expect_table_columns_to_match_set import (
+        ExpectTableColumnsToMatchSet,
+    )
+    from great_expectations.expectations.core.expect_table_row_count_to_be_between import (
+        ExpectTableRowCountToBeBetween,
+    )
 
     suite = gx.ExpectationSuite(name="swesmith_tasks")
     add = suite.add_expectation
-    add(gxe.ExpectTableRowCountToBeBetween(min_value=1))
-    add(gxe.ExpectTableColumnsToMatchSet(column_set=list(TASK_FIELDS_REQUIRED), exact_match=False))
+    add(ExpectTableRowCountToBeBetween(min_value=1))
+    add(ExpectTableColumnsToMatchSet(column_set=list(TASK_FIELDS_REQUIRED), exact_match=False))
     for col in TASK_FIELDS_REQUIRED:
-        add(gxe.ExpectColumnValuesToNotBeNull(column=col))
+        add(ExpectColumnValuesToNotBeNull(column=col))
     for col in ("instance_id", "repo", "patch", "problem_statement"):
-        add(gxe.ExpectColumnValuesToBeOfType(column=col, type_="str"))
-    add(gxe.ExpectColumnValuesToBeUnique(column="instance_id"))
-    add(gxe.ExpectColumnValuesToMatchRegex(column="instance_id", regex=INSTANCE_ID))
-    add(gxe.ExpectColumnValuesToMatchRegex(column="repo", regex=REPO))
-    add(gxe.ExpectColumnValuesToMatchRegex(column="patch", regex=UNIFIED_DIFF))
-    add(gxe.ExpectColumnValueLengthsToBeBetween(column="problem_statement", min_value=1))
-    add(gxe.ExpectColumnValuesToBeInSet(column="tests_are_lists", value_set=[True]))
-    add(gxe.ExpectColumnValuesToBeBetween(column="n_fail_to_pass", min_value=1))
-    add(gxe.ExpectColumnValuesToBeInSet(column="f2p_p2p_disjoint", value_set=[True]))
+        add(ExpectColumnValuesToBeOfType(column=col, type_="str"))
+    add(ExpectColumnValuesToBeUnique(column="instance_id"))
+    add(ExpectColumnValuesToMatchRegex(column="instance_id", regex=INSTANCE_ID))
+    add(ExpectColumnValuesToMatchRegex(column="repo", regex=REPO))
+    add(ExpectColumnValuesToMatchRegex(column="patch", regex=UNIFIED_DIFF))
+    add(ExpectColumnValueLengthsToBeBetween(column="problem_statement", min_value=1))
+    add(ExpectColumnValuesToBeInSet(column="tests_are_lists", value_set=[True]))
+    add(ExpectColumnValuesToBeBetween(column="n_fail_to_pass", min_value=1))
+    add(ExpectColumnValuesToBeInSet(column="f2p_p2p_disjoint", value_set=[True]))
     if "created_at" in columns:
-        add(gxe.ExpectColumnValuesToMatchRegex(column="created_at", regex=ISO_DATE))  # dateutil: 10x slower
+        add(ExpectColumnValuesToMatchRegex(column="created_at", regex=ISO_DATE))  # dateutil: 10x slower
     return suite
 
 
@@ -194,17 +225,13 @@ def _outcome(result, columns: set[str]) -> ExpectationOutcome:
     )
 
 
-def validate_rows(rows: list[dict], label: str = "tasks") -> tuple[ValidationReport, dict]:
-    """Runs the suite on rows; returns the report and GX's result as a JSON dict."""
-    return validate_frame(validation_frame(rows), label)
-
-
 def validate_frame(df, label: str = "tasks") -> tuple[ValidationReport, dict]:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
 
     context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = {"globally": False, "metric_calculations": False}
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     batch_def = (
         context.data_sources.add_pandas("tasks")
         .add_dataframe_asset("rows")

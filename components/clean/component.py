@@ -1,4 +1,4 @@
-"""KFP component `clean`: drops rows by the seeds' rules; every dropped row keeps its reasons."""
+"""KFP component `clean`: drops rows by the rules in dataprep.clean; a dropped row keeps all its reasons."""
 
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
 

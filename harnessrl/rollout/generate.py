@@ -376,7 +376,9 @@ def _import_harnesses(kinds: set[HarnessName]) -> None:
 def _engine_failure(admin: GatewayAdmin, session_id: str) -> str | None:
     """The gateway's reason when it failed the session itself, which it does only when the engine failed
     (unreachable, crashed): the harness then saw a 502 and, on retrying, a closed session."""
+    from harnessrl.gateway.enums import SessionStatus
+
     view = admin.session(session_id)
-    if view.get("status") != "failed":  # the gateway's session status (failed | ended | active)
+    if view.get("status") != SessionStatus.FAILED:
         return None
     return str(view.get("reason") or "the gateway failed the session: engine error")

@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from dataprep.clean import CleanParams, clean_taskset, patch_problem, run_clean_stage
+from dataprep.clean import CleanParams, RejectReason, clean_taskset, patch_problem, run_clean_stage
 from harnessrl.io import read_jsonl
 from harnessrl.taskset import TaskSet, write_taskset
 
@@ -60,7 +60,7 @@ EXPECTED_REASONS = [
     ["too_many_tests"],
     ["empty_fail_to_pass"],
     ["unparsable_patch"],
-    ["duplicate_instance_id"],
+    ["duplicate_instance_id", "duplicate_patch"],  # an exact duplicate: every reason is kept
     ["empty_problem_statement", "missing_task_branch"],
 ]
 
@@ -76,12 +76,15 @@ def test_each_rule_rejects_with_its_reason(dirty_taskset, tmp_path):
     assert [{k: v for k, v in r.items() if k != "reject_reasons"} for r in rejected] == bad
     assert (report.n_in, report.n_kept, report.n_rejected) == (len(good) + len(bad), len(good), len(bad))
     assert report.n_in == report.n_kept + report.n_rejected
-    assert report.reasons["empty_problem_statement"] == 2 and report.reasons["missing_task_branch"] == 2
+    assert report.reasons[RejectReason.EMPTY_PROBLEM_STATEMENT] == 2
+    assert report.reasons[RejectReason.MISSING_TASK_BRANCH] == 2
     m = report.metrics()
     assert m["rows_in"] == report.n_in and m["rejected_too_many_tests"] == 1.0
     assert all(isinstance(v, float) for v in m.values())
     md = report.markdown()
-    assert "| `duplicate_instance_id` | 1 |" in md and "reconciles" in md
+    assert (
+        "| `duplicate_instance_id` | 1 |" in md and "| `duplicate_patch` | 1 |" in md and "reconciles" in md
+    )
 
 
 def test_thresholds_are_parameters(dirty_taskset, tmp_path):
@@ -97,7 +100,7 @@ def test_thresholds_are_parameters(dirty_taskset, tmp_path):
     report = clean_taskset(tasks, tmp_path / "kept", tmp_path / "rejected.jsonl", params)
     assert report.n_rejected == 0 and report.n_kept == len(good) + len(bad)
     strict = clean_taskset(tasks, tmp_path / "k2", tmp_path / "r2.jsonl", CleanParams(max_tests=2))
-    assert strict.reasons["too_many_tests"] > 1
+    assert strict.reasons[RejectReason.TOO_MANY_TESTS] > 1
 
 
 def test_duplicate_patch_under_another_id(synth_taskset, tmp_path):
@@ -158,11 +161,13 @@ def test_planted_rejections_at_small_scale(tmp_path):
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "make_swesmith_rows.py"
     spec = importlib.util.spec_from_file_location("make_swesmith_rows", path)
+    assert spec is not None and spec.loader is not None, path
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.main(["--out", str(tmp_path / "ts"), "--rows", "400", "--repos", "4", "--seed", "3"]) == 0
-    expected = TaskSet.open(tmp_path / "ts").manifest["expected_rejections"]
+    manifest = TaskSet.open(tmp_path / "ts").manifest
+    expected = manifest["expected_rejections"]
     report = clean_taskset(tmp_path / "ts", tmp_path / "kept", tmp_path / "rejected.jsonl")
-    assert sum(expected.values()) > 0
+    assert sum(expected.values()) > 0 and expected["duplicate_patch"] == expected["duplicate_instance_id"] > 0
     assert dict(report.reasons) == {k: v for k, v in expected.items() if v}
-    assert report.n_rejected == sum(expected.values()) and report.n_in == 400
+    assert report.n_rejected == manifest["expected_rejected_rows"] and report.n_in == 400

@@ -60,9 +60,10 @@ def test_every_modifier_changes_valid_code_inside_functions_only(modifier):
 
 
 def test_remove_loop_and_invert_if_do_what_they_say():
-    loop = Candidate("m.py", "func_pm_remove_loop", 0)
-    assert "for v in values" not in mutate_source(SOURCE, loop, 0)
+    removed = mutate_source(SOURCE, Candidate("m.py", "func_pm_remove_loop", 0), 0)
+    assert removed is not None and "for v in values" not in removed
     inv = mutate_source(SOURCE, Candidate("m.py", "func_pm_ctrl_invert_if", 0), 0)
+    assert inv is not None
     assert "if total == 0 and bonus:\n        total = total % 7\n    else:\n        return bonus" in inv
 
 
