@@ -177,7 +177,6 @@ def graded(task, tmp_path_factory):
                 workers=2,
                 timeout_s=timeout_s,
                 limits=limits,
-                show_progress=False,
             )
             summary["wall"] = time.monotonic() - t0
             time.sleep(0.3)
@@ -365,6 +364,33 @@ def test_forged_summary_printed_at_exit_is_an_infra_error(graded):
 def test_a_patch_that_does_not_apply_scores_zero(task):
     r = verify_patch(task.taskset, task.row, task.row["patch"].replace(" ", "\t"), timeout_s=60)
     assert r.status == "apply_failed" and r.reward == 0.0 and "does not apply" in r.detail
+
+
+def test_sysctl_writes_from_a_patched_source_module_fail_under_verify(task, tmp_path):
+    """The reported escape, from a patch: an ordinary source module that writes host sysctls (here: puts back
+    the values it read) when the tests import it. Every write must fail, the process doing it must not be
+    root on the host, and the task scores 0."""
+    from harnessrl.verify.verifier import verify_workspace
+    from tests.sandbox.support import SYSCTL_PROBE, SYSCTLS, CredentialSampler, host_sysctls, parse_probe
+
+    before = host_sysctls()
+    ws = task.workspace(tmp_path / "ws")
+    _append(
+        ws / task.module(),
+        SYSCTL_PROBE + "import json as _json, time as _time\n_time.sleep(1.5)\n"
+        "raise RuntimeError('PROBE ' + _json.dumps(_harnessrl_sysctl_probe()))\n",
+    )
+    with CredentialSampler(b"pytest") as sampler:
+        result = verify_workspace(task.taskset, task.row, ws, timeout_s=120)
+    assert result.status == "unresolved" and result.reward == 0.0, (result.status, result.detail)
+    probe = parse_probe(result.test_log)
+    assert set(probe["sysctl"]) == set(SYSCTLS)
+    assert "WRITTEN" not in probe["sysctl"].values(), probe
+    assert probe["proc_read_only"].get("/proc/sys") is True, probe
+    assert host_sysctls() == before
+    assert sampler.seen, "the sandboxed pytest was never seen from the host"
+    for creds in sampler.seen.values():
+        assert "0" not in creds["Uid"].split() and int(creds["CapEff"], 16) == 0, creds
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,71 @@
+"""Rollout records you can trust when the data or the agent misbehaves: an instance id that is a path, and
+an agent that leaves a diff too large to keep. Real gateway, bubblewrap, ReAct harness, fast engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from harnessrl.io import read_jsonl, write_jsonl
+from harnessrl.rollout.generate import GenerateConfig, run_generate
+from harnessrl.rollout.model_server import ModelSource
+from harnessrl.rollout.specs import parse_specs
+from harnessrl.sandbox.workspace import MAX_PATCH_BYTES, safe_name
+from harnessrl.taskset import TaskSet, bundle_name
+from tests.support.fixtures import requires_bwrap
+
+PATH_LIKE_ID = "evil/nested/id"  # a valid git branch name, and a path
+
+
+def _taskset_with_path_like_id(src: Path, dest: Path) -> dict:
+    """A copy of the task set with one task re-published under PATH_LIKE_ID (branch and row)."""
+    shutil.copytree(src, dest)
+    ts = TaskSet.open(dest)
+    row = ts.rows()[0]
+    bundle = dest / "repos" / bundle_name(row["repo"])
+    repo = dest / "clone.git"
+    subprocess.run(["git", "clone", "-q", "--mirror", str(bundle), str(repo)], check=True)
+    subprocess.run(["git", "--git-dir", str(repo), "branch", PATH_LIKE_ID, row["instance_id"]], check=True)
+    subprocess.run(
+        ["git", "--git-dir", str(repo), "bundle", "create", "-q", str(bundle), "--all"], check=True
+    )
+    shutil.rmtree(repo)
+    evil = dict(row, instance_id=PATH_LIKE_ID)
+    write_jsonl(ts.tasks_path, [*ts.rows(), evil])
+    return evil
+
+
+def tool_call(name: str, **arguments) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+@requires_bwrap
+def test_path_like_instance_id_and_a_diff_over_the_cap(synth_taskset, fast_engine, tmp_path):
+    _taskset_with_path_like_id(synth_taskset, tmp_path / "tasks")
+    noise_mb = (MAX_PATCH_BYTES >> 20) + 2
+    engine = fast_engine(
+        [
+            {"text": tool_call("bash", command=f"head -c {noise_mb}M /dev/urandom > noise.bin && echo ok")},
+            {"text": tool_call("submit")},
+        ]
+    )
+    specs = parse_specs(
+        [{"name": "react", "harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 4}}]
+    )
+    out = tmp_path / "gen"
+    run_generate(
+        tmp_path / "tasks",
+        out,
+        specs,
+        ModelSource(engine_url=engine.base_url),
+        GenerateConfig(group_size=1, concurrency=1, instance_ids=[PATH_LIKE_ID]),
+    )
+    (row,) = read_jsonl(out / "rollouts.jsonl")
+    assert row["rollout_id"] == f"{PATH_LIKE_ID}__r0"
+    assert row["rollout_status"] == "patch_too_large" and row["finish_reason"] == "submitted", row["error"]
+    assert row["model_patch"] == "" and str(MAX_PATCH_BYTES) in row["error"]
+    assert (out / "rollouts.jsonl").stat().st_size < 1 << 20
+    transcripts = sorted(p.relative_to(out / "transcripts") for p in (out / "transcripts").rglob("*"))
+    assert transcripts == [Path(f"{safe_name(row['rollout_id'])}.json")], transcripts
