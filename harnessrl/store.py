@@ -16,7 +16,6 @@ or a TOML file named by HARNESSRL_STORE_CONFIG with the keys endpoint, access_ke
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tomllib
@@ -288,7 +287,8 @@ class ObjectStore:
         key = prefix.key.rstrip("/") + "/" if prefix.key else ""
         try:
             for obj in self.client.list_objects(prefix.bucket, prefix=key, recursive=True):
-                yield str(S3Uri(prefix.bucket, obj.object_name))
+                if obj.object_name is not None:  # minio types it optional; a listed object has a name
+                    yield str(S3Uri(prefix.bucket, obj.object_name))
         except _errors() as e:
             raise self._err(e, "listing", prefix) from None
 
@@ -323,14 +323,3 @@ class ObjectStore:
         for t in transfers:
             t.path = local_dir / t.path.relative_to(staging)
         return transfers
-
-
-def transfer_summary(transfers: list[Transfer]) -> str:
-    return json.dumps(
-        {
-            "files": len(transfers),
-            "bytes": sum(t.size for t in transfers),
-            "transferred": sum(t.bytes_transferred for t in transfers),
-            "resumed": sum(1 for t in transfers if t.resumed_from),
-        }
-    )
