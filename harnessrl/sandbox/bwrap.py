@@ -35,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
 from harnessrl.sandbox import cgroups, identity, leftovers, quota
@@ -156,8 +157,12 @@ class BubblewrapSandbox(Sandbox):
         self.read_only_workspace = read_only_workspace
         self._stub_dir: Path | None = None
         self._stage_dir: Path | None = None
+        self._closed = False
         leftovers.sweep_once([cgroups.factory().sweep_stale])
         self.identity = identity.acquire()
+        # closes what the sandbox holds (uid slot, temp dirs) even if the caller never calls close()
+        self._temp_dirs: list[Path] = []
+        self._finalizer = weakref.finalize(self, _release, self._temp_dirs, self.identity)
         try:
             if self.gateway_socket is not None and self.identity is not None:
                 _let_group_connect(self.gateway_socket, self.identity.gid)
@@ -212,6 +217,7 @@ class BubblewrapSandbox(Sandbox):
     def _git_stub_file(self) -> Path:
         if self._stub_dir is None:
             self._stub_dir = leftovers.make_tempdir("gitstub")
+            self._temp_dirs.append(self._stub_dir)
             stub = self._stub_dir / "git"
             stub.write_text(GIT_STUB)
             stub.chmod(0o755)
@@ -238,6 +244,7 @@ class BubblewrapSandbox(Sandbox):
         """
         if self._stage_dir is None:
             self._stage_dir = leftovers.make_tempdir("stage")
+            self._temp_dirs.append(self._stage_dir)
             self._stage_dir.chmod(0o711)
         staged: dict[Path, Path] = {}
         for _, host, _ in self.host_binds():
@@ -319,6 +326,10 @@ class BubblewrapSandbox(Sandbox):
         """The full argv to start (after rlimits and a cgroup join) and the descriptors it must inherit; the
         caller closes the descriptors after the start. bubblewrap's own options travel in a memfd
         (`--args`), so the sandbox sees none of them in /proc/1/cmdline."""
+        if self._closed:
+            raise SandboxError("this sandbox is closed")
+        if os.geteuid() == 0 and self.identity is None:  # never start bubblewrap as root
+            raise SandboxError("running as root without a sandbox uid")
         staged = self._staging() if self.identity is not None else {}
         sources = {host: staged.get(host, host) for _, host, _ in self.host_binds()}
         opened: list[int] = []
@@ -488,13 +499,13 @@ class BubblewrapSandbox(Sandbox):
             poll = max(QUOTA_POLL_S, 20 * (time.monotonic() - t0))
 
     def close(self) -> None:
-        for d in (self._stub_dir, self._stage_dir):
-            if d is not None:
-                shutil.rmtree(d, ignore_errors=True)
-        self._stub_dir = self._stage_dir = None
-        if getattr(self, "identity", None) is not None:
+        """Releases the uid slot and temp dirs; the sandbox cannot run anything afterwards."""
+        self._closed = True
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        elif getattr(self, "identity", None) is not None:  # __init__ failed before the finalizer existed
             self.identity.release()  # type: ignore[union-attr]
-            self.identity = None
 
 
 # As root: bind each host path onto its staging mount point (private mount namespace), then drop privileges.
@@ -508,6 +519,14 @@ def _tool(name: str) -> str:
     if path is None:
         raise SandboxError(f"`{name}` (util-linux) is not installed: `apt-get install util-linux`")
     return path
+
+
+def _release(temp_dirs: list[Path], ident: identity.HostIdentity | None) -> None:
+    for d in temp_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    temp_dirs.clear()
+    if ident is not None:
+        ident.release()
 
 
 def _memfd(name: str, data: bytes) -> int:

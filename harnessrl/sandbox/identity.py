@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import random
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,9 +73,8 @@ def acquire() -> HostIdentity | None:
     if os.geteuid() != 0:
         return None
     base, d = uid_base(), _lock_dir()
-    start = random.randrange(SLOTS)
-    for i in range(SLOTS):
-        uid = base + 1 + (start + i) % (SLOTS - 1)
+    for slot in range(1, SLOTS):  # lowest free slot first: lock files stay as many as sandboxes at once
+        uid = base + slot
         fd = os.open(d / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

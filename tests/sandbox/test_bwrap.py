@@ -215,3 +215,38 @@ def test_output_is_capped(ws):
     with BubblewrapSandbox(ws) as sb:
         r = sb.run("head -c 10000000 /dev/zero | tr '\\0' a", timeout=20)
     assert r.outcome is Outcome.OK and len(r.stdout) < 3 << 20 and "truncated" in r.stdout
+
+
+def test_a_closed_or_forgotten_sandbox_releases_what_it_held_and_never_runs_again(ws):
+    import fcntl
+    import gc
+
+    from harnessrl.sandbox import identity
+
+    def holds(sb: BubblewrapSandbox) -> tuple[list[Path], Path | None]:
+        assert sb.run(["true"], timeout=10).ok
+        lock = identity.LOCK_DIR / f"{sb.identity.uid}.lock" if sb.identity is not None else None
+        return list(sb._temp_dirs), lock
+
+    def released(lock: Path | None) -> bool:
+        if lock is None:
+            return True
+        with open(lock) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+        return True
+
+    sb = BubblewrapSandbox(ws, git_stub=True)
+    dirs, lock = holds(sb)
+    assert dirs and all(d.exists() for d in dirs) and not released(lock)
+    sb.close()
+    assert not any(d.exists() for d in dirs) and released(lock)
+    with pytest.raises(SandboxError, match="closed"):
+        sb.run(["true"], timeout=10)
+    forgotten = BubblewrapSandbox(ws, git_stub=True)  # as a caller that never calls close()
+    dirs, lock = holds(forgotten)
+    del forgotten
+    gc.collect()
+    assert not any(d.exists() for d in dirs) and released(lock)
