@@ -55,9 +55,18 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except EngineError as e:
         raise UserError(str(e)) from e
+
+    async def serve_and_announce() -> None:
+        ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        server = asyncio.create_task(serve(engine, args.host, args.port, args.served_model_name, ready=ready))
+        await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            print(f"harnessrl engine listening on {ready.result()}", flush=True)
+        await server
+
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(engine, args.host, args.port, args.served_model_name))
+            asyncio.run(serve_and_announce())
     except OSError as e:
         raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
     finally:

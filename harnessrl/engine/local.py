@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import secrets
 import threading
@@ -20,22 +21,19 @@ import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import PretrainedConfig
 
 from harnessrl.engine import kv
-from harnessrl.engine.base import (
-    EngineError,
-    EngineRequestError,
-    FinishReason,
-    Generation,
-    GenerationDelta,
-    SamplingParams,
-)
-from harnessrl.engine.sampling import RowSampling, sample
+from harnessrl.engine.base import EngineError, FinishReason, Generation, GenerationDelta, SamplingParams
+from harnessrl.engine.local_requests import LocalRequest, validate_request
+from harnessrl.engine.sampling import RowSampling, SampledToken, sample
+from harnessrl.engine.weights import copy_weights, read_checkpoint
+
+logger = logging.getLogger(__name__)
 
 _TRIM_MIN_COLUMNS = 64  # drop shared left padding once it is at least this wide and a quarter of the batch
 
@@ -45,30 +43,6 @@ def default_threads() -> int:
     workers spin-wait, and on a 2-core machine shared with a gateway, sandboxes and a trainer one 8-row decode
     step measured 9x slower with 2 threads than with 1."""
     return max(1, min(8, (os.cpu_count() or 2) // 2))
-
-
-@dataclass
-class _Request:
-    id: str
-    prompt: list[int]
-    sampling: SamplingParams
-    max_tokens: int
-    stop: frozenset[int]
-    row: RowSampling
-    result: Future
-    submitted: float = field(default_factory=time.perf_counter)
-    out_ids: list[int] = field(default_factory=list)
-    out_logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    cached: int = 0  # tokens of this request in the KV cache
-    pending_token: int = -1  # sampled but not yet fed to the model
-    aborted: bool = False
-    prefill_s: float = 0.0
-    first_token_at: float = 0.0
-    # Called on the scheduler thread after each sampled token (token id, logprob, version) and once with
-    # None when the request finishes; must be cheap and thread-safe (it hands off to an event loop).
-    listener: Callable[[tuple[int, float, int] | None], None] | None = None
 
 
 @dataclass
@@ -122,11 +96,11 @@ class LocalEngine:
         self.steps = 0  # decode steps run (for tests and metrics)
 
         self._lock = threading.Condition()
-        self._waiting: deque[_Request] = deque()
+        self._waiting: deque[LocalRequest] = deque()
         self._syncs: deque[_WeightSync] = deque()
         self._abort_ids: set[str] = set()
         self._abort_all = False
-        self._active: list[_Request] = []
+        self._active: list[LocalRequest] = []
         self._cache = kv.new_cache(self.num_layers)
         self._closed = False
         self._ids = itertools.count()
@@ -210,12 +184,19 @@ class LocalEngine:
         request_id: str | None = None,
         top_logprobs: int = 0,
         listener: Callable[[tuple[int, float, int] | None], None] | None = None,
-    ) -> _Request:
+    ) -> LocalRequest:
         """Queues a request; its `.result` (a concurrent Future) resolves to a Generation."""
-        self._validate(prompt_ids, sampling, max_tokens, stop_token_ids)
+        validate_request(
+            prompt_ids,
+            sampling,
+            max_tokens,
+            stop_token_ids,
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+        )
         generator = torch.Generator()
         generator.manual_seed(sampling.seed if sampling.seed is not None else secrets.randbits(62))
-        request = _Request(
+        request = LocalRequest(
             id=request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}",
             prompt=[int(t) for t in prompt_ids],
             sampling=sampling,
@@ -232,27 +213,6 @@ class LocalEngine:
             self._lock.notify()
         return request
 
-    def _validate(self, prompt_ids, sampling, max_tokens, stop_token_ids) -> None:
-        if not prompt_ids:
-            raise EngineRequestError("prompt_ids is empty: send at least one token id")
-        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise EngineRequestError(
-                f"prompt_ids holds {len(bad)} id(s) outside the vocabulary [0, {self.vocab_size}), "
-                f"e.g. {bad[0]!r}"
-            )
-        if len(prompt_ids) >= self.max_context:
-            raise EngineRequestError(
-                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context}: "
-                "shorten the history (compaction) before calling the engine"
-            )
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise EngineRequestError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
-            raise EngineRequestError(f"need temperature >= 0 and 0 < top_p <= 1, got {sampling}")
-        if any(not isinstance(t, int) for t in stop_token_ids or ()):
-            raise EngineRequestError(f"stop_token_ids must be integers, got {stop_token_ids!r}")
-
     def abort(self, request_ids: list[str] | None = None) -> None:
         """Aborts the given requests (all in flight and queued if None); they finish with "abort" and the
         tokens sampled so far."""
@@ -267,7 +227,7 @@ class LocalEngine:
         """Swaps in the weights of a Hugging Face checkpoint dir (safetensors) between two decode steps.
         Blocks until applied. Requests in flight continue on the new weights (their tokens record the
         version that sampled them)."""
-        state = self._read_checkpoint(Path(checkpoint_dir))
+        state = read_checkpoint(self.model, Path(checkpoint_dir))
         sync = _WeightSync(state, int(version), Future())
         with self._lock:
             if self._closed:
@@ -297,50 +257,6 @@ class LocalEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    # ---- weights ----------------------------------------------------------------------------------------
-
-    def _read_checkpoint(self, directory: Path) -> dict[str, torch.Tensor]:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
-        if not files:
-            raise EngineError(
-                f"{directory}: no *.safetensors files; expected a Hugging Face checkpoint "
-                "directory written by save_pretrained"
-            )
-        state: dict[str, torch.Tensor] = {}
-        for file in files:
-            try:
-                state.update(load_file(file))
-            except (SafetensorError, OSError) as e:
-                raise EngineError(f"{file}: cannot read safetensors ({e})") from e
-        params = dict(self.model.named_parameters())
-        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
-        missing = sorted(set(params) - set(state) - tied)
-        unexpected = sorted(set(state) - set(params) - tied)
-        if missing or unexpected:
-            raise EngineError(
-                f"{directory}: checkpoint does not match the served model "
-                f"({len(missing)} missing, e.g. {missing[:3]}; "
-                f"{len(unexpected)} unexpected, e.g. {unexpected[:3]})"
-            )
-        for name, tensor in state.items():
-            if name in params and tensor.shape != params[name].shape:
-                raise EngineError(
-                    f"{directory}: {name} has shape {tuple(tensor.shape)}, "
-                    f"the served model has {tuple(params[name].shape)}"
-                )
-        return state
-
-    def _apply_weights(self, sync: _WeightSync) -> None:
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in sync.state.items():
-                if name in params:
-                    params[name].copy_(tensor)  # in place: keeps tied embeddings tied
-        self.policy_version = sync.version
 
     # ---- scheduler thread ---------------------------------------------------------------------------------
 
@@ -376,7 +292,9 @@ class LocalEngine:
                     closed = self._closed
                 for sync in syncs:
                     try:
-                        self._apply_weights(sync)
+                        copy_weights(self.model, sync.state)
+                        self.policy_version = sync.version
+                        logger.info("weights of version %d loaded", sync.version)
                         sync.done.set_result(None)
                     except Exception as e:  # reported to the caller that asked for the sync
                         sync.done.set_exception(EngineError(f"weight sync failed: {e}"))
@@ -399,7 +317,7 @@ class LocalEngine:
                         self._waiting.clear()
                     return
 
-    def _prefill(self, request: _Request) -> None:
+    def _prefill(self, request: LocalRequest) -> None:
         if request.aborted or request.result.done():
             self._finish(request, FinishReason.ABORT)
             return
@@ -438,19 +356,10 @@ class LocalEngine:
         for request, token in zip(rows, sample(out.logits[:, -1], [r.row for r in rows]), strict=True):
             self._accept(request, token)
 
-    def _accept(self, request: _Request, token) -> None:
-        if not request.out_ids:
-            request.first_token_at = time.perf_counter()
-        request.out_ids.append(token.token_id)
-        request.out_logprobs.append(token.logprob)
-        request.versions.append(self.policy_version)
-        if token.top is not None:
-            request.tops.append(token.top)
-        request.pending_token = token.token_id
-        if request.listener is not None:
-            request.listener((token.token_id, token.logprob, self.policy_version))
+    def _accept(self, request: LocalRequest, token: SampledToken) -> None:
+        request.accept(token, self.policy_version)
 
-    def _finished_reason(self, request: _Request) -> FinishReason | None:
+    def _finished_reason(self, request: LocalRequest) -> FinishReason | None:
         if request.aborted:
             return FinishReason.ABORT
         if request.out_ids and request.out_ids[-1] in request.stop:
@@ -478,37 +387,22 @@ class LocalEngine:
         drop = shared_pad if shared_pad >= _TRIM_MIN_COLUMNS and shared_pad * 4 >= length else 0
         kv.select_rows(self._cache, keep, drop_left=drop)
 
-    def _finish(self, request: _Request, reason: FinishReason) -> None:
+    def _finish(self, request: LocalRequest, reason: FinishReason) -> None:
         if request.result.done():
             return
-        now = time.perf_counter()
-        first = request.first_token_at or now
-        generation = Generation(
-            token_ids=list(request.out_ids),
-            logprobs=list(request.out_logprobs),
-            finish_reason=reason,
-            policy_version=request.versions[-1] if request.versions else self.policy_version,
-            timings={
-                "queue_s": max(0.0, first - request.submitted - request.prefill_s),
-                "prefill_s": request.prefill_s,
-                "decode_s": now - first,
-                "total_s": now - request.submitted,
-            },
-            token_policy_versions=list(request.versions),
-            top_logprobs=list(request.tops) if request.row.top_logprobs > 0 else None,
-        )
         with contextlib.suppress(Exception):  # the caller may have cancelled the future
-            request.result.set_result(generation)
+            request.result.set_result(request.generation(reason, self.policy_version))
         self._notify_end(request)
 
     @staticmethod
-    def _notify_end(request: _Request) -> None:
+    def _notify_end(request: LocalRequest) -> None:
         if request.listener is not None:
             with contextlib.suppress(RuntimeError):  # the consumer's event loop is closed
                 request.listener(None)
 
-    def _fail_all(self, admitted: list[_Request], error: Exception) -> None:
+    def _fail_all(self, admitted: list[LocalRequest], error: Exception) -> None:
         message = EngineError(f"local engine step failed: {type(error).__name__}: {error}")
+        logger.error("%s (failing %d requests)", message, len(self._active) + len(admitted))
         for request in [*self._active, *admitted]:
             if not request.result.done():
                 request.result.set_exception(message)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 import uuid
@@ -25,6 +26,8 @@ from aiohttp import web
 from harnessrl.engine.base import EngineError, EngineRequestError, SamplingParams
 from harnessrl.engine.completions_api import build_response, build_stream_chunk, error_body
 from harnessrl.engine.local import LocalEngine
+
+logger = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", LocalEngine)
 MODEL_NAME_KEY = web.AppKey("model_name", str)
@@ -252,14 +255,14 @@ async def serve(
     model_name: str | None = None,
     ready: asyncio.Future | None = None,
 ) -> None:
-    """Runs until cancelled. Prints the listening URL (the real port when `port` is 0)."""
+    """Runs until cancelled. `ready` (if given) receives the listening URL (the real port when `port` is 0)."""
     runner = web.AppRunner(build_app(engine, model_name), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = runner.addresses[0][1]
     url = f"http://{host}:{bound}"
-    print(f"harnessrl engine listening on {url}", flush=True)
+    logger.info("listening on %s", url)
     if ready is not None:
         ready.set_result(url)
     try:
