@@ -14,51 +14,30 @@ Flow (SWE-smith's procedural bug generation, on one host):
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import random
-import re
 import shutil
 import sys
-import tarfile
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from dataprep.gitrepo import GitError, create_bundle, git, init_squashed
 from dataprep.mutations import MODIFIERS, Candidate, enumerate_candidates, mutate_source
 from dataprep.problem import problem_statement
 from dataprep.pytest_runner import TestRun, TestRunner, run_pytest
+from dataprep.source import SynthesisError, newest_mtime_iso, prepare_source, source_files
 from harnessrl.progress import ProgressBar
 from harnessrl.taskset import TaskSet, write_taskset
 
-SKIP_DIRS = {
-    ".git",
-    ".hg",
-    ".svn",
-    "__pycache__",
-    ".pytest_cache",
-    ".tox",
-    ".nox",
-    ".venv",
-    "venv",
-    "build",
-    "dist",
-    ".mypy_cache",
-    ".ruff_cache",
-    ".eggs",
-    "node_modules",
-    ".idea",
-    ".vscode",
-}
-NON_SOURCE_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "scripts"}
 
-
-class SynthesisError(ValueError):
-    """The source cannot be used (not found, no tests, tests do not pass): the message says why and what to do."""
+class CandidateStatus(StrEnum):
+    KEPT = "kept"
+    REJECTED = "rejected"
 
 
 @dataclass
@@ -66,7 +45,7 @@ class CandidateResult:
     file: str
     modifier: str
     site: int
-    status: str  # kept | rejected
+    status: CandidateStatus
     reason: str = ""
     instance_id: str = ""
     n_f2p: int = 0
@@ -81,72 +60,6 @@ class CandidateResult:
         for k in ("f2p", "p2p", "messages"):
             d.pop(k)
         return d
-
-
-# ---------------------------------------------------------------- source preparation
-
-
-def _ignore(directory: str, names: list[str]) -> set[str]:
-    return {n for n in names if n in SKIP_DIRS or n.endswith((".egg-info", ".pyc", ".pyo", ".bundle"))}
-
-
-def prepare_source(source: Path, dest: Path) -> str:
-    """Copies a repo directory or an extracted sdist to `dest`; returns the project name."""
-    source = Path(source)
-    if source.is_dir():
-        shutil.copytree(source, dest, ignore=_ignore)
-        raw = source.resolve().name
-    elif (
-        source.is_file() and source.name.endswith((".tar.gz", ".tgz", ".tar")) and tarfile.is_tarfile(source)
-    ):
-        with tempfile.TemporaryDirectory() as tmp, tarfile.open(source) as tar:
-            tar.extractall(tmp, filter="data")
-            entries = [p for p in Path(tmp).iterdir() if p.name not in SKIP_DIRS]
-            root = entries[0] if len(entries) == 1 and entries[0].is_dir() else Path(tmp)
-            shutil.copytree(root, dest, ignore=_ignore)
-            raw = root.name if root != Path(tmp) else re.sub(r"\.(tar\.gz|tgz|tar)$", "", source.name)
-    else:
-        raise SynthesisError(
-            f"{source}: not a directory or a .tar.gz source archive. Pass a repository "
-            "directory or an sdist (`pip download --no-deps --no-binary :all: NAME==VER`)."
-        )
-    name = re.sub(r"-\d.*$", "", raw)  # parse-1.22.4 -> parse
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "repo"
-
-
-def is_test_path(rel: str) -> bool:
-    parts = rel.split("/")
-    base = parts[-1]
-    return (
-        base.startswith("test_")
-        or base.endswith("_test.py")
-        or base == "conftest.py"
-        or any(p in ("tests", "test", "testing") for p in parts[:-1])
-    )
-
-
-def source_files(root: Path) -> dict[str, str]:
-    """Non-test Python source files (relative posix path -> text) that bugs may be planted in."""
-    out = {}
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        parts = rel.split("/")
-        if (
-            is_test_path(rel)
-            or parts[-1] in ("setup.py", "noxfile.py", "conftest.py")
-            or any(p in NON_SOURCE_DIRS or p.startswith(".") for p in parts[:-1])
-        ):
-            continue
-        try:
-            out[rel] = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue
-    return out
-
-
-def newest_mtime_iso(root: Path) -> str:
-    newest = max((p.stat().st_mtime for p in root.rglob("*") if p.is_file()), default=0.0)
-    return dt.datetime.fromtimestamp(int(newest), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def order_candidates(candidates: Sequence[Candidate], seed: int) -> list[Candidate]:
@@ -344,7 +257,7 @@ def synthesize_taskset(
                     tried += 1
                     run = fut.result()
                     res = CandidateResult(
-                        cand.path, cand.modifier, cand.site, "rejected", seconds=run.seconds
+                        cand.path, cand.modifier, cand.site, CandidateStatus.REJECTED, seconds=run.seconds
                     )
                     results.append(res)
                     bar.advance()
@@ -375,7 +288,7 @@ def synthesize_taskset(
                         bar.advance(0, description=f"synthesize {repo_name}: {len(rows)} tasks")
 
         bundle = create_bundle(repo, tmp / "repo.bundle")
-        reasons = Counter(r.reason.split(":")[0] for r in results if r.status == "rejected")
+        reasons = Counter(r.reason.split(":")[0] for r in results if r.status is CandidateStatus.REJECTED)
         manifest = {
             "synthesis": {
                 "source": str(source),
@@ -433,7 +346,7 @@ def _accept(
         res.reason = failure
         return None
     counters[res.modifier] += 1
-    res.status, res.reason, res.instance_id = "kept", "", iid
+    res.status, res.reason, res.instance_id = CandidateStatus.KEPT, "", iid
     res.messages = {t: run.messages.get(t, "") for t in res.f2p}
     rng = random.Random(f"{seed}:{iid}")
     return {

@@ -12,7 +12,8 @@ from dataprep.mutations import (
 )
 from dataprep.problem import humanize_test
 from dataprep.pytest_runner import parse_pytest_report, run_pytest
-from dataprep.synthesize import is_test_path, order_candidates
+from dataprep.source import is_test_path
+from dataprep.synthesize import order_candidates
 
 SOURCE = """\
 LIMIT = 10
