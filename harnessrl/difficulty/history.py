@@ -60,9 +60,6 @@ class PassRateHistory:
     def rounds(self) -> list[int]:
         return sorted({r.round for r in self.rows})
 
-    def next_round(self) -> int:
-        return max(self.rounds, default=-1) + 1
-
     def record_round(self, round_: int, counts: Mapping[str, tuple[int, int]]) -> None:
         """Replaces round `round_` with `counts` (group_id -> (n, passes)) and saves atomically."""
         new = [HistoryRow(g, round_, int(n), int(p)) for g, (n, p) in sorted(counts.items())]
@@ -89,9 +86,6 @@ class PassRateHistory:
             if n:
                 rates[group] = sum(r.passes for r in recent) / n
         return rates
-
-    def recent_pass_rate(self, group_id: str, last_k: int = 3) -> float | None:
-        return self.recent_pass_rates(last_k).get(group_id)
 
     def skip_for_dynamic_sampling(self, last_k: int = 3, before_round: int | None = None) -> set[str]:
         """Groups whose recent pass rate is 0 or 1: no learning signal under group-relative advantages."""
