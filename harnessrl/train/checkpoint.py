@@ -2,49 +2,94 @@
 
     <root>/step-000004/model.safetensors, config.json, tokenizer*.json, ...   ← AutoModelForCausalLM-loadable
     <root>/step-000004/trainer_state.pt     optimizer, LR scheduler, RNG states, global step
-    <root>/step-000004/trainer_state.json   step, config fingerprint, per-step metrics so far
+    <root>/step-000004/trainer_state.json   step, the run's fingerprint and its parts, per-step metrics so far
 
-A checkpoint directory appears only complete (harnessrl.io.atomic_output), so the latest step directory
-is always safe to resume from. `s3://bucket/prefix` destinations are uploaded with `harnessrl.store`.
+A directory is written under a temporary name `.<name>.<fingerprint>.<random>` beside its destination and
+renamed into place when complete, so the newest step directory is always safe to resume from, and a kill -9
+leaves only temporary directories that carry the fingerprint of the run that left them: a rerun of that run
+removes them, other runs' leftovers are not touched. `<root>` holds the checkpoints of one run: rotation
+(`keep`) counts only the current run's checkpoints, and `check_checkpoints` refuses a root holding another
+run's.
+`s3://bucket/prefix` destinations are uploaded with `harnessrl.store`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
 import re
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harnessrl.io import atomic_write_json
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from harnessrl.io import atomic_output, atomic_write_json
+    from harnessrl.train.fingerprint import RunIdentity
+
+logger = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 STATE_PT = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
 
 
+@contextlib.contextmanager
+def _atomic_dir(dest: Path, fingerprint: str) -> Iterator[Path]:
+    """Yields an empty directory inside `.<name>.<fingerprint>.<random>/` beside `dest`; renames it to `dest`
+    on success (replacing an existing `dest` whole)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{fingerprint}.", dir=dest.parent))
+    try:
+        tmp = scratch / "new"
+        tmp.mkdir()  # not the mkdtemp directory itself: that one is private (0700)
+        yield tmp
+        if dest.is_dir() and not dest.is_symlink():
+            os.replace(dest, scratch / "old")
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def sweep_partials(parent: Path, name: str, fingerprint: str) -> list[Path]:
+    """Removes the temporary directories a killed run with this fingerprint left for `parent/name` (`name` a
+    regex for the destination's name); returns them."""
+    own = re.compile(rf"^\.{name}\.{re.escape(fingerprint)}\.")
+    found = [p for p in parent.iterdir() if own.match(p.name) and p.is_dir()] if parent.is_dir() else []
+    for p in found:
+        shutil.rmtree(p, ignore_errors=True)
+    if found:
+        logger.warning(
+            "removed %d partial director(ies) an earlier kill of this run left in %s", len(found), parent
+        )
+    return found
+
+
 def save_model(
     model: PreTrainedModel,
     tokenizer: Any,
     dest: str | Path,
+    fingerprint: str,
     extra_json: dict | None = None,
     state_dict: dict | None = None,
 ) -> Path:
     """Writes an HF model directory atomically; returns its path. `state_dict`: the gathered weights of a
     sharded (FSDP) model."""
     dest = Path(dest)
-    with atomic_output(dest) as tmp:
+    with _atomic_dir(dest, fingerprint) as tmp:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if extra_json:
-            for name, obj in extra_json.items():
-                atomic_write_json(Path(tmp) / name, obj)
+        for name, obj in (extra_json or {}).items():
+            atomic_write_json(tmp / name, obj)
     return dest
 
 
@@ -58,35 +103,81 @@ def save_checkpoint(
     keep: int = 2,
     state_dict: dict | None = None,
 ) -> Path:
+    """Writes `<root>/step-NNNNNN`; `meta` must hold the run's "fingerprint". With `keep` > 0 only the newest
+    `keep` checkpoints *of this run* stay."""
     root = Path(root)
+    fingerprint = meta["fingerprint"]
     dest = root / f"step-{step:06d}"
-    with atomic_output(dest) as tmp:
+    with _atomic_dir(dest, fingerprint) as tmp:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, Path(tmp) / STATE_PT)
-        atomic_write_json(Path(tmp) / STATE_JSON, {"step": step, **meta})
+        torch.save(trainer_state, tmp / STATE_PT)
+        atomic_write_json(tmp / STATE_JSON, {"step": step, **meta})
     if keep > 0:
-        for old in list_checkpoints(root)[:-keep]:
+        for old in list_checkpoints(root, fingerprint)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return dest
 
 
-def list_checkpoints(root: str | Path) -> list[Path]:
+def read_meta(ckpt: Path) -> dict | None:
+    """A complete checkpoint's trainer_state.json, or None (not a checkpoint, or removed meanwhile)."""
+    try:
+        return json.loads((ckpt / STATE_JSON).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def list_checkpoints(root: str | Path, fingerprint: str | None = None) -> list[Path]:
+    """Complete checkpoints in step order; with `fingerprint`, only those that run wrote."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [
-        (int(m.group(1)), p)
-        for p in root.iterdir()
-        if (m := STEP_DIR.match(p.name)) and (p / STATE_JSON).is_file() and (p / STATE_PT).is_file()
-    ]
+    found = []
+    for p in root.iterdir():
+        m = STEP_DIR.match(p.name)
+        if not m or not (p / STATE_PT).is_file() or (meta := read_meta(p)) is None:
+            continue
+        if fingerprint is None or meta.get("fingerprint") == fingerprint:
+            found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    found = list_checkpoints(root)
-    return found[-1] if found else None
+def check_checkpoints(root: Path, identity: RunIdentity, *, resume: bool) -> Path | None:
+    """Read-only. Refuses a `root` holding another run's checkpoints; returns the checkpoint to resume from
+    (the newest of this run), or None to start at step 0."""
+    others = [p for p in list_checkpoints(root) if (read_meta(p) or {}).get("fingerprint") != identity.digest]
+    if others:
+        newest = others[-1]
+        why = identity.differences(read_meta(newest) or {})
+        fix = (
+            "--resume continues only the run that wrote them: rerun with its inputs and settings, or start "
+            f"this run in a new --out (or delete {root})"
+            if resume
+            else f"use a new --out, or delete {root} (or move it aside) to start this run there"
+        )
+        raise ValueError(f"{root} holds checkpoints of another run ({newest.name}: {why}); {fix}")
+    own = list_checkpoints(root, identity.digest)
+    return own[-1] if resume and own else None
+
+
+def clean_checkpoints(root: Path, identity: RunIdentity, *, resume: bool) -> None:
+    """Rank 0, after check_checkpoints: removes this run's partial checkpoints; without `resume` also its
+    complete ones (an earlier attempt at the same computation), so the fresh run's rotation starts clean."""
+    sweep_partials(root, r"step-\d{6,}", identity.digest)
+    if resume:
+        return
+    stale = list_checkpoints(root, identity.digest)
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    if stale:
+        logger.warning(
+            "starting over without --resume: removed %d checkpoint(s) of an earlier run of the same inputs "
+            "and settings from %s (newest: %s)",
+            len(stale),
+            root,
+            stale[-1].name,
+        )
 
 
 def load_checkpoint_state(ckpt: Path) -> tuple[dict, dict]:

@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import read_jsonl
 from harnessrl.schema import Sample
 from harnessrl.train.modes import NonOkPolicy, parse_mode
@@ -25,19 +26,15 @@ class Rollout:
     rollout_id: str
     group_id: str
     reward: float
-    status: str
+    status: RolloutStatus
     samples: list[Sample]
     trainable: bool = True  # False: in the baseline only (mask policy)
-
-    @property
-    def loss_tokens(self) -> int:
-        return sum(sum(s.loss_mask) for s in self.samples)
 
 
 @dataclass
 class RewardRow:
     reward: float | None
-    status: str
+    status: RolloutStatus
 
 
 @dataclass
@@ -124,7 +121,10 @@ def load_rewards(path: str | Path) -> dict[str, RewardRow]:
                 raise ValueError(
                     f"{f}: row {i} (rollout {rid!r}): reward must be a finite number or null, got {reward!r}"
                 )
-            out[rid] = RewardRow(None if reward is None else float(reward), str(row.get("status", "ok")))
+            status = parse_mode(
+                RolloutStatus, row.get("status", "ok"), f"{f}: row {i} (rollout {rid!r}): status"
+            )
+            out[rid] = RewardRow(None if reward is None else float(reward), status)
     return out
 
 
@@ -134,7 +134,7 @@ def assemble(
     *,
     nonok: NonOkPolicy = NonOkPolicy.DROP,
     mask_reward: float = 0.0,
-    ok_statuses: frozenset[str] = frozenset({"ok"}),
+    ok_statuses: frozenset[RolloutStatus] = frozenset({RolloutStatus.OK}),
 ) -> Prepared:
     """Groups samples by rollout and attaches each rollout's reward and status."""
     nonok = parse_mode(NonOkPolicy, nonok, "nonok")

@@ -1,4 +1,4 @@
-"""Every mode name of the train stage, defined once: configs, functions and the CLI's choices all use these."""
+"""Every mode name of the train stage, defined once: configs, functions and the CLI's choices use these."""
 
 from __future__ import annotations
 

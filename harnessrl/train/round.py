@@ -3,40 +3,43 @@
 Flow: load & join (data.py) → dynamic sampling (difficulty/history.py) → rollout-level advantages (advantages.py)
 → plan optimizer steps at group granularity (all samples of a rollout, indeed of a group, share one
 step) → Trainer steps with global loss denominators → checkpoints every `save_every` steps → final model.
-`resume=True` continues from the latest checkpoint in `<out>/checkpoints` and reproduces an
-uninterrupted run exactly on CPU (same seed, same inputs → same losses).
+`resume=True` continues from the latest checkpoint of this run (same fingerprint, see fingerprint.py) in
+`<out>/checkpoints` and reproduces an uninterrupted run exactly on CPU (same seed, same inputs → same losses).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import random
-import statistics
+import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.difficulty.history import PassRateHistory
+from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import atomic_write_json, write_jsonl
 from harnessrl.progress import ProgressBar
 from harnessrl.train import advantages as adv_mod
 from harnessrl.train import distributed as dist_mod
 from harnessrl.train.batching import SeqItem
 from harnessrl.train.checkpoint import (
+    check_checkpoints,
+    clean_checkpoints,
     fetch_policy,
-    latest_checkpoint,
     load_checkpoint_state,
     save_checkpoint,
     save_model,
+    sweep_partials,
     upload_dir,
 )
 from harnessrl.train.data import Prepared, Rollout, assemble, load_rewards, load_samples
+from harnessrl.train.fingerprint import run_identity
 from harnessrl.train.losses import sequence_weights
 from harnessrl.train.modes import AdvantageLevel, Estimator, NonOkPolicy, SingletonPolicy, parse_mode
+from harnessrl.train.report import write_report
+from harnessrl.train.summary import stats, strict_json, summarize
 from harnessrl.train.trainer import Trainer, TrainerConfig, seed_everything
 
 if TYPE_CHECKING:
@@ -56,7 +59,7 @@ class TrainConfig:
     singleton: SingletonPolicy = SingletonPolicy.ZERO
     nonok: NonOkPolicy = NonOkPolicy.DROP  # see data.py
     mask_reward: float = 0.0
-    ok_statuses: tuple[str, ...] = ("ok",)
+    ok_statuses: tuple[RolloutStatus, ...] = (RolloutStatus.OK,)  # rewarded; the others follow `nonok`
     groups_per_step: int = 0  # 0 = every group in one optimizer step
     epochs: int = 1
     drop_zero_variance: bool = True
@@ -75,6 +78,7 @@ class TrainConfig:
         self.advantage_level = parse_mode(AdvantageLevel, self.advantage_level, "advantage_level")
         self.singleton = parse_mode(SingletonPolicy, self.singleton, "singleton")
         self.nonok = parse_mode(NonOkPolicy, self.nonok, "nonok")
+        self.ok_statuses = tuple(parse_mode(RolloutStatus, s, "ok_statuses") for s in self.ok_statuses)
         if self.epochs < 1 or self.groups_per_step < 0:
             raise ValueError("epochs must be ≥ 1 and groups_per_step ≥ 0")
         if self.record_round is not None and not self.history:
@@ -148,8 +152,6 @@ def plan_round(prepared: Prepared, cfg: TrainConfig) -> Plan:
         order = list(trained_groups)
         random.Random(cfg.train.seed * 1000003 + epoch).shuffle(order)
         steps += [order[i : i + per] for i in range(0, len(order), per)]
-    if cfg.max_steps is not None:
-        steps = steps[: cfg.max_steps]
     return Plan(rollouts=rollouts, advantages=advs, steps=steps, counts=counts)
 
 
@@ -170,42 +172,12 @@ def step_items(plan: Plan, group_ids: list[str], cfg: TrainConfig) -> tuple[list
     return items, members
 
 
-def fingerprint(prepared: Prepared, cfg: TrainConfig) -> str:
-    h = hashlib.sha256()
-    h.update(
-        json.dumps(
-            {
-                k: v
-                for k, v in cfg.to_dict().items()
-                if k not in ("max_steps", "save_every", "keep_checkpoints", "device")
-            },
-            sort_keys=True,
-            default=str,
-        ).encode()
-    )
-    for r in sorted(prepared.rollouts, key=lambda r: r.rollout_id):
-        h.update(f"{r.rollout_id}:{r.reward}:{r.status}:{len(r.samples)}:{r.loss_tokens}".encode())
-    return h.hexdigest()[:16]
-
-
 def _device(name: str) -> str:
     import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
-
-
-def _stats(xs: list[float]) -> dict[str, float | None]:
-    """Mean/std/min/max; None for an empty list (metrics must be strict JSON: no NaN)."""
-    if not xs:
-        return {"mean": None, "std": None, "min": None, "max": None}
-    return {
-        "mean": statistics.fmean(xs),
-        "std": statistics.pstdev(xs) if len(xs) > 1 else 0.0,
-        "min": min(xs),
-        "max": max(xs),
-    }
 
 
 def run_train(
@@ -226,7 +198,6 @@ def run_train(
     import torch
 
     from harnessrl.tinymodel import load_model, load_tokenizer
-    from harnessrl.train.report import write_report
 
     cfg = cfg or TrainConfig()
     out = Path(out)
@@ -236,9 +207,10 @@ def run_train(
     device = ctx.device
     main = ctx.is_main
     try:
-        if str(policy).startswith("s3://"):
+        policy_given = str(policy)
+        if policy_given.startswith("s3://"):
             if main:
-                fetch_policy(str(policy), out / "policy_in")
+                fetch_policy(policy_given, out / "policy_in")
             dist_mod.barrier()
             policy = out / "policy_in"
         policy = Path(policy)
@@ -252,14 +224,23 @@ def run_train(
             ok_statuses=frozenset(cfg.ok_statuses),
         )
         plan = plan_round(prepared, cfg)
-        fp = fingerprint(prepared, cfg)
+        # the plan (and the fingerprint) cover the whole round; max_steps only stops early
+        steps = plan.steps[: cfg.max_steps]
+        identity = run_identity(prepared, plan, cfg, policy, policy_given)
+        fp = identity.digest
+        ckpt = check_checkpoints(ckpt_root, identity, resume=resume)  # every rank, before rank 0 cleans
+        dist_mod.barrier()
+        if main:
+            clean_checkpoints(ckpt_root, identity, resume=resume)
+            sweep_partials(model_out.parent, re.escape(model_out.name), fp)
+        dist_mod.barrier()
         if main:
             logger.info(
                 "%d rollouts in, %d trained in %d groups over %d optimizer steps; counts %s",
                 plan.counts["rollouts_in"],
                 plan.counts["rollouts_trained"],
                 plan.counts["groups_trained"],
-                len(plan.steps),
+                len(steps),
                 plan.counts,
             )
         if main and cfg.history and cfg.record_round is not None:
@@ -268,7 +249,6 @@ def run_train(
         seed_everything(cfg.train.seed)
         start_step = 0
         history: list[dict] = []
-        ckpt = latest_checkpoint(ckpt_root) if resume else None
         source = ckpt if ckpt is not None else policy
         tokenizer = load_tokenizer(policy)
         model: PreTrainedModel = load_model(source)
@@ -287,20 +267,13 @@ def run_train(
         trainer = Trainer(model, cfg.train, ref_model=ref_model, device=device, pad_id=pad_id)
         if ckpt is not None:
             state, meta = load_checkpoint_state(ckpt)
-            if meta.get("fingerprint") != fp:
-                raise ValueError(
-                    f"{ckpt}: this checkpoint was written for different inputs or settings "
-                    f"(fingerprint {meta.get('fingerprint')} ≠ {fp}); rerun without --resume or use a "
-                    f"new --out"
-                )
             trainer.load_state_dict(state)
             start_step = int(meta["step"])
             history = list(meta.get("history", []))
             if main:
-                logger.info("resuming from %s: step %d of %d", ckpt, start_step, len(plan.steps))
+                logger.info("resuming from %s: step %d of %d", ckpt, start_step, len(steps))
 
         reward_by_rollout = {r.rollout_id: r.reward for r in plan.rollouts}
-        steps = plan.steps
         with ProgressBar("GRPO steps", total=len(steps), completed=start_step, transient=True) as bar:
             for step_index in range(start_step, len(steps)):
                 items, members = step_items(plan, steps[step_index], cfg)
@@ -309,10 +282,10 @@ def run_train(
                 advs_step = [it.advantage for it in items]
                 m.update(
                     {
-                        "reward_mean": _stats(rewards_step)["mean"],
-                        "reward_std": _stats(rewards_step)["std"],
-                        "adv_mean": _stats(advs_step)["mean"],
-                        "adv_std": _stats(advs_step)["std"],
+                        "reward_mean": stats(rewards_step)["mean"],
+                        "reward_std": stats(rewards_step)["std"],
+                        "adv_mean": stats(advs_step)["mean"],
+                        "adv_std": stats(advs_step)["std"],
                         "adv_abs_max": max((abs(a) for a in advs_step), default=0.0),
                         "rollouts": len(members),
                         "groups": len(steps[step_index]),
@@ -331,7 +304,7 @@ def run_train(
                             model,
                             tokenizer,
                             tstate,
-                            {"fingerprint": fp, "history": history, "config": cfg.to_dict()},
+                            {**identity.to_meta(), "history": history, "config": cfg.to_dict()},
                             keep=cfg.keep_checkpoints,
                             state_dict=weights,
                         )
@@ -349,12 +322,12 @@ def run_train(
                 model,
                 tokenizer,
                 model_out,
+                fp,
                 state_dict=weights,
                 extra_json={
                     "harnessrl_train.json": {
+                        **identity.to_meta(),
                         "steps": len(history),
-                        "fingerprint": fp,
-                        "policy_in": str(policy),
                         "config": cfg.to_dict(),
                         "world_size": ctx.world_size,
                     }
@@ -374,54 +347,6 @@ def run_train(
     finally:
         if ctx.enabled:
             dist_mod.shutdown()
-
-
-def summarize(plan: Plan, history: list[dict]) -> dict:
-    rewards = [r.reward for r in plan.rollouts]
-    advs = list(plan.advantages.values())
-    s: dict = {"steps": len(history), **plan.counts}
-    reward_stats = _stats(rewards)
-    s["reward_mean"], s["reward_std"] = reward_stats["mean"], reward_stats["std"]
-    for k, v in _stats(advs).items():
-        s[f"advantage_{k}"] = v
-    s["advantage_zero_fraction"] = sum(1 for a in advs if a == 0) / len(advs) if advs else None
-    if history:
-        s["loss"] = history[-1]["loss"]
-        s["loss_first"] = history[0]["loss"]
-        for key in (
-            "entropy",
-            "clip_frac",
-            "dual_clip_frac",
-            "grad_norm",
-            "tokens_per_s",
-            "padding_fraction",
-            "is_weight_mean",
-            "approx_kl",
-        ):
-            values = [h[key] for h in history if h.get(key) is not None]
-            s[key] = statistics.fmean(values) if values else None
-        s["trained_tokens"] = sum(h["trained_tokens"] for h in history)
-    elif not plan.counts["rollouts_in"]:
-        excluded = ", ".join(
-            f"{k[9:]}: {v}" for k, v in sorted(plan.counts.items()) if k.startswith("excluded_")
-        )
-        s["note"] = (
-            f"no rollout has a usable reward (excluded {excluded or 'none: the samples hold no rollout'}), so "
-            "reward and advantage statistics are null and the output model is the input policy unchanged"
-        )
-    else:
-        s["note"] = "no trainable groups after filtering: the output model is the input policy unchanged"
-    return strict_json(s)
-
-
-def strict_json(row: dict) -> dict:
-    """`row` with every non-finite float replaced by None (named under "nonfinite"): metrics files are strict
-    JSON, which has no NaN or Infinity."""
-    bad = sorted(k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v))
-    if not bad:
-        return row
-    logger.warning("non-finite metric(s) %s written as null", ", ".join(bad))
-    return {**{k: None if k in bad else v for k, v in row.items()}, "nonfinite": bad}
 
 
 def _record_history(prepared: Prepared, history: str, round_: int, pass_threshold: float) -> None:

@@ -40,7 +40,7 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    """Settings of one optimizer step (the stage's settings are round.TrainConfig, which holds one of these)."""
+    """Settings of one optimizer step (the stage's settings, round.TrainConfig, hold one of these)."""
 
     loss_mode: LossMode = LossMode.ROLLOUT_TOKEN_MEAN
     loss_scale_factor: float | None = None  # only for seq-mean-token-sum-norm

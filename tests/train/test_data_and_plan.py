@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harnessrl.difficulty.history import PassRateHistory
+from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import write_jsonl
 from harnessrl.schema import Sample
 from harnessrl.train.data import assemble, load_rewards, load_samples
@@ -54,12 +55,17 @@ def test_missing_column_and_bad_rewards_are_named(tmp_path):
     write_jsonl(r, [{"rollout_id": "a", "reward": 1}, {"rollout_id": "a", "reward": 0}])
     with pytest.raises(ValueError, match=r"rewards.jsonl: row 2: rollout 'a' has a second reward row"):
         load_rewards(r)
+    write_jsonl(r, [{"rollout_id": "a", "reward": 1, "status": "exploded"}])
+    with pytest.raises(
+        ValueError, match=r"row 1 \(rollout 'a'\): status must be one of ok, failed, .*'exploded'"
+    ):
+        load_rewards(r)
     write_jsonl(r, [{"rollout_id": "a", "reward": "yes"}])
     with pytest.raises(ValueError, match=r"row 1 \(rollout 'a'\): reward must be a finite number"):
         load_rewards(tmp_path)  # a directory: rewards.jsonl is preferred
 
 
-def _rollout(rid: str, group: str, reward: float | None, status: str = "ok") -> Sample:
+def _rollout(rid: str, group: str, reward: float | None, status: RolloutStatus = RolloutStatus.OK) -> Sample:
     return Sample(
         f"{rid}-s",
         rid,
@@ -76,7 +82,7 @@ def test_nonok_drop_versus_mask_and_missing_rewards():
     samples = [
         _rollout("a", "g", 1.0),
         _rollout("b", "g", 0.0),
-        _rollout("c", "g", None, "timeout"),
+        _rollout("c", "g", None, RolloutStatus.TIMEOUT),
         _rollout("d", "g", None),
     ]
     dropped = assemble(samples, None, nonok=NonOkPolicy.DROP)

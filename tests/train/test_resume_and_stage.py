@@ -77,6 +77,12 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
     assert full["steps"] == resumed["steps"] >= 4
     assert read_losses(killed) == read_losses(tmp_path / "full")  # bit-identical on CPU
     assert resumed["loss"] == full["loss"]
+    from safetensors.torch import load_file
+
+    w_full = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
+    w_resumed = load_file(str(killed / "model" / "model.safetensors"))
+    assert w_full.keys() == w_resumed.keys()
+    assert all(w_full[k].equal(w_resumed[k]) for k in w_full)  # bit-identical weights
 
     # outputs: loadable HF model, metrics, report with curves
     from transformers import AutoModelForCausalLM
@@ -102,7 +108,9 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
 
     # a checkpoint written for other settings is refused, not silently mixed in
     other = TrainConfig.from_dict({**CONFIG, "estimator": "rloo"})
-    with pytest.raises(ValueError, match="different inputs or settings"):
+    with pytest.raises(
+        ValueError, match=r"holds checkpoints of another run \(step-\d+: .*the settings differ"
+    ):
         run_train(sp, rp, tiny_policy_dir, killed, other, resume=True)
 
 
@@ -122,7 +130,12 @@ def test_component_compiles_with_typed_artifacts(tmp_path):
         k: v["artifactType"]["schemaTitle"] for k, v in comp["outputDefinitions"]["artifacts"].items()
     }
     assert arts_in == {"samples": "system.Dataset", "verified": "system.Dataset", "policy": "system.Model"}
-    assert arts_out == {"model": "system.Model", "metrics": "system.Metrics", "report": "system.Markdown"}
+    assert arts_out == {
+        "model": "system.Model",
+        "metrics": "system.Metrics",
+        "report": "system.Markdown",
+        "report_html": "system.HTML",
+    }
 
 
 def test_checkpoint_round_trips_through_s3(tmp_path, tiny_policy_dir, s3_env):

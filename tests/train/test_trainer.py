@@ -37,7 +37,7 @@ def make_items(mode: LossMode, seed: int = 0) -> list[SeqItem]:
 
 
 def simulated_dp_grads(shares: list[list[SeqItem]], cfg: TrainerConfig, world: int) -> tuple[float, dict]:
-    """Simulated data parallelism: each rank's share scaled by the world size, gradients averaged over ranks."""
+    """Simulated data parallelism: each rank's share scaled by the world size, gradients averaged."""
     model = small_llama()
     total = 0.0
     acc = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
