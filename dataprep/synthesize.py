@@ -15,6 +15,7 @@ Flow (SWE-smith's procedural bug generation, on one host):
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import shutil
 import sys
@@ -33,6 +34,8 @@ from dataprep.pytest_runner import TestRun, TestRunner, run_pytest
 from dataprep.source import SynthesisError, newest_mtime_iso, prepare_source, source_files
 from harnessrl.progress import ProgressBar
 from harnessrl.taskset import TaskSet, write_taskset
+
+logger = logging.getLogger(__name__)
 
 
 class CandidateStatus(StrEnum):
@@ -311,6 +314,7 @@ def synthesize_taskset(
                 "candidates": [r.manifest_entry() for r in results],
             }
         }
+        logger.info("%s: %d tasks from %d candidate bugs tried", repo_name, len(rows), tried)
         return write_taskset(
             out, rows, {repo_id: bundle}, source=f"synthesize:{source}", extra_manifest=manifest
         )

@@ -7,6 +7,7 @@ List-typed columns (FAIL_TO_PASS / PASS_TO_PASS) are checked through helper colu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from typing import Any
 
 from harnessrl.io import atomic_write_json, atomic_write_text, read_jsonl
 from harnessrl.taskset import TASK_FIELDS_REQUIRED, TaskSet
+
+logger = logging.getLogger(__name__)
 
 UNIFIED_DIFF = r"(?s)^(?:diff --git |--- ).*\n@@ -\d"
 INSTANCE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"  # usable as a git branch name
@@ -263,6 +266,7 @@ def validate_taskset(tasks: Path, out_dir: Path, *, raise_on_failure: bool = Tru
     atomic_write_json(out_dir / "gx_results.json", gx_json)
     atomic_write_json(out_dir / "metrics.json", report.metrics())
     atomic_write_text(out_dir / "report.md", report.markdown())
+    logger.info("%s", report.summary().splitlines()[0])
     if raise_on_failure and not report.success:
         raise ValidationFailed(report)
     return report

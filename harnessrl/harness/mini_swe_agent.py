@@ -9,6 +9,7 @@ only; training data comes from the gateway's records.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import time
@@ -27,6 +28,8 @@ from harnessrl.harness.base import (
     model_error_status,
 )
 from harnessrl.harness.runtime import TIMEOUT, SandboxFailure, ToolRuntime
+
+logger = logging.getLogger(__name__)
 
 # offline operation: no cost-map download, no cost errors for our unregistered model, no first-run wizard
 OFFLINE_ENV = {
@@ -205,6 +208,8 @@ class MiniSweAgentHarness:
             res.count(TurnError.SANDBOX_FAILURE)
         except Exception as e:
             res.status, res.finish_reason, res.error = _classify_exception(e)
+            if res.finish_reason is EpisodeEnd.HARNESS_ERROR:
+                logger.exception("task %s: mini-swe-agent failed", task.instance_id)
         if agent is not None:
             res.turns = agent.n_calls
             res.transcript = [{k: v for k, v in m.items() if k != "extra"} for m in agent.messages]

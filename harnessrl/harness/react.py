@@ -7,6 +7,7 @@ as a production harness would; the gateway records the exact tokens. One `ReActH
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, cast
@@ -39,6 +40,8 @@ from harnessrl.harness.tools import MalformedArguments, Observation, Tool, parse
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
+
+logger = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = (
     "You are a software engineer fixing a bug in the repository in your current directory. "
@@ -180,6 +183,7 @@ class ReActHarness:
             res.finish_reason, res.status, res.error = end.finish_reason, end.status, end.error
             history = end.history or history
         except Exception as e:  # a harness bug: recorded as failed, never as reward 0
+            logger.exception("task %s: the ReAct harness failed", task.instance_id)
             res.finish_reason, res.status = EpisodeEnd.HARNESS_ERROR, RolloutStatus.FAILED
             res.error = f"{type(e).__name__}: {e}"
         res.wall_s = time.monotonic() - start
