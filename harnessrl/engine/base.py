@@ -19,6 +19,14 @@ class FinishReason(StrEnum):
     ABORT = "abort"  # aborted (weight sync, caller gone); the tokens sampled so far are kept
 
 
+class DType(StrEnum):
+    """Weight dtypes the local engine serves in (torch dtype names)."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Raises ValueError naming the field for values no engine can sample with (NaN, inf, a negative

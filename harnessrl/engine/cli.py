@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import contextlib
 
+from harnessrl.engine.base import DType
+
 
 def register(commands, stages) -> None:  # the engine is a service, not a pipeline stage: `stages` unused
     engine = commands.add_parser("engine", help="inference engine: serve the local engine over HTTP")
@@ -26,7 +28,7 @@ def register(commands, stages) -> None:  # the engine is a service, not a pipeli
         default=None,
         help="torch CPU threads (default: half the cores; 0 = torch's default)",
     )
-    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--dtype", type=DType, default=DType.FLOAT32, choices=list(DType))
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     serve.add_argument("--policy-version", type=int, default=0, help="weight version of the initial model")
     serve.set_defaults(func=_serve)

@@ -28,7 +28,14 @@ import torch
 from transformers import PretrainedConfig
 
 from harnessrl.engine import kv
-from harnessrl.engine.base import EngineError, FinishReason, Generation, GenerationDelta, SamplingParams
+from harnessrl.engine.base import (
+    DType,
+    EngineError,
+    FinishReason,
+    Generation,
+    GenerationDelta,
+    SamplingParams,
+)
 from harnessrl.engine.local_requests import LocalRequest, validate_request
 from harnessrl.engine.sampling import RowSampling, SampledToken, sample
 from harnessrl.engine.weights import copy_weights, read_checkpoint
@@ -67,7 +74,7 @@ class LocalEngine:
         model_dir: str | Path | None = None,
         *,
         max_batch: int = 32,
-        dtype: str = "float32",
+        dtype: DType = DType.FLOAT32,
         device: str | None = None,
         threads: int | None = None,
         policy_version: int = 0,
@@ -83,7 +90,7 @@ class LocalEngine:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = load_tokenizer(self.model_dir)
         # transformers declares PreTrainedModel.to as torch's unbound Module.to (functools.wraps): call that
-        self.model = torch.nn.Module.to(load_model(self.model_dir, dtype=dtype), self.device).eval()
+        self.model = torch.nn.Module.to(load_model(self.model_dir, dtype=DType(dtype)), self.device).eval()
         config = self.model.config
         if not isinstance(config, PretrainedConfig):
             raise EngineError(f"{self.model_dir}: the model has no Hugging Face config")
