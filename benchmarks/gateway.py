@@ -18,6 +18,11 @@ its prompt building + record (`gateway_cpu_s`) and of its JSON decoding + messag
 Last line: one JSON object with throughput_ratio_c64 and p99_added_ms_c64 (lockstep: 64 calls at once),
 their `_staggered` counterparts, cpu_ratio_128k_vs_1k (and more).
 Run: .venv/bin/python benchmarks/gateway.py [--quick]
+
+`--large-body MB [MB ...]` measures only this: a `harnessrl gateway serve` process gets one authenticated
+chat request of that many MB (one long user message) while `/health` is polled every 20 ms; reported per
+size: the reply status, the longest `/health` wait (how long the event loop was blocked) and the gateway's
+peak RSS.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -372,6 +379,93 @@ def part_cpu(args, tokenizer, tmp: Path) -> dict:
     return out
 
 
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _poll_health(url: str, waits: list[float], done: threading.Event) -> None:
+    while not done.is_set():
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(url + "/health", timeout=600) as r:
+            r.read()
+        waits.append(time.perf_counter() - t0)
+        time.sleep(0.02)
+
+
+def part_large_body(sizes_mb: list[float], tmp: Path) -> dict:
+    """One large authenticated body per fresh gateway process; /health polled meanwhile."""
+    from harnessrl.gateway import GatewayAdmin
+
+    script = tmp / "replies.json"
+    script.write_text(json.dumps(REPLIES))
+    eng, engine_url = _spawn(
+        [sys.executable, "-m", "tests.support.fast_engine", "--script", str(script)], "READY"
+    )
+    out: dict[str, dict] = {}
+    try:
+        for mb in sizes_mb:
+            gw, url = _spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "harnessrl.cli",
+                    "gateway",
+                    "serve",
+                    "--engine-url",
+                    engine_url,
+                    "--journal",
+                    str(tmp / f"journal-body-{mb}"),
+                    "--admin-token",
+                    ADMIN,
+                ],
+                "READY",
+            )
+            try:
+                s = GatewayAdmin(url, ADMIN).create_session(f"body-{mb}", "bench")
+                text = ("fix the bug in parse_date " * int(mb * 2**20 / 26 + 1))[: int(mb * 2**20)]
+                body = json.dumps({"model": "p", "messages": [{"role": "user", "content": text}]}).encode()
+                waits: list[float] = []
+                done = threading.Event()
+                poller = threading.Thread(target=_poll_health, args=(url, waits, done))
+                poller.start()
+                time.sleep(0.2)
+                req = urllib.request.Request(
+                    s.openai_base_url + "/chat/completions",
+                    data=body,
+                    method="POST",
+                    headers={"Authorization": f"Bearer {s.api_key}", "Content-Type": "application/json"},
+                )
+                t0 = time.perf_counter()
+                try:
+                    with urllib.request.urlopen(req, timeout=600) as r:
+                        status = r.status
+                except urllib.error.HTTPError as e:
+                    status = e.code
+                except OSError as e:  # the gateway may close the connection on a refused body
+                    status = f"connection error: {e}"
+                reply_s = time.perf_counter() - t0
+                time.sleep(0.3)
+                done.set()
+                poller.join(600)
+                out[f"{mb:g}MB"] = {
+                    "status": status,
+                    "reply_s": round(reply_s, 2),
+                    "max_health_wait_s": round(max(waits), 3),
+                    "peak_rss_mb": round(_peak_rss_mb(gw.pid)),
+                }
+                print(f"  {mb:g} MB body: {out[f'{mb:g}MB']}", flush=True)
+            finally:
+                gw.terminate()
+                gw.wait(30)
+    finally:
+        eng.terminate()
+        eng.wait(30)
+    return out
+
+
 def plot(tp: dict, cpu: dict, path: Path) -> None:
     import matplotlib
 
@@ -425,7 +519,14 @@ def main() -> int:
         "replies, so compare only with runs that use the flag too)",
     )
     p.add_argument("--quick", action="store_true", help="small run (smoke test of the script)")
+    p.add_argument(
+        "--large-body", type=float, nargs="+", metavar="MB", help="measure only: event-loop stall and RSS"
+    )
     args = p.parse_args()
+    if args.large_body:
+        with tempfile.TemporaryDirectory() as d:
+            print(json.dumps(part_large_body(args.large_body, Path(d))))
+        return 0
     if args.quick:
         args.calls_c1, args.calls_c64, args.repeats, args.cpu_calls = 8, 128, 1, 3
         args.sizes = [1024, 8192]

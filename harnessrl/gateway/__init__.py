@@ -15,7 +15,12 @@ See docs/gateway.md.
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import GatewayAdmin, SessionInfo
+    from .config import GatewayConfig
+    from .server import GatewayServer
 
 # Lazy: `harnessrl --help` and every CLI command import this package (its cli module); the server pulls in
 # aiohttp and pyarrow (~0.6 s), which only `gateway serve`/export and the rollout stage need.

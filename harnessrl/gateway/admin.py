@@ -12,43 +12,37 @@ POST /admin/export {out_dir, session_id?, rollout_id?, selection?} -> Parquet fi
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Callable
-from enum import StrEnum
-from typing import TypeVar
 
 from aiohttp import web
 
 from .auth import require_admin
-from .bodies import read_json, read_optional_json
+from .bodies import read_small_json
+from .config import GatewayConfig
 from .enums import EndStatus, PauseMode, Selection
-from .export import export
+from .errors import HTTPError
+from .export import export_journal
 from .journal import Journal
 from .messages import RequestError
 from .metrics import GatewayMetrics
+from .params import choice, number, optional_str
 from .pause import PauseControl
 from .sessions import SessionStore
-
-E = TypeVar("E", bound=StrEnum)
-
-
-def _choice(enum: type[E], value: object, field: str) -> E:
-    try:
-        return enum(value)
-    except ValueError:
-        raise RequestError(f"{field}: one of {[e.value for e in enum]}, got {value!r}") from None
 
 
 class AdminAPI:
     def __init__(
         self,
         admin_token: str,
+        config: GatewayConfig,
         sessions: SessionStore,
         pause: PauseControl,
         journal: Journal,
         metrics: GatewayMetrics,
         base_url: Callable[[], str],
     ) -> None:
-        self.admin_token = admin_token
+        self.admin_token, self.config = admin_token, config
         self.sessions, self.pause, self.journal, self.metrics = sessions, pause, journal, metrics
         self.base_url = base_url
 
@@ -61,9 +55,12 @@ class AdminAPI:
         router.add_get("/admin/metrics", self.get_metrics)
         router.add_post("/admin/export", self.export)
 
-    async def create_session(self, request: web.Request) -> web.Response:
+    async def _body(self, request: web.Request) -> dict:
         require_admin(request, self.admin_token)
-        body, _ = await read_json(request)
+        return await read_small_json(request, self.config)
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
         for k in ("rollout_id", "group_id"):
             if not isinstance(body.get(k), str) or not body[k]:
                 raise RequestError(f"{k}: required non-empty string")
@@ -84,18 +81,18 @@ class AdminAPI:
         return web.json_response(self.sessions.get(request.match_info["sid"]).view())
 
     async def end_session(self, request: web.Request) -> web.Response:
-        require_admin(request, self.admin_token)
+        body = await self._body(request)
         s = self.sessions.get(request.match_info["sid"])
-        body = await read_optional_json(request)
-        status = _choice(EndStatus, body.get("status", EndStatus.OK), "status")
-        await self.sessions.end(s, status.session_status(), body.get("reason"))
+        status = choice(EndStatus, body.get("status") or EndStatus.OK, "status")
+        await self.sessions.end(s, status.session_status(), optional_str(body.get("reason"), "reason"))
         return web.json_response(s.view())
 
     async def pause_calls(self, request: web.Request) -> web.Response:
-        require_admin(request, self.admin_token)
-        body = await read_optional_json(request)
-        mode = _choice(PauseMode, body.get("mode", PauseMode.FINISH), "mode")
-        return web.json_response(await self.pause.pause(mode, float(body.get("timeout_s", 600))))
+        body = await self._body(request)  # everything is checked before the gateway pauses
+        mode = choice(PauseMode, body.get("mode") or PauseMode.FINISH, "mode")
+        timeout = body.get("timeout_s")
+        timeout_s = 600.0 if timeout is None else number(timeout, "timeout_s")
+        return web.json_response(await self.pause.pause(mode, timeout_s))
 
     async def resume_calls(self, request: web.Request) -> web.Response:
         require_admin(request, self.admin_token)
@@ -111,20 +108,28 @@ class AdminAPI:
             paused=self.pause.paused,
             journal_fsyncs=self.journal.fsyncs,
             journal_records=self.journal.records_written,
+            journal_write_failures=self.journal.write_failures,
+            journal_broken=self.journal.broken is not None,
         )
         return web.json_response(m)
 
     async def export(self, request: web.Request) -> web.Response:
-        require_admin(request, self.admin_token)
-        body, _ = await read_json(request)
-        if not isinstance(body.get("out_dir"), str):
+        body = await self._body(request)
+        out_dir = body.get("out_dir")
+        if not isinstance(out_dir, str) or not out_dir:
             raise RequestError("out_dir: required path (on the gateway's file system)")
-        result = await asyncio.to_thread(
-            export,
-            list(self.journal.replay()),
-            body["out_dir"],
-            body.get("selection", Selection.ALL),
-            body.get("session_id"),
-            body.get("rollout_id"),
-        )
+        selection = choice(Selection, body.get("selection") or Selection.ALL, "selection")
+        session_id = optional_str(body.get("session_id"), "session_id")
+        rollout_id = optional_str(body.get("rollout_id"), "rollout_id")
+        try:
+            result = await asyncio.to_thread(
+                export_journal, self.journal.path, out_dir, selection, session_id, rollout_id
+            )
+        except OSError as e:
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise HTTPError(
+                507 if full else 400,
+                "export_failed",
+                f"out_dir: cannot write the export to {out_dir!r}: {e.strerror or e}",
+            ) from None
         return web.json_response(result)

@@ -14,18 +14,21 @@ from harnessrl.engine.base import (
     Engine,
     EngineError,
     EngineRequestError,
+    FinishReason,
     Generation,
     SamplingParams,
     generate_stream,
 )
 
+from .bodies import Offload
 from .chains import CallPlan
 from .config import GatewayConfig
-from .enums import Api, ChainOp, Drift, FinishReason, NoticeKind, SessionStatus
+from .enums import Api, ChainOp, Drift, NoticeKind, SessionStatus
 from .errors import HTTPError
-from .journal import Journal
+from .journal import Journal, shielded
 from .messages import Msg
 from .metrics import GatewayMetrics
+from .params import CallParams
 from .pause import PauseControl
 from .records import CallRecord, CallTimings, NoticeRecord
 from .render import ChatRenderer
@@ -44,12 +47,12 @@ class CallSink(Protocol):
 
 
 @dataclass
-class CallParams:
-    """A harness request's generation settings, validated."""
-
-    max_tokens: int
-    sampling: SamplingParams
-    stops: list[str]
+class CallRequest:
+    api: Api
+    params: CallParams
+    convert: Callable[[], tuple[list[Msg], list[dict[str, Any]]]]  # the request's messages and tools
+    parse_cpu: float = 0.0  # decoding the JSON body
+    large: bool = False  # converted, planned and drift-checked in a worker thread
 
 
 @dataclass
@@ -60,6 +63,15 @@ class CallResult:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+
+
+@dataclass
+class _Prepared:
+    msgs: list[Msg]
+    tools: list[dict[str, Any]]
+    plan: CallPlan
+    convert_cpu: float
+    plan_cpu: float
 
 
 @dataclass
@@ -80,9 +92,11 @@ class CallRunner:
         sessions: SessionStore,
         metrics: GatewayMetrics,
         pause: PauseControl,
+        offload: Offload,
     ) -> None:
         self.engine, self.renderer, self.config = engine, renderer, config
         self.journal, self.sessions, self.metrics, self.pause = journal, sessions, metrics, pause
+        self.offload = offload
 
     def check_open(self, s: Session) -> None:
         if s.status is not SessionStatus.ACTIVE:
@@ -100,24 +114,16 @@ class CallRunner:
                 {"Retry-After": str(self.config.retry_after_s)},
             )
 
-    async def run(
-        self,
-        s: Session,
-        msgs: list[Msg],
-        tools: list[dict[str, Any]],
-        params: CallParams,
-        api: Api,
-        parse_cpu: float = 0.0,
-        sink: CallSink | None = None,
-    ) -> CallResult:
+    async def run(self, s: Session, req: CallRequest, sink: CallSink | None = None) -> CallResult:
         self.check_open(s)
         started = time.time()
-        cpu0 = time.thread_time()
-        plan = s.chains.plan(msgs, tools)  # reserves the chain until this call is committed or fails
-        cpu_plan = time.thread_time() - cpu0
+        async with s.lock:  # the plan reserves a chain until this call is committed or fails
+            prep = await self.offload.run(req.large, self._prepare, s, req)
+        plan, params = prep.plan, req.params
         me = asyncio.current_task()
         assert me is not None
         self.pause.set_working(me, True)
+        handed_over = False
         try:
             room = self.config.max_model_len - len(plan.prompt_ids)
             if room < max(self.config.min_new_tokens, 1):
@@ -130,24 +136,62 @@ class CallRunner:
                 s, plan, params.sampling, min(params.max_tokens, room), sink.on_tokens if sink else None
             )
             engine_s = time.perf_counter() - t_engine
-            cpu1 = time.thread_time()
+            cpu0 = time.thread_time()
             text = self.renderer.completion_text(out.ids)
             if params.stops and any(x and x in text for x in params.stops):
                 text = self._cut_at_stop(out, params.stops)
-            rec, content, calls = self._record(s, plan, msgs, tools, out, api, call_id, text)
+            content, calls = self.renderer.parse_completion(text)
+            cpu_reply = time.thread_time() - cpu0
+            drift, drift_cpu = await self.offload.run(
+                req.large, self._drift_check, plan, prep.msgs, prep.tools
+            )
+            cpu1 = time.thread_time()
+            rec = self._record(s, plan, out, req.api, call_id, content, calls, drift)
             t = rec.timings
-            t.started_at, t.engine_s = started, engine_s
+            t.started_at, t.engine_s, t.drift_cpu_s = started, engine_s, drift_cpu
             # prompt building + record, without the sampled full re-render of the drift check (timed apart)
-            t.gateway_cpu_s = cpu_plan + time.thread_time() - cpu1 - t.drift_cpu_s
-            t.parse_cpu_s = parse_cpu
-            await self.journal.append(rec)  # durable before the harness sees the reply
-            s.chains.commit(rec, plan)
-            s.calls += 1
-            self.metrics.count_call(plan.op, rec.drift, plan.discarded_trainable, t.gateway_cpu_s)
+            t.gateway_cpu_s = prep.plan_cpu + cpu_reply + time.thread_time() - cpu1
+            t.parse_cpu_s = req.parse_cpu + prep.convert_cpu  # JSON body + messages (O(request size))
+            handed_over = True
+            await shielded(self._commit(s, plan, rec))  # durable before the harness sees the reply
         finally:
-            s.chains.release(plan)
+            if not handed_over:
+                await shielded(self._release(s, plan))
             self.pause.set_working(me, False)
         return CallResult(rec.call_id, content, calls, out.finish, t.prompt_tokens, len(out.ids))
+
+    def _prepare(self, s: Session, req: CallRequest) -> _Prepared:
+        cpu0 = time.thread_time()
+        msgs, tools = req.convert()
+        cpu1 = time.thread_time()
+        plan = s.chains.plan(msgs, tools)
+        return _Prepared(msgs, tools, plan, cpu1 - cpu0, time.thread_time() - cpu1)
+
+    async def _commit(self, s: Session, plan: CallPlan, rec: CallRecord) -> None:
+        """Journal, then apply to the live chains: one step (run shielded), so what a restart rebuilds from
+        the journal is what the live gateway holds, even when the client left during the fsync."""
+        me = asyncio.current_task()
+        assert me is not None
+        self.pause.set_working(me, True)
+        durable = False
+        try:
+            await self.journal.append(rec)
+            durable = True
+        finally:
+            async with s.lock:
+                if durable:
+                    s.chains.commit(rec, plan)
+                    s.calls += 1
+                    self.metrics.count_call(
+                        plan.op, rec.drift, plan.discarded_trainable, rec.timings.gateway_cpu_s
+                    )
+                s.chains.release(plan)
+            self.pause.set_working(me, False)
+
+    @staticmethod
+    async def _release(s: Session, plan: CallPlan) -> None:
+        async with s.lock:
+            s.chains.release(plan)
 
     async def _context_exhausted(self, s: Session, plan: CallPlan, sink: CallSink | None) -> CallResult:
         """No room left for even `min_new_tokens`: answered "length" without asking the engine."""
@@ -210,10 +254,12 @@ class CallRunner:
                 if self.pause.untrack(request) and not me.cancelling():
                     continue  # aborted for a weight update: wait for resume, then generate again
                 raise
+            except EngineRequestError as e:  # nothing was sampled: the session stays usable
+                msg = f"the inference engine rejected the request: {e}"
+                raise HTTPError(400, "invalid_request_error", msg) from None
             except EngineError as e:
                 await self._fail(s, str(e))
-                status = 400 if isinstance(e, EngineRequestError) else 502
-                raise HTTPError(status, "engine_error", f"inference engine failed: {e}") from None
+                raise HTTPError(502, "engine_error", f"inference engine failed: {e}") from None
             except Exception as e:  # an engine bug is still an engine failure for the harness
                 await self._fail(s, f"{type(e).__name__}: {e}")
                 raise HTTPError(
@@ -256,28 +302,20 @@ class CallRunner:
         self,
         s: Session,
         plan: CallPlan,
-        msgs: list[Msg],
-        tools: list[dict[str, Any]],
         out: _Sampled,
         api: Api,
         call_id: str,
-        text: str,
-    ) -> tuple[CallRecord, str, list[ToolCall]]:
-        content, calls = self.renderer.parse_completion(text)
+        content: str,
+        calls: list[ToolCall],
+        drift: Drift | None,
+    ) -> CallRecord:
         assistant = Msg("assistant", content, tuple(calls))
-        chain = plan.chain
-        drift = None
-        every = self.config.drift_check_every
-        cpu0 = time.thread_time()
-        if every and plan.op is not ChainOp.NEW and chain.calls % every == 0:
-            drift = self._drift(plan, msgs, tools)
-        drift_cpu = time.thread_time() - cpu0
-        rec = CallRecord(
+        return CallRecord(
             call_id=call_id,
             session_id=s.session_id,
             rollout_id=s.rollout_id,
             group_id=s.group_id,
-            chain_id=chain.chain_id,
+            chain_id=plan.chain.chain_id,
             op=plan.op,
             parent_chain_id=plan.parent_chain_id,
             base_len=plan.base_len,
@@ -295,15 +333,23 @@ class CallRunner:
             discarded_trainable=plan.discarded_trainable,
             drift=drift,
             api=api,
-            timings=CallTimings(prompt_tokens=len(plan.prompt_ids), drift_cpu_s=drift_cpu),
+            timings=CallTimings(prompt_tokens=len(plan.prompt_ids)),
         )
-        return rec, content, calls
 
-    def _drift(self, plan: CallPlan, msgs: list[Msg], tools: list[dict[str, Any]]) -> Drift:
-        """clean: a full re-render gives the same ids; realigned: same text, other token boundaries; forked: other text."""
+    def _drift_check(
+        self, plan: CallPlan, msgs: list[Msg], tools: list[dict[str, Any]]
+    ) -> tuple[Drift | None, float]:
+        """Every `drift_check_every`-th call of a chain, a full re-render vs the exact-token prompt: clean
+        (same ids), realigned (same text, other token boundaries), forked (other text). With its CPU time."""
+        every = self.config.drift_check_every
+        if not every or plan.op is ChainOp.NEW or plan.chain.calls % every:
+            return None, 0.0
+        cpu0 = time.thread_time()
         full = self.renderer.full_prompt(msgs, tools)
         if full == plan.prompt_ids:
-            return Drift.CLEAN
-        if self.renderer.decode(full) == self.renderer.decode(plan.prompt_ids):
-            return Drift.REALIGNED
-        return Drift.FORKED
+            drift = Drift.CLEAN
+        elif self.renderer.decode(full) == self.renderer.decode(plan.prompt_ids):
+            drift = Drift.REALIGNED
+        else:
+            drift = Drift.FORKED
+        return drift, time.thread_time() - cpu0

@@ -58,6 +58,18 @@ def register(commands, stages) -> None:
     serve.add_argument("--tool-format", default="hermes", choices=sorted(PARSERS))
     serve.add_argument("--drift-check-every", type=int, default=10)
     serve.add_argument("--rollback-any-depth", action="store_true")
+    serve.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=8.0,
+        help="larger request bodies are refused with 413 (default 8)",
+    )
+    serve.add_argument(
+        "--salvage",
+        action="store_true",
+        help="start even if the journal has corrupt lines: keep every complete record, report and set aside "
+        "the rest (the original journal is kept beside it)",
+    )
     serve.set_defaults(func=_serve)
 
     exp = sub.add_parser("export", help="journal -> records.parquet + samples.parquet (offline)")
@@ -66,6 +78,11 @@ def register(commands, stages) -> None:
     exp.add_argument("--rollout-id")
     exp.add_argument("--session-id")
     exp.add_argument("--selection", type=Selection, default=Selection.ALL, choices=list(Selection))
+    exp.add_argument(
+        "--salvage",
+        action="store_true",
+        help="keep every complete record of a journal with corrupt lines; the result lists what was dropped",
+    )
     exp.set_defaults(func=_export)
 
     adm = sub.add_parser("admin", help="admin calls against a running gateway")
@@ -101,11 +118,15 @@ def _serve(args: argparse.Namespace) -> int:
             from .light_tokenizer import load_gateway_tokenizer
 
             tokenizer = load_gateway_tokenizer(args.model_dir)
+    if not args.max_request_mb > 0:
+        raise UserError(f"--max-request-mb must be > 0, got {args.max_request_mb}")
     config = GatewayConfig(
         max_model_len=args.max_model_len,
         tool_format=args.tool_format,
         drift_check_every=args.drift_check_every,
         rollback_any_depth=args.rollback_any_depth,
+        max_request_bytes=int(args.max_request_mb * (1 << 20)),
+        salvage=args.salvage,
     )
     server = GatewayServer(engine, tokenizer, args.journal, args.admin_token, args.host, args.port, config)
 
@@ -141,10 +162,11 @@ def _http_engine(url: str):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .export import export
-    from .journal import read_journal
+    from .export import export_journal
 
-    result = export(read_journal(args.journal), args.out, args.selection, args.session_id, args.rollout_id)
+    result = export_journal(
+        args.journal, args.out, args.selection, args.session_id, args.rollout_id, args.salvage
+    )
     print(json.dumps(result))
     return 0
 

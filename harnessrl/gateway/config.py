@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+MiB = 1 << 20
 
 
 @dataclass
@@ -19,3 +21,18 @@ class GatewayConfig:
     tool_format: str = "hermes"
     retry_after_s: int = 2
     model_name: str = "harnessrl-policy"
+    max_request_bytes: int = 8 * MiB  # larger request bodies get 413 (before they are read)
+    # Bodies above this are decoded, converted and rendered in a worker thread (the event loop keeps serving);
+    # at most `offload_concurrency` at a time (each can hold ~150x its size in memory while it is rendered).
+    offload_bytes: int = MiB // 4
+    offload_concurrency: int = 2
+    salvage: bool = False  # start even if the journal has corrupt lines: keep every complete record, report
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"GatewayConfig.{f.name}: expected an integer >= 0, got {value!r}")
+        for name in ("max_model_len", "max_request_bytes", "offload_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GatewayConfig.{name}: must be >= 1")

@@ -1,4 +1,5 @@
-"""Every status and mode of the gateway, defined once (journal values, API values and CLI choices)."""
+"""Every status and mode of the gateway, defined once (journal values, API values and CLI choices).
+Finish reasons are the engine's (`harnessrl.engine.base.FinishReason`)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,6 @@ class Selection(StrEnum):
 
     ALL = "all"
     LONGEST = "longest"
-
-
-class FinishReason(StrEnum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
 
 
 class PauseMode(StrEnum):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,8 +14,11 @@ import pyarrow.parquet as pq
 from harnessrl.io import atomic_output
 
 from .enums import Selection
+from .journal import JournalReport, read_journal
 from .records import Record
 from .samples import build_samples, call_rows
+
+logger = logging.getLogger(__name__)
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> Path:
@@ -40,3 +44,20 @@ def export(
     write_parquet(calls, out / "records.parquet")
     write_parquet(samples, out / "samples.parquet")
     return {"records": len(calls), "samples": len(samples), "out_dir": str(out)}
+
+
+def export_journal(
+    journal: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    selection: Selection | str = Selection.ALL,
+    session_id: str | None = None,
+    rollout_id: str | None = None,
+    salvage: bool = False,
+) -> dict[str, Any]:
+    """`export` of a journal file or directory; the result says what the read left out (`journal`).
+    Without `salvage` a corrupt line stops it (JournalCorruptError naming the line)."""
+    report = JournalReport()
+    records = list(read_journal(journal, salvage, report))
+    if report.repaired or report.duplicates:
+        logger.warning("%s", report.summary())
+    return {**export(records, out_dir, selection, session_id, rollout_id), "journal": report.as_dict()}

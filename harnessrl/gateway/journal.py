@@ -1,10 +1,16 @@
-"""The journal: typed records <-> JSON lines (the one codec), reading, and the group-commit writer.
+"""The journal: typed records <-> JSON lines (the one codec), reading (strict or salvage), and the
+group-commit writer. One module because the three share one file format and its failure modes.
 
 Append-only JSONL; `await append(rec)` returns once the record is fsynced. One writer thread takes every
 record queued since its last fsync, writes them in one go and fsyncs once, so N concurrent calls cost one
-fsync, not N. On open, a torn last line (a write cut by a crash; it was never acknowledged) is cut off;
-everything before it is returned by `replay()`. One gateway per journal directory (an exclusive lock says so
-clearly instead of interleaving two writers).
+fsync, not N. A write that fails (disk full, I/O error) is cut back to the last complete line and its
+records are not acknowledged (`JournalWriteError`); if even that fails the journal refuses every later
+append. On open, a torn last line (a write cut by a crash; it was never acknowledged) is cut off. One gateway
+per journal directory (an exclusive lock says so clearly instead of interleaving two writers).
+
+Reading: a corrupt line before the end stops a strict read with its line number; a salvage read keeps every
+complete record (also one glued behind a cut-off write) and reports what it dropped. A call id seen twice
+(a duplicated line) is kept once and reported, in both modes.
 """
 
 from __future__ import annotations
@@ -17,13 +23,18 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
-from .enums import Api, ChainOp, Drift, FinishReason, NodeKind, NoticeKind, SessionStatus
+from harnessrl.engine.base import FinishReason
+
+from .chains import STARTS_CHAIN
+from .enums import Api, ChainOp, Drift, NodeKind, NoticeKind, SessionStatus
 from .records import (
     CallRecord,
     CallTimings,
@@ -41,8 +52,19 @@ JOURNAL_NAME = "journal.jsonl"
 _Item = tuple[bytes, "asyncio.Future[None]", asyncio.AbstractEventLoop]  # line, its waiter, the waiter's loop
 
 
+T = TypeVar("T")
+
+
 class JournalLockedError(RuntimeError):
     pass
+
+
+class JournalCorruptError(ValueError):
+    """A line before the end of the journal is not a record (strict reading)."""
+
+
+class JournalWriteError(RuntimeError):
+    """A record could not be made durable (disk full, I/O error): its call is not acknowledged."""
 
 
 # -- codec ------------------------------------------------------------------------------------------------
@@ -210,25 +232,149 @@ def journal_file(path: str | os.PathLike) -> Path:
     return p / JOURNAL_NAME if p.is_dir() else p
 
 
-def read_journal(path: str | os.PathLike) -> Iterator[Record]:
-    """Yields the complete records of a journal file (a directory or the file itself); skips a torn tail."""
+@dataclass
+class LineIssue:
+    line: int
+    what: str
+
+
+@dataclass
+class JournalReport:
+    """What a read of a journal kept and left out (line numbers are 1-based)."""
+
+    path: str = ""
+    lines: int = 0
+    records: int = 0
+    torn_tail: bool = False  # the last line was cut by a crash (never acknowledged)
+    dropped: list[LineIssue] = field(default_factory=list)  # salvage: lines that are not records
+    recovered: list[LineIssue] = field(default_factory=list)  # salvage: records found behind a cut-off write
+    duplicates: list[LineIssue] = field(default_factory=list)  # lines repeating a call id / session id
+
+    @property
+    def repaired(self) -> bool:
+        """True when a strict reader would refuse this file."""
+        return bool(self.dropped or self.recovered)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "lines": self.lines,
+            "records": self.records,
+            "torn_tail": self.torn_tail,
+            "dropped": [[i.line, i.what] for i in self.dropped],
+            "recovered": [[i.line, i.what] for i in self.recovered],
+            "duplicates": [[i.line, i.what] for i in self.duplicates],
+        }
+
+    def summary(self) -> str:
+        def lines(issues: list[LineIssue]) -> str:
+            shown = ", ".join(str(i.line) for i in issues[:20])
+            return shown + (f" (+{len(issues) - 20} more)" if len(issues) > 20 else "")
+
+        parts = [f"{self.path}: {self.records} records kept of {self.lines} lines"]
+        if self.dropped:
+            parts.append(f"{len(self.dropped)} corrupt lines dropped (lines {lines(self.dropped)})")
+        if self.recovered:
+            parts.append(
+                f"{len(self.recovered)} records recovered behind cut-off writes (lines {lines(self.recovered)})"
+            )
+        if self.duplicates:
+            parts.append(f"{len(self.duplicates)} duplicate records skipped (lines {lines(self.duplicates)})")
+        return "; ".join(parts)
+
+
+_RECORD_START = b'{"type":"'
+
+
+def _decode_salvaged(line: bytes) -> tuple[Record, int] | None:
+    """A record glued behind the remains of a cut-off write: (record, bytes before it), or None."""
+    at = line.find(_RECORD_START, 1)
+    while at > 0:
+        try:
+            return decode_line(line[at:]), at
+        except ValueError:
+            at = line.find(_RECORD_START, at + 1)
+    return None
+
+
+def read_journal(
+    path: str | os.PathLike, salvage: bool = False, report: JournalReport | None = None
+) -> Iterator[Record]:
+    """Yields the complete records of a journal file (a directory or the file itself); skips a torn tail.
+
+    A corrupt line raises JournalCorruptError naming it, or with `salvage` is left out; so is a call that
+    continues a chain whose first call is missing. A repeated call id or session id is kept once. What was
+    left out goes into `report`."""
     p = journal_file(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no gateway journal here (is the journal directory right?)")
+    report = report if report is not None else JournalReport()
+    report.path = str(p)
+    calls: set[str] = set()
+    sessions: set[str] = set()
+    chains: set[str] = set()
+
+    def corrupt(lineno: int, what: str) -> None:
+        if not salvage:
+            raise JournalCorruptError(
+                f"{p}:{lineno}: corrupt journal line ({what}); only the last line may be torn. "
+                "Rerun with --salvage (`harnessrl gateway export` or `serve`) to keep every complete record "
+                "and report what is dropped"
+            )
+        report.dropped.append(LineIssue(lineno, what))
+
     with open(p, "rb") as f:
         for lineno, line in enumerate(f, 1):
+            report.lines += 1
             if not line.endswith(b"\n"):
-                return  # torn tail: never acknowledged
+                report.torn_tail = True
+                return  # never acknowledged
             try:
-                yield decode_line(line)
+                rec = decode_line(line)
             except ValueError as e:
-                raise ValueError(
-                    f"{p}:{lineno}: corrupt journal line ({e}); "
-                    "only the last line may be torn — restore this file from a backup"
-                ) from None
+                found = _decode_salvaged(line) if salvage else None
+                if found is None:
+                    corrupt(lineno, str(e))
+                    continue
+                rec, cut = found
+                report.recovered.append(
+                    LineIssue(lineno, f"{cut} bytes of a cut-off write dropped before it")
+                )
+            if isinstance(rec, CallRecord):
+                if rec.call_id in calls:
+                    report.duplicates.append(LineIssue(lineno, f"call {rec.call_id}"))
+                    continue
+                if rec.op not in STARTS_CHAIN and rec.chain_id not in chains:
+                    corrupt(
+                        lineno,
+                        f"call {rec.call_id} continues chain {rec.chain_id}, whose first call is missing",
+                    )
+                    continue
+                calls.add(rec.call_id)
+                chains.add(rec.chain_id)
+            elif isinstance(rec, SessionRecord):
+                if rec.session_id in sessions:
+                    report.duplicates.append(LineIssue(lineno, f"session {rec.session_id}"))
+                    continue
+                sessions.add(rec.session_id)
+            report.records += 1
+            yield rec
 
 
 # -- writing ----------------------------------------------------------------------------------------------
+async def shielded(step: Coroutine[Any, Any, T]) -> T:
+    """Runs `step` (a journal append and the live state change it records) to its end even when the caller
+    is cancelled — a client that disconnects mid-fsync must not leave a journaled record unapplied."""
+    task = asyncio.ensure_future(step)
+    task.add_done_callback(_retrieve)
+    return await asyncio.shield(task)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:  # the caller may be gone: seen here, not at GC
+        logger.debug("journaled step failed after its caller left: %s", task.exception())
+
+
 class Journal:
     def __init__(self, directory: str | os.PathLike) -> None:
         self.dir = Path(directory)
@@ -243,13 +389,19 @@ class Journal:
                 f"{self.dir}: another gateway process is using this journal directory"
             ) from None
         self._cut_torn_tail()
-        self._f = open(self.path, "ab")  # noqa: SIM115
+        self._fd = self._open()
+        self._size = os.fstat(self._fd).st_size  # bytes of complete, durable records
         self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self.fsyncs = 0
         self.records_written = 0
+        self.write_failures = 0
+        self.broken: JournalWriteError | None = None  # set when a failed write could not be cut back
         self._closed = False
         self._thread = threading.Thread(target=self._writer, name="gateway-journal", daemon=True)
         self._thread.start()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _cut_torn_tail(self) -> None:
         if not self.path.exists():
@@ -265,10 +417,35 @@ class Journal:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def replay(self) -> Iterator[Record]:
-        return read_journal(self.path)
+    def replay(self, salvage: bool = False, report: JournalReport | None = None) -> Iterator[Record]:
+        return read_journal(self.path, salvage, report)
+
+    def replace_with_salvaged(self) -> Path:
+        """Rewrites the journal as its salvaged records (before the first append); the original is kept
+        beside it as `journal.jsonl.corrupt-<time>`. Returns that backup's path."""
+        backup = self.path.with_name(f"{JOURNAL_NAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+        tmp = self.path.with_name(f".{JOURNAL_NAME}.salvaged")
+        with open(tmp, "wb") as f:
+            for rec in read_journal(self.path, salvage=True):
+                f.write(encode_record(rec))
+            f.flush()
+            os.fsync(f.fileno())
+        os.close(self._fd)
+        os.replace(self.path, backup)  # the original, as it was
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._fd = self._open()
+        self._size = os.fstat(self._fd).st_size
+        return backup
 
     async def append(self, rec: Record) -> None:
+        """Returns once `rec` is durable; raises JournalWriteError if it could not be written."""
+        if self.broken is not None:
+            raise self.broken
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._q.put((encode_record(rec), fut, loop))
@@ -289,17 +466,43 @@ class Journal:
                     self._q.put(None)
                     break
                 batch.append(nxt)
-            err: BaseException | None = None
-            try:
-                self._f.write(b"".join(line for line, _, _ in batch))
-                self._f.flush()
-                os.fsync(self._f.fileno())
-                self.fsyncs += 1
+            err = self._write(b"".join(line for line, _, _ in batch))
+            if err is None:
                 self.records_written += len(batch)
-            except OSError as e:
-                err = e
             for _, fut, loop in batch:
                 loop.call_soon_threadsafe(_resolve, fut, err)
+
+    def _write(self, data: bytes) -> JournalWriteError | None:
+        if self.broken is not None:
+            return self.broken
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
+        except OSError as e:
+            self.write_failures += 1
+            return self._cut_back(e)
+        self._size += len(data)
+        self.fsyncs += 1
+        return None
+
+    def _cut_back(self, cause: OSError) -> JournalWriteError:
+        """After a failed write: the file ends at the last complete record again, or the journal is broken."""
+        what = cause.strerror or str(cause)
+        try:
+            os.ftruncate(self._fd, self._size)
+            os.fsync(self._fd)
+        except OSError as e:
+            self.broken = JournalWriteError(
+                f"{self.path}: a write failed ({what}) and its partial record could not be cut back "
+                f"({e.strerror or e}); this gateway records no more calls: restart it (recovery cuts the "
+                "partial record)"
+            )
+            logger.error("%s", self.broken)
+            return self.broken
+        logger.error("%s: journal write failed (%s); cut back to the last complete record", self.path, what)
+        return JournalWriteError(f"the gateway could not journal this call ({what}); it was not recorded")
 
     def close(self) -> None:
         if self._closed:
@@ -307,7 +510,7 @@ class Journal:
         self._closed = True
         self._q.put(None)
         self._thread.join(timeout=10)
-        self._f.close()
+        os.close(self._fd)
         self._lock.close()
 
 

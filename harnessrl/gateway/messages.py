@@ -118,7 +118,10 @@ def from_openai(messages: Any, cache: PlainMessageCache | None = None) -> list[M
         if role not in ROLES:
             raise RequestError(f"{where}.role: expected one of {ROLES}, got {role!r}")
         calls: list[ToolCall] = []
-        for j, tc in enumerate(m.get("tool_calls") or []):
+        raw_calls = m.get("tool_calls") or []
+        if not isinstance(raw_calls, list):
+            raise RequestError(f"{where}.tool_calls: expected a list, got {type(raw_calls).__name__}")
+        for j, tc in enumerate(raw_calls):
             fn = tc.get("function") if isinstance(tc, dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 raise RequestError(f"{where}.tool_calls[{j}]: expected {{function: {{name, arguments}}}}")

@@ -24,6 +24,7 @@ class GatewayMetrics:
     drift_forked: int = 0
     aborted_generations: int = 0
     recovered_calls: int = 0
+    salvaged_dropped_lines: int = 0  # journal lines a salvaging start left out (see its report file)
     stream_mismatch: int = 0
     gateway_cpu_s: float = 0.0
 

@@ -65,19 +65,27 @@ class PauseControl:
         return aborted
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> dict[str, Any]:
+        """Pauses, then waits up to `timeout_s` for the drain. If pausing fails, the gateway is not left
+        paused (a pause whose waiting admin client leaves stays: it is resumed with `resume`)."""
         self.paused = True
         self._resumed.clear()
-        if mode is PauseMode.ABORT and self.in_flight:
-            if not await self._engine_abort():  # no engine-side abort: cancel; generated again after resume
-                for request in list(self.in_flight):
-                    self._aborting.add(request)
-                    request.cancel()
-                    self.metrics.aborted_generations += 1
-        drained = True
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            drained = False
+            if mode is PauseMode.ABORT and self.in_flight:
+                if (
+                    not await self._engine_abort()
+                ):  # no engine-side abort: cancel; generated again after resume
+                    for request in list(self.in_flight):
+                        self._aborting.add(request)
+                        request.cancel()
+                        self.metrics.aborted_generations += 1
+            drained = True
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except TimeoutError:
+                drained = False
+        except Exception:
+            self.resume()
+            raise
         return {"paused": True, "drained": drained, "in_flight": self.working}
 
     async def _engine_abort(self) -> bool:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .enums import Api, ChainOp, Drift, FinishReason, NodeKind, NoticeKind, RecordType, SessionStatus
+from harnessrl.engine.base import FinishReason
+
+from .enums import Api, ChainOp, Drift, NodeKind, NoticeKind, RecordType, SessionStatus
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from harnessrl.harness.base import RolloutStatus
 from harnessrl.schema import Sample
 
 from .chains import STARTS_CHAIN, Chain, apply_call
@@ -116,7 +117,7 @@ def build_samples(
                     behavior_logprobs=list(chain.logprobs),
                     policy_version=list(chain.versions),
                     reward=(rewards or {}).get(rid),
-                    rollout_status="failed" if failed else "ok",
+                    rollout_status=RolloutStatus.FAILED if failed else RolloutStatus.OK,
                 )
             )
     return samples

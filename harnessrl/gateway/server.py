@@ -2,8 +2,9 @@
 
 Parts: `harness_api` (per-session OpenAI / Anthropic routes), `admin` (admin routes), `sessions`, `calls` (one
 model call: plan, generate, record, journal, commit), `pause` (pause / drain / abort / resume), `recovery`
-(journal replay on start), `metrics`, `export`. Every error reply is JSON (`errors`). `GET /health` needs no
-auth.
+(journal replay on start), `metrics`, `export`; `bodies` (size limit, decoding, off-loop work for large
+requests). Every error reply is JSON (`errors`). `GET /health` needs no auth; it answers 503 once the journal
+can record nothing more.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aiohttp import web
 from harnessrl.engine.base import Engine
 
 from .admin import AdminAPI
+from .bodies import Offload
 from .calls import CallRunner
 from .config import GatewayConfig
 from .errors import error_middleware
@@ -28,7 +30,7 @@ from .harness_api import HarnessAPI
 from .journal import Journal
 from .metrics import GatewayMetrics
 from .pause import PauseControl
-from .recovery import recover
+from .recovery import recover_journal
 from .render import ChatRenderer
 from .sessions import Session, SessionStore
 
@@ -42,6 +44,7 @@ class _Parts:
     journal: Journal
     sessions: SessionStore
     pause: PauseControl
+    offload: Offload
     calls: CallRunner
 
 
@@ -84,11 +87,20 @@ class GatewayServer:
     # -- lifecycle --------------------------------------------------------------------------------------
     def _open(self) -> _Parts:
         journal = Journal(self.journal_dir)
-        sessions = SessionStore(journal, self.renderer, self.config)
-        self.metrics.recovered_calls += recover(sessions, journal.replay())
+        try:
+            sessions = SessionStore(journal, self.renderer, self.config)
+            calls, report = recover_journal(sessions, journal, self.config.salvage)
+        except BaseException:
+            journal.close()
+            raise
+        self.metrics.recovered_calls += calls
+        self.metrics.salvaged_dropped_lines += len(report.dropped)
         pause = PauseControl(self.engine, self.metrics)
-        calls = CallRunner(self.engine, self.renderer, self.config, journal, sessions, self.metrics, pause)
-        return _Parts(journal, sessions, pause, calls)
+        offload = Offload(self.config)
+        runner = CallRunner(
+            self.engine, self.renderer, self.config, journal, sessions, self.metrics, pause, offload
+        )
+        return _Parts(journal, sessions, pause, offload, runner)
 
     async def start_async(self) -> str:
         self._parts = self._open()
@@ -135,22 +147,33 @@ class GatewayServer:
         return self.base_url
 
     def stop(self) -> None:
-        if self._loop is None:
+        loop, self._loop = self._loop, None
+        if loop is None:
             return
-        asyncio.run_coroutine_threadsafe(self.stop_async(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        asyncio.run_coroutine_threadsafe(self.stop_async(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
         if self._thread:
             self._thread.join(30)
 
     def app(self) -> web.Application:
         p = self.parts
-        app = web.Application(client_max_size=1 << 30, middlewares=[error_middleware])
+        app = web.Application(
+            client_max_size=self.config.max_request_bytes,
+            middlewares=[error_middleware(self.config.retry_after_s)],
+        )
         app.router.add_get("/health", self._health)
         AdminAPI(
-            self.admin_token, p.sessions, p.pause, p.journal, self.metrics, lambda: self.base_url
+            self.admin_token, self.config, p.sessions, p.pause, p.journal, self.metrics, lambda: self.base_url
         ).add_routes(app.router)
-        HarnessAPI(p.sessions, p.calls, self.renderer, self.config, self.metrics).add_routes(app.router)
+        HarnessAPI(p.sessions, p.calls, self.renderer, self.config, self.metrics, p.offload).add_routes(
+            app.router
+        )
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "paused": self.parts.pause.paused})
+        p = self.parts
+        if p.journal.broken is not None:
+            return web.json_response(
+                {"ok": False, "paused": p.pause.paused, "journal_error": str(p.journal.broken)}, status=503
+            )
+        return web.json_response({"ok": True, "paused": p.pause.paused})

@@ -1,12 +1,14 @@
 """Sessions: one per rollout, each with its own API key, chains and status; created and ended through the
-journal (a session exists once its record is durable)."""
+journal (a session exists once its record is durable, and a journaled change is always applied live)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -15,10 +17,12 @@ from .chains import ChainSet
 from .config import GatewayConfig
 from .enums import SessionStatus
 from .errors import HTTPError
-from .journal import Journal
+from .journal import Journal, shielded
 from .messages import MessageHasher, PlainMessageCache
 from .records import SessionEndRecord, SessionRecord, status_after
 from .render import ChatRenderer
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -33,6 +37,8 @@ class Session:
     reason: str | None = None
     calls: int = 0
     created_at: float = field(default_factory=time.time)
+    # Held while its chains change (plan, commit, release): a large request plans in a worker thread.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def view(self) -> dict[str, Any]:
         return {
@@ -73,15 +79,17 @@ class SessionStore:
         """A new session and its API key (only the key's hash is kept)."""
         key = new_api_key()
         rec = SessionRecord("s-" + uuid.uuid4().hex[:16], rollout_id, group_id, sha256_hex(key), time.time())
-        await self.journal.append(rec)
-        return self.add(rec), key
+        return await shielded(self._journaled(rec, lambda: self.add(rec))), key
 
     async def end(self, s: Session, status: SessionStatus, reason: str | None) -> None:
         if s.status is SessionStatus.FAILED:
             return
         rec = SessionEndRecord(s.session_id, status, reason, time.time())
+        await shielded(self._journaled(rec, lambda: self.apply_end(rec)))
+
+    async def _journaled(self, rec: SessionRecord | SessionEndRecord, apply: Callable[[], T]) -> T:
         await self.journal.append(rec)
-        self.apply_end(rec)
+        return apply()
 
     def get(self, sid: str) -> Session:
         s = self.sessions.get(sid)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 
+from harnessrl.engine.base import FinishReason
+
 from . import api_formats as fmt
-from .enums import Api, FinishReason
+from .enums import Api
 from .toolcalls import ToolCall
 
 TOOL_MARKERS = ("<tool_call>", "<function=")
@@ -159,7 +160,3 @@ async def _end(response: web.StreamResponse) -> None:
     # SDKs close the connection once they read the last event; the record is durable by then
     with contextlib.suppress(ConnectionResetError):
         await response.write_eof()
-
-
-def stream_options(body: dict[str, Any]) -> bool:
-    return bool((body.get("stream_options") or {}).get("include_usage"))

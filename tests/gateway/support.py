@@ -3,8 +3,12 @@ and in-process gateways on loopback; typed helpers for journals and SDK messages
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,36 @@ def read_records(journal_dir: str | os.PathLike) -> list[Record]:
 
 def call_records(journal_dir: str | os.PathLike) -> list[CallRecord]:
     return [r for r in read_journal(journal_dir) if isinstance(r, CallRecord)]
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def error(self) -> str:
+        """The message of a JSON error reply (asserts the shape every gateway error has)."""
+        assert self.headers.get("Content-Type", "").startswith("application/json"), (self.status, self.body)
+        err = self.json()["error"]
+        assert isinstance(err["type"], str) and isinstance(err["message"], str)
+        return err["message"]
+
+
+def send(url: str, data: bytes | None = None, key: str | None = None, method: str = "POST") -> Reply:
+    """One raw HTTP request (bodies no SDK would send); any status comes back as a Reply."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return Reply(r.status, dict(r.headers), r.read())
+    except urllib.error.HTTPError as e:
+        return Reply(e.code, dict(e.headers), e.read())
 
 
 def assistant_param(m: ChatCompletionMessage) -> ChatCompletionAssistantMessageParam:

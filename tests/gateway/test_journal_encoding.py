@@ -9,7 +9,8 @@ import json
 import math
 from pathlib import Path
 
-from harnessrl.gateway.enums import Api, ChainOp, FinishReason, NodeKind
+from harnessrl.engine.base import FinishReason
+from harnessrl.gateway.enums import Api, ChainOp, NodeKind
 from harnessrl.gateway.journal import Journal, decode_line, encode_record, loads, read_journal, record_to_json
 from harnessrl.gateway.records import (
     CallRecord,
@@ -24,9 +25,9 @@ from harnessrl.gateway.samples import build_samples, call_rows
 V1_JOURNAL = Path(__file__).parent / "data" / "journal_v1.jsonl"
 
 
-def _record(lps: list[float]) -> CallRecord:
+def _record(lps: list[float], call_id: str = "c-1") -> CallRecord:
     return CallRecord(
-        call_id="c-1",
+        call_id=call_id,
         session_id="s-ü漢",
         rollout_id="r",
         group_id="g",
@@ -83,7 +84,7 @@ def test_a_journal_of_the_first_version_loads_and_re_encodes_to_the_same_bytes()
 
 
 def test_non_finite_logprobs_survive_the_journal(tmp_path):
-    recs = [_record([-0.1, -math.inf, -0.2]), _record([-0.3, math.nan]), _record([-0.4])]
+    recs = [_record([-0.1, -math.inf, -0.2], "c-1"), _record([-0.3, math.nan], "c-2"), _record([-0.4], "c-3")]
 
     async def write() -> None:
         j = Journal(tmp_path)

@@ -65,6 +65,7 @@ class FastEngineServer:
         host: str = "127.0.0.1",
         port: int = 0,
         policy_version: int = 0,
+        max_model_len: int | None = None,
     ) -> None:
         if not replies:
             raise ValueError("fast engine: the reply script is empty")
@@ -84,6 +85,7 @@ class FastEngineServer:
         self.select = select
         self.per_token_s = per_token_s
         self.policy_version = policy_version
+        self.max_model_len = max_model_len  # longer prompts get vLLM's 400
         self.host, self.port = host, port
         self.requests = 0
         self._runner: web.AppRunner | None = None
@@ -147,6 +149,12 @@ class FastEngineServer:
                 raise TypeError
         except (json.JSONDecodeError, KeyError, TypeError):
             return web.json_response({"error": {"message": "prompt must be a list of token ids"}}, status=400)
+        if self.max_model_len is not None and len(prompt) > self.max_model_len:
+            message = (
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(prompt)} tokens in the messages. Please reduce the length of the messages."
+            )
+            return web.json_response({"error": {"message": message, "code": 400}}, status=400)
         self.requests += 1
         max_tokens = int(body.get("max_tokens") or 16)
         stops = set(body.get("stop_token_ids") or [])
