@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,10 +21,11 @@ import pytest
 
 from harnessrl.cli import main as cli_main
 from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway import GatewayAdmin
 from harnessrl.gateway.enums import NoticeKind
 from harnessrl.gateway.journal import Journal, JournalCorruptError, JournalWriteError, read_journal
 from harnessrl.gateway.records import NoticeRecord
-from tests.gateway.support import call_records, send
+from tests.gateway.support import ADMIN, call_records, send
 
 MSGS = [{"role": "user", "content": "List the files."}]
 
@@ -215,3 +217,24 @@ def test_serve_refuses_a_damaged_journal_unless_salvaging(gateway, fast_engine, 
     assert [r.call_id for r in call_records(journal)] == calls  # rewritten clean: a strict read works
     s = admin.create_session("r-after", "g")
     assert _chat(s) == 200
+
+
+def test_serve_command_names_the_line_and_starts_with_salvage(gateway, fast_engine, tmp_path):
+    journal = tmp_path / "j"
+    _damaged_journal(gateway, fast_engine, journal)
+    cmd = [sys.executable, "-m", "harnessrl.cli", "gateway", "serve", "--engine-url", fast_engine().base_url]
+    cmd += ["--journal", str(journal), "--admin-token", ADMIN]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert (
+        refused.returncode == 2 and "corrupt journal line" in refused.stderr and "--salvage" in refused.stderr
+    )
+    proc = subprocess.Popen([*cmd, "--salvage"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("READY "), line
+        assert GatewayAdmin(line.split()[1], ADMIN).metrics()["salvaged_dropped_lines"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.stderr is not None and "corrupt lines dropped (lines " in proc.stderr.read()
