@@ -63,12 +63,12 @@ RUNAWAY_LIMITS, RUNAWAY_TIMEOUT_S = Limits(memory_mb=256, processes=32), 10.0
 class _GoldServer(http.server.BaseHTTPRequestHandler):
     body = b""
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         self.send_response(200)
         self.end_headers()
         self.wfile.write(self.body)
 
-    def log_message(self, *a):
+    def log_message(self, format, *args):
         pass
 
 
