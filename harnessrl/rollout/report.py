@@ -242,6 +242,7 @@ def report_markdown(m: dict, png: bytes) -> str:
         f"Finish reasons: {m['finish_reasons']}. Harness errors: {m['harness_errors'] or 'none'}.",
         "",
         "Non-ok rollouts (failed / timeout / infra_error) keep their rows and reasons in rollouts.jsonl; their "
-        "samples carry that rollout_status and are excluded from training statistics by the trainer's policy.",
+        "samples carry that rollout_status and are excluded from training statistics by the trainer's --nonok "
+        "setting.",
     ]
     return "\n".join(lines) + "\n"
