@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from harnessrl.train.modes import AdvantageLevel, Estimator, LossMode, NonOkPolicy, Precision
+from harnessrl.train.modes import AdvantageLevel, Estimator, LossMode, NonOkHandling, Precision
 
 
 def register(commands, stages) -> None:
@@ -33,7 +33,7 @@ def register(commands, stages) -> None:
     p.add_argument("--advantage-level", choices=list(AdvantageLevel))
     p.add_argument("--loss-mode", choices=list(LossMode))
     p.add_argument(
-        "--nonok", choices=list(NonOkPolicy), help="what to do with rollouts whose status is not ok"
+        "--nonok", choices=list(NonOkHandling), help="what to do with rollouts whose status is not ok"
     )
     p.add_argument("--lr", type=float)
     p.add_argument("--groups-per-step", type=int)

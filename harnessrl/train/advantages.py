@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from harnessrl.train.modes import Estimator, SingletonPolicy, parse_mode
+from harnessrl.train.modes import Estimator, SingletonHandling, parse_mode
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def group_advantages(
     rewards: list[float],
     estimator: Estimator,
     eps: float = 1e-6,
-    singleton: SingletonPolicy = SingletonPolicy.ZERO,
+    singleton: SingletonHandling = SingletonHandling.ZERO,
 ) -> list[float]:
     """Advantages for the rewards of one group, in the same order."""
     estimator = parse_mode(Estimator, estimator, "advantage estimator")
@@ -47,7 +47,7 @@ def group_advantages(
     if n == 0:
         return []
     if n == 1:
-        return [0.0] if singleton == SingletonPolicy.ZERO else [float(rewards[0])]
+        return [0.0] if singleton == SingletonHandling.ZERO else [float(rewards[0])]
     mean = sum(rewards) / n
     if all(r == rewards[0] for r in rewards):
         return [0.0] * n
@@ -64,7 +64,7 @@ def compute_advantages(
     units: Iterable[Scored],
     estimator: Estimator = Estimator.GRPO,
     eps: float = 1e-6,
-    singleton: SingletonPolicy = SingletonPolicy.ZERO,
+    singleton: SingletonHandling = SingletonHandling.ZERO,
 ) -> tuple[dict[str, float], AdvantageStats]:
     """Advantage per unit key. Keys must be unique; a unit's group is its task."""
     by_group: dict[str, list[Scored]] = defaultdict(list)
@@ -93,7 +93,7 @@ def rollout_level(
     rollout_rewards: Mapping[str, tuple[str, float]],
     estimator: Estimator = Estimator.GRPO,
     eps: float = 1e-6,
-    singleton: SingletonPolicy = SingletonPolicy.ZERO,
+    singleton: SingletonHandling = SingletonHandling.ZERO,
 ) -> tuple[dict[str, float], AdvantageStats]:
     """{rollout_id: (group_id, reward)} → {rollout_id: advantage}."""
     return compute_advantages(
@@ -105,7 +105,7 @@ def sample_level(
     samples: Iterable[tuple[str, str, float]],
     estimator: Estimator = Estimator.GRPO,
     eps: float = 1e-6,
-    singleton: SingletonPolicy = SingletonPolicy.ZERO,
+    singleton: SingletonHandling = SingletonHandling.ZERO,
 ) -> tuple[dict[str, float], AdvantageStats]:
     """Ablation: every sample (sample_id, group_id, reward of its rollout) is its own unit in the group."""
     return compute_advantages((Scored(s, g, r) for s, g, r in samples), estimator, eps, singleton)

@@ -18,7 +18,7 @@ from pathlib import Path
 from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import read_jsonl
 from harnessrl.schema import Sample
-from harnessrl.train.modes import NonOkPolicy, parse_mode
+from harnessrl.train.modes import NonOkHandling, parse_mode
 
 
 @dataclass
@@ -132,12 +132,12 @@ def assemble(
     samples: list[Sample],
     rewards: dict[str, RewardRow] | None,
     *,
-    nonok: NonOkPolicy = NonOkPolicy.DROP,
+    nonok: NonOkHandling = NonOkHandling.DROP,
     mask_reward: float = 0.0,
     ok_statuses: frozenset[RolloutStatus] = frozenset({RolloutStatus.OK}),
 ) -> Prepared:
     """Groups samples by rollout and attaches each rollout's reward and status."""
-    nonok = parse_mode(NonOkPolicy, nonok, "nonok")
+    nonok = parse_mode(NonOkHandling, nonok, "nonok")
     by_rollout: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         by_rollout[s.rollout_id].append(s)
@@ -157,7 +157,7 @@ def assemble(
                 prepared.excluded["missing_reward"] += 1
                 continue
             prepared.rollouts.append(Rollout(rid, members[0].group_id, reward, status, members))
-        elif nonok == NonOkPolicy.DROP:
+        elif nonok == NonOkHandling.DROP:
             prepared.excluded[f"status:{status}"] += 1
         else:
             prepared.masked[status] += 1

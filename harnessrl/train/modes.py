@@ -21,14 +21,14 @@ class AdvantageLevel(StrEnum):
     SAMPLE = "sample"
 
 
-class SingletonPolicy(StrEnum):
+class SingletonHandling(StrEnum):
     """Advantage of a lone rollout in its group: 0 (no baseline), or its raw reward (verl's behaviour)."""
 
     ZERO = "zero"
     RAW = "raw"
 
 
-class NonOkPolicy(StrEnum):
+class NonOkHandling(StrEnum):
     """What happens to a rollout whose status is not ok (see data.py)."""
 
     DROP = "drop"

@@ -37,7 +37,7 @@ from harnessrl.train.checkpoint import (
 from harnessrl.train.data import Prepared, Rollout, assemble, load_rewards, load_samples
 from harnessrl.train.fingerprint import run_identity
 from harnessrl.train.losses import sequence_weights
-from harnessrl.train.modes import AdvantageLevel, Estimator, NonOkPolicy, SingletonPolicy, parse_mode
+from harnessrl.train.modes import AdvantageLevel, Estimator, NonOkHandling, SingletonHandling, parse_mode
 from harnessrl.train.report import write_report
 from harnessrl.train.summary import stats, strict_json, summarize
 from harnessrl.train.trainer import Trainer, TrainerConfig, seed_everything
@@ -56,8 +56,8 @@ class TrainConfig:
     estimator: Estimator = Estimator.GRPO
     advantage_level: AdvantageLevel = AdvantageLevel.ROLLOUT  # SAMPLE is an ablation
     adv_eps: float = 1e-6
-    singleton: SingletonPolicy = SingletonPolicy.ZERO
-    nonok: NonOkPolicy = NonOkPolicy.DROP  # see data.py
+    singleton: SingletonHandling = SingletonHandling.ZERO
+    nonok: NonOkHandling = NonOkHandling.DROP  # see data.py
     mask_reward: float = 0.0
     ok_statuses: tuple[RolloutStatus, ...] = (RolloutStatus.OK,)  # rewarded; the others follow `nonok`
     groups_per_step: int = 0  # 0 = every group in one optimizer step
@@ -76,8 +76,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.estimator = parse_mode(Estimator, self.estimator, "estimator")
         self.advantage_level = parse_mode(AdvantageLevel, self.advantage_level, "advantage_level")
-        self.singleton = parse_mode(SingletonPolicy, self.singleton, "singleton")
-        self.nonok = parse_mode(NonOkPolicy, self.nonok, "nonok")
+        self.singleton = parse_mode(SingletonHandling, self.singleton, "singleton")
+        self.nonok = parse_mode(NonOkHandling, self.nonok, "nonok")
         self.ok_statuses = tuple(parse_mode(RolloutStatus, s, "ok_statuses") for s in self.ok_statuses)
         if self.epochs < 1 or self.groups_per_step < 0:
             raise ValueError("epochs must be ≥ 1 and groups_per_step ≥ 0")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harnessrl.train.advantages import group_advantages, rollout_level, sample_level
-from harnessrl.train.modes import Estimator, SingletonPolicy
+from harnessrl.train.modes import Estimator, SingletonHandling
 
 EPS = 1e-6
 S3 = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 0] is 0.5; of [1, 1, 0] it is sqrt(1/3)
@@ -62,8 +62,8 @@ def test_matches_verl_formulas(seed):
 
 def test_singleton_raw_matches_verl_lone_response():
     # verl gives a lone response mean 0 / std 1, i.e. its raw reward (up to 1+eps); we make that opt-in
-    assert group_advantages([0.7], Estimator.GRPO, singleton=SingletonPolicy.RAW) == [0.7]
-    assert group_advantages([0.7], Estimator.RLOO, singleton=SingletonPolicy.RAW) == [0.7]
+    assert group_advantages([0.7], Estimator.GRPO, singleton=SingletonHandling.RAW) == [0.7]
+    assert group_advantages([0.7], Estimator.RLOO, singleton=SingletonHandling.RAW) == [0.7]
 
 
 def test_groups_are_independent_and_stats_counted():

@@ -11,7 +11,7 @@ from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import write_jsonl
 from harnessrl.schema import Sample
 from harnessrl.train.data import assemble, load_rewards, load_samples
-from harnessrl.train.modes import NonOkPolicy
+from harnessrl.train.modes import NonOkHandling
 from harnessrl.train.round import TrainConfig, plan_round, step_items
 from tests.train.support import write_round
 
@@ -85,8 +85,8 @@ def test_nonok_drop_versus_mask_and_missing_rewards():
         _rollout("c", "g", None, RolloutStatus.TIMEOUT),
         _rollout("d", "g", None),
     ]
-    dropped = assemble(samples, None, nonok=NonOkPolicy.DROP)
-    masked = assemble(samples, None, nonok=NonOkPolicy.MASK, mask_reward=0.0)
+    dropped = assemble(samples, None, nonok=NonOkHandling.DROP)
+    masked = assemble(samples, None, nonok=NonOkHandling.MASK, mask_reward=0.0)
     assert dropped.excluded == {"status:timeout": 1, "missing_reward": 1}
     assert masked.masked == {"timeout": 1} and masked.excluded == {"missing_reward": 1}
     cfg = TrainConfig()
