@@ -22,6 +22,11 @@ class RolloutStatus(StrEnum):
     PATCH_TOO_LARGE = "patch_too_large"
 
 
+# Rollouts the agent is accountable for: verify scores them (patch_too_large: 0, without running tests) and
+# they count as attempts; every other non-ok status keeps its reason and is never trained as reward 0.
+SCORED_STATUSES = frozenset({RolloutStatus.OK, RolloutStatus.PATCH_TOO_LARGE})
+
+
 class EpisodeEnd(StrEnum):
     """Why an episode ended: the `finish_reason` of a harness result and of a rollout row."""
 

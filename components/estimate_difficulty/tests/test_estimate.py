@@ -31,3 +31,16 @@ def test_count_passes_excludes_non_ok_rollouts_and_ungraded_verifications():
         "not_verified": 1,
     }
     assert (b["n"], b["n_valid"], b["passes"], b["pass_rate"]) == (1, 0, 0, None)
+
+
+def test_a_patch_over_the_cap_is_an_attempt_that_failed():
+    rollouts = [
+        {"rollout_id": "a0", "instance_id": "a", "repo": "r", "rollout_status": "patch_too_large"},
+        {"rollout_id": "a1", "instance_id": "a", "repo": "r", "rollout_status": "ok"},
+    ]
+    rewards = [
+        {"rollout_id": "a0", "reward": 0.0, "status": "ok", "resolved": False},
+        {"rollout_id": "a1", "reward": 1.0, "status": "ok", "resolved": True},
+    ]
+    (a,) = count_passes(rollouts, rewards)
+    assert (a["n"], a["n_valid"], a["passes"], a["excluded"]) == (2, 2, 1, {})
