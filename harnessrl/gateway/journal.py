@@ -380,7 +380,7 @@ class Journal:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / JOURNAL_NAME
-        self._lock = open(self.dir / ".lock", "w")  # noqa: SIM115 - held for the journal's lifetime
+        self._lock = open(self.dir / ".lock", "w")  # held for the journal's lifetime
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -369,7 +369,7 @@ def _import_harnesses(kinds: set[HarnessName]) -> None:
         from harnessrl.harness.mini_swe_agent import import_minisweagent
 
         import_minisweagent()
-        import minisweagent.agents.default  # noqa: F401
+        import minisweagent.agents.default
         import minisweagent.models.litellm_textbased_model  # noqa: F401
 
 

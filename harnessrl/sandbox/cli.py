@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 
-def register(commands, stages) -> None:  # noqa: ARG001 - sandboxes are used by stages, not a stage themselves
+def register(commands, stages) -> None:  # sandboxes are used by stages, not a stage themselves
     sb = commands.add_parser("sandbox", help="task workspaces and sandboxes (bubblewrap, Kubernetes)")
     sub = sb.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND")
 

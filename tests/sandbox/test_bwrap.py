@@ -98,12 +98,12 @@ def test_harness_tools_work_inside(ws, host_env):
 
 def test_no_network_but_the_gateway_socket(ws, tmp_path):
     class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.end_headers()
             self.wfile.write(b"gateway-ok")
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        def log_message(self, format: str, *args: object) -> None:  # the base class's name
             pass
 
     class UnixHTTPServer(http.server.ThreadingHTTPServer):

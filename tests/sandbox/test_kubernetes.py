@@ -122,7 +122,7 @@ class FakeAPI(BaseHTTPRequestHandler):
         FakeAPI.requests.append((self.command, url.path, parse_qs(url.query), body))
         return url
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         url = self._record(body)
         if self.scenario.get("create_status"):
@@ -141,7 +141,7 @@ class FakeAPI(BaseHTTPRequestHandler):
             FakeAPI.jobs[body["metadata"]["name"]] = body
         return self._send(201, body)
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         url = self._record()
         m = re.match(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)/status$", url.path)
         if m:
@@ -185,11 +185,11 @@ class FakeAPI(BaseHTTPRequestHandler):
             return self._send(200, self.scenario.get("log", ""))
         return self._send(404, {"kind": "Status", "apiVersion": "v1", "code": 404})
 
-    def do_DELETE(self):  # noqa: N802
+    def do_DELETE(self):
         self._record(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}"))
         return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:  # the base class's name
         pass
 
 
