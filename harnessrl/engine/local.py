@@ -5,6 +5,9 @@ waiting requests (prefill each alone, sample its first token, append its KV rows
 ONE decode step for every active request together and samples each row with its own settings. Requests
 therefore join and leave between steps, and a request's tokens never depend on its batch neighbours beyond
 float noise: rows are left-padded and masked, and position ids are per row.
+
+Just over 400 lines: the scheduling loop, its admission and its weight sync share the model thread's state;
+request records and weight loading already live in local_requests.py and weights.py.
 """
 
 from __future__ import annotations

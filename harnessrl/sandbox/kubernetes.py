@@ -14,7 +14,10 @@ deny all traffic except egress to the gateway pods (and DNS to find them).
 Run: create ConfigMap + Job -> poll the Job until it completes, fails or passes its deadline -> read the run
 container's log and termination state -> delete Job (+ pods) and ConfigMap. Each Job is one command, so a
 workspace does not persist across calls: agent rollouts on a cluster run bubblewrap inside the rollout pod
-(DESIGN.md §1); Jobs are for verification and for harnesses that run whole episodes as one command.
+(the same backend everywhere a rollout runs); Jobs are for verification and for harnesses that run whole episodes as one command.
+
+Over 400 lines: rendering the Job and its policies and driving it through the API are one contract, tested
+together against the Kubernetes API shapes.
 """
 
 from __future__ import annotations

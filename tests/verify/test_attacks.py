@@ -4,6 +4,8 @@ workspace is not, and every attack scores 0 (or is an infra error, never a rewar
 All attack workspaces are graded by the verify stage itself in two parallel batches (default limits; tight
 limits for the runaway ones), then each test checks its row and, where useful, a control showing the attack
 would have worked without the defence.
+
+Over 400 lines: one table of attacks graded in shared batches (grading each alone would cost minutes).
 """
 
 from __future__ import annotations
