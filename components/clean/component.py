@@ -1,6 +1,6 @@
 """KFP component `clean`: drops rows by the rules in dataprep.clean; a dropped row keeps all its reasons."""
 
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
 
 from components.common import component
 
@@ -11,6 +11,7 @@ def clean(
     kept: Output[Dataset],
     rejected: Output[Dataset],
     report: Output[Markdown],
+    report_html: Output[HTML],
     metrics: Output[Metrics],
     max_tests: int = 200,
     require_f2p: bool = True,
@@ -33,4 +34,4 @@ def clean(
         check_branches=check_branches,
         drop_duplicates=drop_duplicates,
     )
-    publish(result.markdown, result.metrics, report, metrics)
+    publish(result.markdown, result.metrics, report, metrics, html=report_html)

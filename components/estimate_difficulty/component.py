@@ -1,6 +1,6 @@
 """KFP components `estimate_difficulty` (Best-of-N generate + verify) and `select` (train/test task sets)."""
 
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.common import component
 
@@ -11,6 +11,7 @@ def estimate_difficulty(
     policy: Input[Model],
     estimates: Output[Dataset],
     report: Output[Markdown],
+    report_html: Output[HTML],
     metrics: Output[Metrics],
     n: int = 4,
     specs_json: str = "",
@@ -45,5 +46,6 @@ def estimate_difficulty(
         {k: v for k, v in result.items() if not isinstance(v, dict)},
         report,
         metrics,
+        html=report_html,
     )
     estimates.metadata.update({"tasks": result["tasks"], "n": n})

@@ -131,7 +131,7 @@ def run_estimate(
 
 
 def _report(m: dict, counts: list[dict], png: bytes) -> str:
-    from harnessrl.reports import embed_png
+    from harnessrl.reports import code, counts_text, embed_png
 
     per_repo: dict[str, Counter] = defaultdict(Counter)
     for c in counts:
@@ -143,7 +143,7 @@ def _report(m: dict, counts: list[dict], png: bytes) -> str:
         f"{m['passes']} passed. Tasks: {m[DifficultyClass.MIXED]} mixed, {m[DifficultyClass.ALL_PASS]} all-pass, "
         f"{m[DifficultyClass.ALL_FAIL]} all-fail, {m[DifficultyClass.NO_VALID_ROLLOUTS]} without a valid rollout.",
         "",
-        f"Excluded rollouts (not counted as failures): {m['excluded'] or 'none'}.",
+        f"Excluded rollouts (not counted as failures): {counts_text(m['excluded'])}.",
         "",
         embed_png(png, "pass-rate histogram"),
         "",
@@ -151,7 +151,7 @@ def _report(m: dict, counts: list[dict], png: bytes) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {repo} | {c[DifficultyClass.MIXED]} | {c[DifficultyClass.ALL_PASS]} | {c[DifficultyClass.ALL_FAIL]} "
+        f"| {code(repo)} | {c[DifficultyClass.MIXED]} | {c[DifficultyClass.ALL_PASS]} | {c[DifficultyClass.ALL_FAIL]} "
         f"| {c[DifficultyClass.NO_VALID_ROLLOUTS]} |"
         for repo, c in sorted(per_repo.items())
     ]

@@ -1,6 +1,6 @@
 """KFP component `generate_rollouts` (thin: the work is in generate.run_generate). A GPU step on the cluster."""
 
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.common import component
 
@@ -12,6 +12,7 @@ def generate_rollouts(
     rollouts: Output[Dataset],
     samples: Output[Dataset],
     report: Output[Markdown],
+    report_html: Output[HTML],
     metrics: Output[Metrics],
     group_size: int = 4,
     specs_json: str = "",
@@ -54,5 +55,5 @@ def generate_rollouts(
     shutil.copyfile(out / "samples.parquet", Path(samples.path) / "samples.parquet")
     flat = {k: v for k, v in result.items() if not isinstance(v, dict)}
     flat.update({f"status_{k}": v for k, v in result["status"].items()})
-    publish((out / "report.md").read_text(), flat, report, metrics)
+    publish((out / "report.md").read_text(), flat, report, metrics, html=report_html)
     rollouts.metadata.update({"rollouts": result["rollouts"], "tasks": result["tasks"]})

@@ -1,6 +1,6 @@
 """KFP component `select`: the training task set (mixed + K all-fail) and the held-out split."""
 
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
 
 from components.common import component
 
@@ -12,6 +12,7 @@ def select(
     selected: Output[Dataset],
     held_out: Output[Dataset],
     report: Output[Markdown],
+    report_html: Output[HTML],
     metrics: Output[Metrics],
     k_all_fail: int = 0,
     test_fraction: float = 0.1,
@@ -42,7 +43,7 @@ def select(
     if history.is_file():  # the dynamic-sampling history travels with the training task set
         shutil.copyfile(history, Path(selected.path) / "history.jsonl")
     shutil.copyfile(work / "out" / "selection.jsonl", Path(selected.path) / "selection.jsonl")
-    publish((work / "out" / "report.md").read_text(), result, report, metrics)
+    publish((work / "out" / "report.md").read_text(), result, report, metrics, html=report_html)
     selected.metadata.update({"tasks": result["train"]})
     held_out.metadata.update({"tasks": result["test"]})
     shutil.rmtree(work, ignore_errors=True)

@@ -66,7 +66,7 @@ def run_select(
 
 
 def _report(metrics: dict, sel: Selection, png: bytes) -> str:
-    from harnessrl.reports import embed_png
+    from harnessrl.reports import code, embed_png
 
     per_repo: dict[str, Counter] = defaultdict(Counter)
     for d in sel.decisions.values():
@@ -88,6 +88,7 @@ def _report(metrics: dict, sel: Selection, png: bytes) -> str:
         "|---|---:|---:|---:|",
     ]
     lines += [
-        f"| {repo} | {c['train']} | {c['test']} | {c['dropped']} |" for repo, c in sorted(per_repo.items())
+        f"| {code(repo)} | {c['train']} | {c['test']} | {c['dropped']} |"
+        for repo, c in sorted(per_repo.items())
     ]
     return "\n".join(lines) + "\n"

@@ -1,6 +1,6 @@
 """KFP component `synthesize`: SWE-smith-style tasks from a Python repo directory or sdist."""
 
-from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Output
 
 from components.common import component
 
@@ -10,6 +10,7 @@ def synthesize(
     source: Input[Artifact],
     tasks: Output[Dataset],
     report: Output[Markdown],
+    report_html: Output[HTML],
     metrics: Output[Metrics],
     max_tasks: int = 20,
     seed: int = 0,
@@ -23,4 +24,4 @@ def synthesize(
     result = run_synthesize(
         Path(source.path), Path(tasks.path), max_tasks=max_tasks, seed=seed, timeout_s=timeout_s
     )
-    publish(result.markdown, result.metrics, report, metrics)
+    publish(result.markdown, result.metrics, report, metrics, html=report_html)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from harnessrl.reports import StageReport, bar_chart_png, embed_png
+from harnessrl.reports import StageReport, bar_chart_png, code, embed_png
 from harnessrl.taskset import TaskSet
 
 
@@ -33,7 +33,7 @@ def summarize_taskset(ts: TaskSet, title: str) -> StageReport:
         "| bug modifier | tasks |",
         "|---|---|",
     ]
-    lines += [f"| {name} | {n} |" for name, n in sorted(by_modifier.items())]
+    lines += [f"| {code(name)} | {n} |" for name, n in sorted(by_modifier.items())]
     if by_modifier:
         lines += [
             "",

@@ -2,7 +2,7 @@
 StageSlot requests it through `pipelines.k8s.gpu_step`. With more than one GPU visible in the pod the
 component launches one rank per GPU with torchrun (FSDP2 data parallelism, see docs/train.md)."""
 
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.common import component
 
@@ -15,18 +15,18 @@ def train_grpo(
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
+    report_html: Output[HTML],
     config_json: str = "{}",
     seed: int = 0,
     resume: bool = True,
 ):
     """GRPO update with rollout-level advantages: samples + verify rewards + policy → new policy."""
     import json
-    import math
-    import shutil
     from pathlib import Path
 
     import torch
 
+    from harnessrl.reports import publish
     from harnessrl.train.launch import run_multiprocess
     from harnessrl.train.round import TrainConfig, run_train
 
@@ -51,10 +51,7 @@ def train_grpo(
             resume=resume,
             model_out=model.path,
         )
-    for key, value in summary.items():
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            metrics.log_metric(key, float(value))
-    shutil.copyfile(work / "report.md", report.path)
+    publish((work / "report.md").read_text(), summary, report, metrics, html=report_html)
     model.metadata.update(
         {
             "framework": "transformers",

@@ -1,6 +1,6 @@
 """KFP component `validate`: the Great Expectations suite; fails the step (after reporting) on violations."""
 
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
 
 from components.common import component
 
@@ -10,6 +10,7 @@ def validate(
     tasks: Input[Dataset],
     results: Output[Dataset],
     report: Output[Markdown],
+    report_html: Output[HTML],
     metrics: Output[Metrics],
     fail_on_violation: bool = True,
 ):
@@ -19,6 +20,6 @@ def validate(
     from harnessrl.reports import publish
 
     outcome = run_validate(Path(tasks.path), Path(results.path))
-    publish(outcome.report.markdown, outcome.report.metrics, report, metrics)
+    publish(outcome.report.markdown, outcome.report.metrics, report, metrics, html=report_html)
     if fail_on_violation and not outcome.success:
         raise RuntimeError(f"task set failed validation:\n{outcome.summary}")

@@ -1,6 +1,6 @@
 """KFP component `verify`: task rows + rollouts -> rewards dataset (rewards.jsonl, logs), report, metrics."""
 
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
 
 from components.common import component
 
@@ -11,6 +11,7 @@ def verify(
     rollouts: Input[Dataset],
     verified: Output[Dataset],
     report: Output[Markdown],
+    report_html: Output[HTML],
     metrics: Output[Metrics],
     workers: int = 2,
     timeout_s: float = 300.0,
@@ -41,6 +42,10 @@ def verify(
         "verifications_per_min",
     )
     publish(
-        (Path(verified.path) / "report.md").read_text(), {k: summary.get(k) for k in keys}, report, metrics
+        (Path(verified.path) / "report.md").read_text(),
+        {k: summary.get(k) for k in keys},
+        report,
+        metrics,
+        html=report_html,
     )
     verified.metadata.update({"rollouts": summary["rollouts"], "resolved": summary["resolved"]})

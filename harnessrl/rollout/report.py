@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harnessrl.harness.base import RolloutStatus
-from harnessrl.io import atomic_write_text
+from harnessrl.io import atomic_write_bytes, atomic_write_text
 from harnessrl.rollout.generate import FailedSamples, GenerateConfig
 
 
@@ -88,8 +88,9 @@ def export_and_summarize(
             },
         )
     metrics = summarize(rows, gateway_metrics, wall_s, records.num_rows, samples.num_rows)
-    plot_all(rows, out)
-    atomic_write_text(out / "report.md", report_markdown(metrics, (out / "rollouts.png").read_bytes()))
+    png = plot_all(rows)
+    atomic_write_bytes(out / "rollouts.png", png)
+    atomic_write_text(out / "report.md", report_markdown(metrics, png))
     return metrics
 
 
@@ -166,14 +167,13 @@ def summarize(rows: list[dict], gateway_metrics: dict, wall_s: float, n_records:
     }
 
 
-def plot_all(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_all(rows: list[dict]) -> bytes:
+    """Turns per rollout, mean seconds per rollout by part, status:finish reason counts (one PNG)."""
+    from harnessrl.reports import figure_png, new_figure
 
     specs = sorted({r["spec_name"] for r in rows})
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, grid = new_figure(3.4, 1, 3)
+    axes = grid[0]
     ax = axes[0]
     for name in specs:
         ax.hist(
@@ -182,7 +182,7 @@ def plot_all(rows: list[dict], out: Path) -> None:
             label=name,
             bins=range(0, max(r["turns"] for r in rows) + 2),
         )
-    ax.set_title("turns per rollout")
+    ax.set_title("turns per rollout", fontsize=10)
     ax.set_xlabel("turns")
     ax.legend(fontsize=7)
     ax = axes[1]
@@ -197,27 +197,25 @@ def plot_all(rows: list[dict], out: Path) -> None:
         for n in specs
     ]
     ax.bar(specs, other, bottom=bottoms, label="other")
-    ax.set_title("mean seconds per rollout")
+    ax.set_title("mean seconds per rollout", fontsize=10)
     ax.tick_params(axis="x", labelsize=7, rotation=15)
     ax.legend(fontsize=7)
     ax = axes[2]
     reasons = Counter(f"{r['rollout_status']}:{r['finish_reason']}" for r in rows)
     ax.barh(list(reasons), list(reasons.values()))
-    ax.set_title("status:finish reason")
+    ax.set_title("status:finish reason", fontsize=10)
     ax.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "rollouts.png", dpi=100)
-    plt.close(fig)
+    return figure_png(fig)
 
 
 def report_markdown(m: dict, png: bytes) -> str:
-    from harnessrl.reports import embed_png
+    from harnessrl.reports import code, counts_text, embed_png
 
     lines = [
         "# Rollout generation",
         "",
         f"{m['rollouts']} rollouts over {m['tasks']} tasks in {m['wall_s']:.1f} s "
-        f"({m['rollouts_per_hour']:.0f} rollouts/hour); status {m['status']}.",
+        f"({m['rollouts_per_hour']:.0f} rollouts/hour); status {counts_text(m['status'])}.",
         "",
         f"{m['records']} gateway records, {m['samples']} samples; {m['splits']} splits, {m['rollbacks']} rollbacks; "
         f"{m['completion_tokens']} sampled tokens; longest prompt {m['prompt_tokens_max']} tokens.",
@@ -233,16 +231,18 @@ def report_markdown(m: dict, png: bytes) -> str:
     ]
     for name, g in m["by_spec"].items():
         lines.append(
-            f"| {name} | {g['harness']} | {g['sandbox']} | {g['rollouts']} | {g['status']} | "
+            f"| {code(name)} | {code(g['harness'])} | {code(g['sandbox'])} | {g['rollouts']} | "
+            f"{counts_text(g['status'])} | "
             f"{g['turns_mean']:.1f} | {g['calls']} | {g['splits']} | {g['rollbacks']} | "
             f"{g['model_s_per_turn']:.3f} | {g['tool_s_per_turn']:.3f} |"
         )
     lines += [
         "",
-        f"Finish reasons: {m['finish_reasons']}. Harness errors: {m['harness_errors'] or 'none'}.",
+        f"Finish reasons: {counts_text(m['finish_reasons'])}. "
+        f"Harness errors: {counts_text(m['harness_errors'] or {})}.",
         "",
-        "Non-ok rollouts (failed / timeout / infra_error) keep their rows and reasons in rollouts.jsonl; their "
-        "samples carry that rollout_status and are excluded from training statistics by the trainer's --nonok "
-        "setting.",
+        "Non-ok rollouts (failed / timeout / `infra_error`) keep their rows and reasons in `rollouts.jsonl`; "
+        "their samples carry that `rollout_status` and are excluded from training statistics by the trainer's "
+        "`--nonok` setting.",
     ]
     return "\n".join(lines) + "\n"

@@ -188,7 +188,7 @@ def _safe(name: str) -> str:
 
 
 def render_report(summary: dict, ordered: list[tuple[dict, VerifyResult]], out: Path) -> str:
-    from harnessrl.reports import bar_chart_png, embed_png
+    from harnessrl.reports import bar_chart_png, code, embed_png
 
     png = bar_chart_png(summary["status_counts"], "verify: rollouts by status", "rollouts")
     (out / "status_counts.png").write_bytes(png)
@@ -206,8 +206,9 @@ def render_report(summary: dict, ordered: list[tuple[dict, VerifyResult]], out: 
     ]
     for r, v in ordered[:200]:
         dropped = ", ".join(sorted({d["path"] for d in v.dropped}))[:80]
+        detail = v.detail[:100].replace("|", "/").replace("`", "'")
         lines.append(
-            f"| {r['rollout_id']} | {v.instance_id} | {v.status} | {v.reward} | {dropped} | "
-            f"{v.detail[:100].replace('|', '/')} |"
+            f"| {r['rollout_id']} | {code(v.instance_id)} | {code(v.status)} | {v.reward} | "
+            f"{code(dropped) if dropped else ''} | {detail} |"
         )
     return "\n".join(lines) + "\n"
