@@ -5,12 +5,14 @@
     import-base-model ────────────┼─▶ estimate-difficulty ─▶ select ─┐
                                   │                                   ▼ selected
           ┌──────────── policy ◀──┴──────────────── round r: generate-rollouts ─▶ verify ─▶ train-grpo
-          └─▶ round r+1 samples from round r's trained model
+          └─▶ round r+1 samples from round r's trained model                               │ metrics
+                                                                   summary of rounds ≤ r ◀──┘
 
 Rounds are unrolled at compile time (`ROUNDS`): round r+1's policy is round r's checkpoint, and a
 `dsl.ParallelFor` cannot carry state from one iteration to the next. GPU steps (difficulty, generate, train)
 are placed on GPU nodes and the steps that stream large objects get the S3 credentials from a Secret;
-kfp.local ignores both, so the same pipeline runs locally and on a cluster.
+kfp.local ignores both, so the same pipeline runs locally and on a cluster. After each round a summary step
+reports the run so far (the rounds travel from one summary to the next); the last one is the run's summary.
 """
 
 from kfp import dsl
@@ -18,6 +20,7 @@ from kfp import dsl
 from components.estimate_difficulty.component import estimate_difficulty
 from components.generate.component import generate_rollouts
 from components.select_tasks.component import select
+from components.summarize_run.component import summarize_run
 from components.train.component import train_grpo
 from components.verify.component import verify
 from pipelines.data_prep import add_data_prep
@@ -80,6 +83,7 @@ def harnessrl_full(
     )
 
     policy = base_model.output
+    summary = None
     for round_index in range(1, ROUNDS + 1):
         rollouts = generate_rollouts(
             tasks=selection.outputs["selected"],
@@ -103,3 +107,18 @@ def harnessrl_full(
             gpu_step(task, gpus=1)
             use_s3_credentials(task)
         policy = trained.outputs["model"]
+        # the rounds before this one (none in round 1)
+        earlier_rounds = {"earlier": summary.outputs["rounds"]} if summary is not None else {}
+        summary = summarize_run(
+            difficulty=estimate.outputs["metrics"],
+            selection=selection.outputs["metrics"],
+            generated=rollouts.outputs["metrics"],
+            verified=verified.outputs["metrics"],
+            trained=trained.outputs["metrics"],
+            round_index=round_index,
+            total_rounds=ROUNDS,
+            **earlier_rounds,
+        )
+        summary.set_display_name(
+            "summarize-run" if round_index == ROUNDS else f"summarize-run-round-{round_index}"
+        )

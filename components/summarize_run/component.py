@@ -1,0 +1,47 @@
+"""KFP component `summarize_run`: after a round, the run so far in one report (tasks, pass rates, reward and
+loss, throughput, links to the stage reports); the last round's is the run's summary."""
+
+from typing import Optional
+
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
+
+from components.common import component
+
+
+@component
+def summarize_run(
+    difficulty: Input[Metrics],
+    selection: Input[Metrics],
+    generated: Input[Metrics],
+    verified: Input[Metrics],
+    trained: Input[Metrics],
+    rounds: Output[Dataset],
+    report: Output[Markdown],
+    report_html: Output[HTML],
+    metrics: Output[Metrics],
+    earlier: Optional[Input[Dataset]] = None,  # noqa: UP045 (KFP reads Optional[...], not `| None`)
+    round_index: int = 1,
+    total_rounds: int = 1,
+):
+    """`earlier`: the previous round's `rounds` (none for round 1)."""
+    from pathlib import Path
+
+    from components.summarize_run.stage import RoundRecord, read_metrics, run_summary
+    from harnessrl.reports import publish
+
+    this_round = RoundRecord(
+        round_index,
+        read_metrics(generated, "generate-rollouts"),
+        read_metrics(verified, "verify"),
+        read_metrics(trained, "train-grpo"),
+    )
+    result = run_summary(
+        read_metrics(difficulty, "estimate-difficulty"),
+        read_metrics(selection, "select"),
+        this_round,
+        Path(earlier.path) if earlier is not None else None,
+        Path(rounds.path),
+        total_rounds=total_rounds,
+    )
+    publish(result.markdown, result.metrics, report, metrics, html=report_html)
+    rounds.metadata.update({"rounds": round_index})
