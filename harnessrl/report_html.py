@@ -35,7 +35,7 @@ tr:nth-child(even) td { background: #f8f9fa; }
 img { display: block; max-width: 100%; height: auto; margin: .6em 0; }
 code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono", monospace;
   font-size: .9em; background: #f0f2f4; border-radius: 3px; }
-code { padding: .05em .3em; overflow-wrap: anywhere; }
+code { padding: .05em .3em; overflow-wrap: break-word; }
 pre { padding: 8px; overflow-x: auto; }
 pre code { padding: 0; background: none; }
 """

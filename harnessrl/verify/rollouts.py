@@ -201,14 +201,19 @@ def render_report(summary: dict, ordered: list[tuple[dict, VerifyResult]], out: 
         "",
         embed_png(png, "rollouts by status"),
         "",
-        "| rollout | instance | status | reward | dropped | detail |",
-        "|---|---|---|---|---|---|",
     ]
+    # generate names rollouts <instance>__r<k>: then a separate instance column only widens the table
+    by_instance = all(str(r["rollout_id"]).startswith(v.instance_id) for r, v in ordered)
+    header = ["rollout", *([] if by_instance else ["instance"]), "status", "reward", "detail"]
+    if by_instance:
+        lines += ["Rollout ids are `<instance>__r<k>`.", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r, v in ordered[:200]:
         dropped = ", ".join(sorted({d["path"] for d in v.dropped}))[:80]
         detail = v.detail[:100].replace("|", "/").replace("`", "'")
-        lines.append(
-            f"| {r['rollout_id']} | {code(v.instance_id)} | {code(v.status)} | {v.reward} | "
-            f"{code(dropped) if dropped else ''} | {detail} |"
-        )
+        if dropped:  # a column of its own would make the table wider than the KFP UI's panel
+            detail = f"dropped {code(dropped)}" + (f"; {detail}" if detail else "")
+        cells = [str(r["rollout_id"]), *([] if by_instance else [code(v.instance_id)]), code(v.status)]
+        cells += [str(v.reward), detail]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

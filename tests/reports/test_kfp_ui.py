@@ -8,7 +8,8 @@
   sanitizer drops every `data:` image (the reason for the HTML artifact), which the test records.
 
 Reports: the data-prep pipeline on tests/fixtures/minirepo (real kfp.local run), the train component on a
-tiny random policy, and the run summary component. Screenshots stay in the test's tmp folder
+tiny random policy, the rollout and verify report writers on a real run's rollout rows (data/rollouts.jsonl,
+plus a second harness whose rollouts end otherwise), and the run summary component. Screenshots stay in the test's tmp folder
 (`kfp-ui-screens*`); docs/img/kfp-ui-clean-report.png is one of them.
 """
 
@@ -22,15 +23,26 @@ from pathlib import Path
 import pytest
 from kfp.dsl import HTML, Dataset, Markdown, Metrics, Model
 
-from harnessrl.reports import REPORT_BUDGET_CHARS
+from harnessrl.io import read_jsonl
+from harnessrl.reports import REPORT_BUDGET_CHARS, publish
 from pipelines.local_run import run_local
 from tests.reports.kfp_ui import KfpUi, Probe, render_markdown
 from tests.train.support import write_round
 
 REPO = Path(__file__).resolve().parents[2]
 MINIREPO = REPO / "tests" / "fixtures" / "minirepo"
+DATA = Path(__file__).resolve().parent / "data"
 CODE_SPAN_RE = re.compile(r"(`+)(.+?)\1")
-MIN_CELL_GAP_PX = 6  # visible text of neighbouring cells at least this far apart
+MIN_CELL_GAP_PX = 6
+NAMES = [
+    "synthesize",
+    "clean",
+    "validate",
+    "generate-rollouts",
+    "verify",
+    "train-grpo",
+    "summarize-run",
+]  # visible text of neighbouring cells at least this far apart
 
 pytestmark = pytest.mark.slow  # a kfp.local run, a tiny train run, Chromium: ~25 s (first run: + npm install)
 
@@ -102,6 +114,71 @@ def train_report(root: Path, tokenizer, policy_dir: Path) -> Report:
     return read(out, "train-grpo")
 
 
+def rollout_rows() -> list[dict]:
+    """A real run's rollout rows (one harness), and a second harness whose rollouts time out or fail."""
+    rows = list(read_jsonl(DATA / "rollouts.jsonl"))
+    other = [
+        {
+            **row,
+            "rollout_id": row["rollout_id"].replace("__r", "__x"),
+            "spec_name": "mini-swe-agent/bubblewrap#1",
+            "harness": "mini-swe-agent",
+            "rollout_status": status,
+            "finish_reason": reason,
+            "harness_errors": {"no_tool_call": 3, "format_error": 1},
+        }
+        for row, (status, reason) in zip(
+            rows, [("timeout", "wall_clock"), ("infra_error", "sandbox_error")] * 2, strict=True
+        )
+    ]
+    return rows + other
+
+
+def published(folder: Path, name: str, markdown: str) -> Report:
+    report, metrics, html = artifacts(folder)
+    publish(markdown, {}, report, metrics, html=html)
+    return read(folder, name)
+
+
+def rollout_reports(root: Path) -> list[Report]:
+    """The generate and verify steps' reports, from their own writers, as their components publish them."""
+    from harnessrl.rollout.report import plot_all, report_markdown, summarize
+    from harnessrl.verify.grading import VerifyStatus
+    from harnessrl.verify.rollouts import render_report
+    from harnessrl.verify.verifier import VerifyResult
+
+    rows = rollout_rows()
+    generate = report_markdown(summarize(rows, {}, 31.5, 12, 10), plot_all(rows))
+    statuses = [
+        VerifyStatus.RESOLVED,
+        VerifyStatus.UNRESOLVED,
+        VerifyStatus.APPLY_FAILED,
+        VerifyStatus.INFRA_ERROR,
+    ]
+    ordered = [
+        (
+            row,
+            VerifyResult(
+                row["instance_id"], status, reward=None if status == "infra_error" else float(i == 0)
+            ),
+        )
+        for i, (row, status) in enumerate(zip(rows, statuses * 2, strict=True))
+    ]
+    ordered[2][1].detail = "the diff does not apply: patch_failed at hunk 2 of src/minicalc/ops.py"
+    ordered[2][1].dropped = [{"path": "tests/test_ops.py"}]
+    summary = {"rollouts": 8, "graded": 6, "resolved": 2, "infra_errors": 2, "flagged": 0, "wall_s": 12.5}
+    summary |= {
+        "workers": 2,
+        "status_counts": {"resolved": 2, "unresolved": 2, "apply_failed": 2, "infra_error": 2},
+    }
+    (root / "verify-out").mkdir()
+    verify = render_report(summary, ordered, root / "verify-out")
+    return [
+        published(root / "generate-rollouts", "generate-rollouts", generate),
+        published(root / "verify", "verify", verify),
+    ]
+
+
 def summary_report(root: Path, trained: Path) -> Report:
     """The summary component after two rounds; the stage numbers are written as their steps log them."""
     from components.summarize_run.component import summarize_run
@@ -149,7 +226,7 @@ def summary_report(root: Path, trained: Path) -> Report:
 def reports(tmp_path_factory, tokenizer, tiny_policy_dir) -> list[Report]:
     root = tmp_path_factory.mktemp("kfp-ui-run")
     trained = train_report(root, tokenizer, tiny_policy_dir)
-    return [*data_prep_reports(root), trained, summary_report(root, root / "train")]
+    return [*data_prep_reports(root), *rollout_reports(root), trained, summary_report(root, root / "train")]
 
 
 @pytest.fixture(scope="module")
@@ -188,15 +265,13 @@ def assert_plots_shown(probe: Probe, report: Report) -> None:
 
 
 def test_reports_stay_under_the_markdown_viewer_limit(reports):
-    assert [r.name for r in reports] == ["synthesize", "clean", "validate", "train-grpo", "summarize-run"]
+    assert [r.name for r in reports] == NAMES
     for report in reports:
         assert len(report.markdown) <= REPORT_BUDGET_CHARS, report.name
         assert report.image_count() >= 1, report.name
 
 
-@pytest.mark.parametrize(
-    "index", range(5), ids=["synthesize", "clean", "validate", "train-grpo", "summarize-run"]
-)
+@pytest.mark.parametrize("index", range(len(NAMES)), ids=NAMES)
 def test_html_artifact_in_the_sandboxed_iframe(reports, ui, screens, index):
     """KFP UI 2.x, every release: the HTML artifact."""
     report = reports[index]
@@ -209,9 +284,7 @@ def test_html_artifact_in_the_sandboxed_iframe(reports, ui, screens, index):
     assert shown.screenshot.stat().st_size > 5000
 
 
-@pytest.mark.parametrize(
-    "index", range(5), ids=["synthesize", "clean", "validate", "train-grpo", "summarize-run"]
-)
+@pytest.mark.parametrize("index", range(len(NAMES)), ids=NAMES)
 def test_markdown_artifact_on_kfp_ui_2_17(reports, rendered, ui, screens, index):
     """KFP UI >= 2.17 (markdown-to-jsx 7.x): plots shown; tables read as tables under the CSS reset."""
     report = reports[index]
@@ -222,9 +295,7 @@ def test_markdown_artifact_on_kfp_ui_2_17(reports, rendered, ui, screens, index)
     assert shown.probe.cell_text_gap_min is not None and shown.probe.cell_text_gap_min >= MIN_CELL_GAP_PX
 
 
-@pytest.mark.parametrize(
-    "index", range(5), ids=["synthesize", "clean", "validate", "train-grpo", "summarize-run"]
-)
+@pytest.mark.parametrize("index", range(len(NAMES)), ids=NAMES)
 def test_markdown_artifact_on_kfp_ui_2_1_to_2_16(reports, rendered, ui, screens, index):
     """KFP UI 2.1-2.16 (markdown-to-jsx 6.11.x): readable, but its URL sanitizer removes every data: image,
     so there the plots are only in the HTML artifact."""
