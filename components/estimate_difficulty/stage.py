@@ -7,8 +7,8 @@ Output directory:
     verified/           the verify stage's output (rewards.jsonl, logs)
     pass_rate_hist.png, report.md, metrics.json
 
-Only rollouts that finished (rollout_status ok) and were graded count towards n_valid; the others are
-listed under `excluded` with their reason, never counted as failures.
+Only graded rollouts the agent is accountable for (rollout_status ok or patch_too_large) count towards
+n_valid; the others are listed under `excluded` with their reason, never counted as failures.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from harnessrl.difficulty.history import PassRateHistory
 from harnessrl.difficulty.selection import DifficultyClass, classify, plot_pass_rate_histogram
-from harnessrl.harness.base import RolloutStatus
+from harnessrl.harness.base import SCORED_STATUSES, RolloutStatus
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from harnessrl.rollout.executors import ExecutorName
 
@@ -46,7 +46,7 @@ def count_passes(rollouts: list[dict], rewards: list[dict]) -> list[dict]:
         )
         t["n"] += 1
         verdict = by_rollout.get(r["rollout_id"])
-        if r.get("rollout_status", RolloutStatus.OK) != RolloutStatus.OK:
+        if r.get("rollout_status", RolloutStatus.OK) not in SCORED_STATUSES:
             t["excluded"][f"rollout_{r['rollout_status']}"] += 1
         elif verdict is None:
             t["excluded"]["not_verified"] += 1

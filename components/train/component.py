@@ -1,6 +1,7 @@
-"""KFP component `train_grpo` (thin: the work is in harnessrl.train.round.run_train). A GPU step on the cluster: the full pipeline's
-StageSlot requests it through `pipelines.k8s.gpu_step`. With more than one GPU visible in the pod the
-component launches one rank per GPU with torchrun (FSDP2 data parallelism, see docs/train.md)."""
+"""KFP component `train_grpo` (thin: the work is in harnessrl.train.round.run_train). A GPU step on the
+cluster: pipelines/full.py places it with `pipelines.k8s.gpu_step`. With more than one GPU
+visible in the pod the component launches one rank per GPU with torchrun (FSDP2 data parallelism, see
+docs/train.md)."""
 
 from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 

@@ -14,7 +14,7 @@ Output directory (replaced atomically, so reruns are idempotent):
                     failed/timeout, "infra_error" when not graded), rollout_status, verify_status (resolved | unresolved |
                     timeout | resource_limit | apply_failed | infra_error), resolved, f2p_fraction, flagged,
                     dropped, suspicious, tests, diff, detail, timings
-    logs/<rollout_id>.log   the full pytest log
+    logs/<rollout_id>.log   the full pytest log (file name: sandbox.workspace.safe_name of the id)
     summary.json, report.md (with status_counts.png)
 """
 
@@ -28,8 +28,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from harnessrl.harness.base import SCORED_STATUSES, RolloutStatus
 from harnessrl.io import atomic_output, read_jsonl, write_jsonl
+from harnessrl.progress import ProgressBar
 from harnessrl.sandbox.base import Limits
+from harnessrl.sandbox.workspace import safe_name
 from harnessrl.taskset import TaskSet
 from harnessrl.verify.grading import GRADED, VerifyStatus
 from harnessrl.verify.verifier import (
@@ -85,6 +88,13 @@ def verify_rollout(
         return VerifyResult(
             iid, VerifyStatus.INFRA_ERROR, detail="the rollout itself failed (infra_error); not graded"
         )
+    if rollout.get("rollout_status") == RolloutStatus.PATCH_TOO_LARGE:
+        return VerifyResult(
+            iid,
+            VerifyStatus.UNRESOLVED,
+            reward=0.0,
+            detail="the agent's diff was over the patch cap (no patch kept): scored 0 without running tests",
+        )
     try:
         if rollout.get("workspace"):
             ws = Path(rollout["workspace"])
@@ -94,7 +104,7 @@ def verify_rollout(
         if "model_patch" in rollout:
             return verify_diff(taskset, row, rollout["model_patch"] or "", timeout_s=timeout_s, limits=limits)
         return verify_patch(taskset, row, rollout.get("patch") or "", timeout_s=timeout_s, limits=limits)
-    except Exception as e:  # noqa: BLE001 - any crash here is ours, never the agent's: keep the row with why
+    except Exception as e:  # any crash here is ours, never the agent's: keep the row with why
         return VerifyResult(
             iid,
             VerifyStatus.INFRA_ERROR,
@@ -109,8 +119,8 @@ def reward_row(rollout: dict, r: VerifyResult) -> dict[str, Any]:
     graded = r.status in GRADED
     rollout_status = rollout.get("rollout_status") or "ok"
     # A rollout the generate stage marked failed/timeout keeps that status (the trainer decides what to do
-    # with it); only an ok rollout that was graded becomes "ok".
-    status = ("ok" if rollout_status == "ok" else rollout_status) if graded else "infra_error"
+    # with it); only a graded rollout the agent is accountable for (SCORED_STATUSES) becomes "ok".
+    status = ("ok" if rollout_status in SCORED_STATUSES else rollout_status) if graded else "infra_error"
     return {
         "rollout_id": rollout["rollout_id"],
         "instance_id": r.instance_id,
@@ -131,31 +141,20 @@ def run_verify(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     limits: Limits | None = None,
-    show_progress: bool = True,
 ) -> dict[str, Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     taskset = TaskSet.open(tasks)
     by_id = {r["instance_id"]: r for r in taskset.rows()}
     rows, base = load_rollouts(rollouts)
     workers = max(1, int(workers))
     started = time.monotonic()
     results: dict[str, tuple[dict, VerifyResult]] = {}
-    progress = Progress(
-        TextColumn("[bold]verify[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        disable=not show_progress,
-    )
-    with progress, ThreadPoolExecutor(max_workers=workers) as pool:
-        bar = progress.add_task("rollouts", total=len(rows))
+    with ProgressBar("verify", total=len(rows)) as bar, ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(verify_rollout, taskset, by_id, r, base, timeout_s, limits): r for r in rows}
         for fut in as_completed(futures):
             rollout = futures[fut]
             results[rollout["rollout_id"]] = (rollout, fut.result())
             resolved = sum(1 for _, v in results.values() if v.resolved)
-            progress.update(bar, advance=1, description=f"{resolved} resolved")
+            bar.advance(description=f"verify: {resolved} resolved")
     wall = time.monotonic() - started
     ordered = [results[r["rollout_id"]] for r in rows]
     statuses = Counter(v.status for _, v in ordered)
@@ -177,14 +176,10 @@ def run_verify(
         write_jsonl(tmp / "rewards.jsonl", (reward_row(r, v) for r, v in ordered))
         (tmp / "logs").mkdir()
         for r, v in ordered:
-            (tmp / "logs" / f"{_safe(r['rollout_id'])}.log").write_text(v.test_log)
+            (tmp / "logs" / f"{safe_name(r['rollout_id'])}.log").write_text(v.test_log)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         (tmp / "report.md").write_text(render_report(summary, ordered, tmp))
     return summary
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:200]
 
 
 def render_report(summary: dict, ordered: list[tuple[dict, VerifyResult]], out: Path) -> str:

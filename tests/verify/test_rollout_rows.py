@@ -34,3 +34,18 @@ def test_a_failed_rollout_keeps_its_status_for_the_trainer():
     rollout = {"rollout_id": "t__r1", "instance_id": "t", "rollout_status": RolloutStatus.FAILED}
     row = reward_row(rollout, VerifyResult("t", VerifyStatus.UNRESOLVED, reward=0.0))
     assert (row["status"], row["reward"]) == ("failed", 0.0)
+
+
+def test_logs_of_ids_that_differ_only_in_unsafe_characters_do_not_collide(task, tmp_path):
+    import json
+
+    from harnessrl.verify.rollouts import run_verify
+
+    ids = [f"{task.iid}/r0", f"{task.iid}_r0", f"../{task.iid}"]
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    rows = [{"rollout_id": i, "instance_id": task.iid, "rollout_status": "infra_error"} for i in ids]
+    (rollouts / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_verify(task.taskset.root, rollouts, tmp_path / "out", workers=1)
+    logs = sorted(p.name for p in (tmp_path / "out" / "logs").iterdir())
+    assert len(logs) == len(ids) and not any(name.startswith(".") or "/" in name for name in logs)
