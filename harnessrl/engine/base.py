@@ -10,6 +10,11 @@ from typing import Any, Protocol, runtime_checkable
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator accepts
 
+# LocalEngine defaults (here, not in local.py, so that the CLI's help needs no torch)
+DEFAULT_PREFIX_CACHE_MB = 1024  # prefix cache budget
+DEFAULT_STEP_TOKENS = 256  # tokens per scheduler step: one per decoding request + prefill chunks
+DEFAULT_BLOCK_TOKENS = 16  # prefix cache block size
+
 
 class FinishReason(StrEnum):
     """Why a generation stopped (the OpenAI / vLLM `finish_reason` values an engine answers)."""
@@ -64,6 +69,8 @@ class Generation:
     token_policy_versions: list[int] = field(default_factory=list)
     # Per sampled token, the best alternatives as (token id, logprob), when the caller asked for them.
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # Prompt tokens whose keys/values the engine took from its prefix cache instead of computing them.
+    cached_prompt_tokens: int = 0
 
 
 @dataclass

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import contextlib
 
-from harnessrl.engine.base import DType
+from harnessrl.engine.base import DEFAULT_BLOCK_TOKENS, DEFAULT_PREFIX_CACHE_MB, DEFAULT_STEP_TOKENS, DType
 
 
 def register(commands, stages) -> None:  # the engine is a service, not a pipeline stage: `stages` unused
@@ -27,6 +27,21 @@ def register(commands, stages) -> None:  # the engine is a service, not a pipeli
         type=int,
         default=None,
         help="torch CPU threads (default: half the cores; 0 = torch's default)",
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=DEFAULT_PREFIX_CACHE_MB,
+        help=f"memory budget of the prefix cache in MiB (default {DEFAULT_PREFIX_CACHE_MB}; 0 turns it off)",
+    )
+    serve.add_argument(
+        "--step-tokens",
+        type=int,
+        default=DEFAULT_STEP_TOKENS,
+        help=f"tokens per scheduler step: one per decoding request plus prefill chunks ({DEFAULT_STEP_TOKENS})",
+    )
+    serve.add_argument(
+        "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, help="prefix cache block size"
     )
     serve.add_argument("--dtype", type=DType, default=DType.FLOAT32, choices=list(DType))
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
@@ -54,6 +69,9 @@ def _serve(args: argparse.Namespace) -> int:
             device=args.device,
             threads=args.threads,
             policy_version=args.policy_version,
+            prefix_cache_mb=args.prefix_cache_mb,
+            step_tokens=args.step_tokens,
+            block_tokens=args.block_tokens,
         )
     except EngineError as e:
         raise UserError(str(e)) from e

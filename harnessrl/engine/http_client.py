@@ -169,6 +169,15 @@ class HTTPEngine:
         except (TimeoutError, aiohttp.ClientError):
             return False
 
+    async def stats(self) -> dict[str, Any] | None:
+        """The engine's counters (`GET /stats` of `harnessrl engine serve`: prefix cache hit rate, prefill and
+        decode seconds); None when the server has no such endpoint (vLLM: scrape its Prometheus `/metrics`)."""
+        try:
+            reply = await self._call("GET", "/stats")
+        except EngineError:
+            return None
+        return reply if isinstance(reply, dict) else None
+
     async def load_weights(self, checkpoint_dir: str, version: int) -> None:
         """harnessrl servers only: swap weights between steps. (vLLM: use its weight-update workers via
         `/collective_rpc`; see docs/engine.md.)"""

@@ -1,10 +1,15 @@
-"""A batched, left-padded KV cache whose rows can join and leave between decode steps.
+"""A batched, left-padded KV cache whose rows join and leave between decode steps without moving the others.
 
-transformers' DynamicLayer grows by `torch.cat` every step (an O(history) copy per layer per token). Here
-each layer owns a preallocated buffer `[batch, kv_heads, capacity, head_dim]` that grows by doubling, so a
-decode step writes one column in place and hands attention a view. All rows share the same write column;
-a row shorter than the batch is left-padded and its padding is masked out by the attention mask, while its
-position ids stay its own (so RoPE sees the same positions as when the row runs alone).
+transformers' DynamicLayer grows by `torch.cat` every step (an O(history) copy per layer per token). Here each
+layer owns one zero-initialized buffer `[row capacity, kv_heads, column capacity, head_dim]`; the live part is
+the window `[:rows, :, start:end]`, which attention gets as a view. All rows share the write column `end`, so
+a decode step writes one column in place. A row holding fewer tokens than the window is left-padded (its
+padding is masked by the caller's attention mask; its position ids stay its own, so RoPE sees the positions
+it would see alone). Joining writes only the new row (a longer row moves `start` left into spare room);
+leaving moves only the last row into the hole; dropping shared padding moves `start` right. Columns left of
+`start` hold stale but finite keys/values (buffers start at zero), so a masked column contributes exactly 0.
+
+The same layer holds one request's prefill: its prefix from the prefix cache, then each chunk appended.
 """
 
 from __future__ import annotations
@@ -12,71 +17,115 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-_MIN_CAPACITY = 64
+_MIN_COLUMNS = 64
 
 
 class BufferedLayer(DynamicLayer):
-    """One layer's keys/values in a growable buffer; `keys`/`values` are views of the filled part."""
+    """One layer's keys/values; `keys`/`values` are views of the live window."""
 
     def __init__(self) -> None:
         super().__init__()
         self.buf_k: torch.Tensor | None = None
         self.buf_v: torch.Tensor | None = None
-        self.length = 0
+        self.rows = 0
+        self.start = 0
+        self.end = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.is_initialized = True
 
-    def _buffers(self, needed: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value buffers, grown (filled part kept) to at least `needed` columns."""
-        if self.buf_k is not None and self.buf_v is not None and needed <= self.buf_k.shape[-2]:
-            return self.buf_k, self.buf_v
-        capacity = 0 if self.buf_k is None else self.buf_k.shape[-2]
-        new_capacity = max(_MIN_CAPACITY, capacity * 2, needed)
-        shape = (like.shape[0], like.shape[1], new_capacity, like.shape[3])
-        buf_k = like.new_empty(shape)
-        buf_v = like.new_empty(shape)
-        if self.buf_k is not None and self.buf_v is not None and self.length:
-            buf_k[:, :, : self.length] = self.buf_k[:, :, : self.length]
-            buf_v[:, :, : self.length] = self.buf_v[:, :, : self.length]
-        self.buf_k, self.buf_v = buf_k, buf_v
-        return buf_k, buf_v
+    @property
+    def width(self) -> int:
+        return self.end - self.start
 
-    def filled(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of the filled columns of the key and value buffers."""
+    def reserve(self, like: torch.Tensor, rows: int, width: int, right: int) -> None:
+        """Room for `rows` rows, a window `width` columns wide ending at `end`, and `right` free columns after
+        it. Reallocates (zeros) only when the buffer is too small, then with a quarter more room on the side
+        that grew (doubled rows), so growth costs amortized O(1) copies."""
+        buf = self.buf_k
+        if (
+            buf is not None
+            and rows <= buf.shape[0]
+            and width <= self.end
+            and self.end + right <= buf.shape[-2]
+        ):
+            return
+        cap_rows = rows
+        if buf is not None:
+            cap_rows = buf.shape[0] if rows <= buf.shape[0] else max(rows, 2 * buf.shape[0])
+        grows_left = width > self.width
+        new_end = width + (width // 4 if grows_left and buf is not None else 0)
+        shape = (cap_rows, like.shape[1], new_end + max(right, _MIN_COLUMNS, width // 4), like.shape[3])
+        buf_k, buf_v = like.new_zeros(shape), like.new_zeros(shape)
+        if self.buf_k is not None and self.buf_v is not None and self.rows and self.width:
+            old, new = slice(self.start, self.end), slice(new_end - self.width, new_end)
+            buf_k[: self.rows, :, new] = self.buf_k[: self.rows, :, old]
+            buf_v[: self.rows, :, new] = self.buf_v[: self.rows, :, old]
+        self.buf_k, self.buf_v = buf_k, buf_v
+        self.start, self.end = new_end - self.width, new_end
+
+    def window(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.buf_k is None or self.buf_v is None:
             raise RuntimeError("this KV cache layer holds nothing yet")
-        return self.buf_k[:, :, : self.length], self.buf_v[:, :, : self.length]
+        return (
+            self.buf_k[: self.rows, :, self.start : self.end],
+            self.buf_v[: self.rows, :, self.start : self.end],
+        )
+
+    def _publish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys, self.values = self.window()
+        return self.keys, self.values
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.rows == 0:
+            self.rows = key_states.shape[0]
         new = key_states.shape[-2]
-        buf_k, buf_v = self._buffers(self.length + new, key_states)
-        buf_k[:, :, self.length : self.length + new] = key_states
-        buf_v[:, :, self.length : self.length + new] = value_states
-        self.length += new
-        keys, values = self.filled()
-        self.keys, self.values = keys, values
-        return keys, values
+        self.reserve(key_states, self.rows, self.width, new)
+        assert self.buf_k is not None and self.buf_v is not None
+        self.buf_k[: self.rows, :, self.end : self.end + new] = key_states
+        self.buf_v[: self.rows, :, self.end : self.end + new] = value_states
+        self.end += new
+        return self._publish()
 
     def get_seq_length(self) -> int:
-        return self.length
+        return self.width
 
-    def set_filled(self, keys: torch.Tensor, values: torch.Tensor, spare: int = 0) -> None:
-        """Replaces the contents with `keys`/`values` (copied into a fresh buffer with `spare` free columns)."""
+    def fill(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
+        """Starts a one-row layer holding `keys`/`values` `[1, heads, n, dim]` with `spare` free columns."""
         self.buf_k = self.buf_v = None
-        self.length = 0
+        self.rows, self.start, self.end = 1, 0, 0
         self.is_initialized = True
         self.device = keys.device
-        buf_k, buf_v = self._buffers(keys.shape[-2] + spare, keys)
-        buf_k[:, :, : keys.shape[-2]] = keys
-        buf_v[:, :, : keys.shape[-2]] = values
-        self.length = keys.shape[-2]
-        self.keys, self.values = self.filled()
+        self.reserve(keys, 1, 0, keys.shape[-2] + spare)
+        assert self.buf_k is not None and self.buf_v is not None
+        n = keys.shape[-2]
+        self.buf_k[:1, :, :n] = keys
+        self.buf_v[:1, :, :n] = values
+        self.end = n
+        self._publish()
+
+    def add_row(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Appends a row `[1, heads, n, dim]`, right-aligned at the shared write column."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        n = keys.shape[-2]
+        self.reserve(keys, self.rows + 1, max(self.width, n), _MIN_COLUMNS)
+        assert self.buf_k is not None and self.buf_v is not None
+        self.start = min(self.start, self.end - n)
+        self.buf_k[self.rows, :, self.end - n : self.end] = keys[0]
+        self.buf_v[self.rows, :, self.end - n : self.end] = values[0]
+        self.rows += 1
+        self._publish()
+
+    def move_row(self, src: int, dst: int) -> None:
+        assert self.buf_k is not None and self.buf_v is not None
+        self.buf_k[dst, :, self.start : self.end] = self.buf_k[src, :, self.start : self.end]
+        self.buf_v[dst, :, self.start : self.end] = self.buf_v[src, :, self.start : self.end]
 
 
 def new_cache(num_layers: int) -> Cache:
@@ -91,43 +140,58 @@ def _layers(cache: Cache) -> list[BufferedLayer]:
 
 
 def cache_length(cache: Cache) -> int:
-    return _layers(cache)[0].length
+    """Columns of the live window (the longest row's tokens plus any padding not yet dropped)."""
+    return _layers(cache)[0].width
 
 
-def select_rows(cache: Cache, rows: list[int], drop_left: int = 0) -> None:
-    """Keeps only `rows` (in that order), optionally dropping `drop_left` all-padding columns on the left."""
-    index = torch.tensor(rows, dtype=torch.long)
+def rows(cache: Cache) -> int:
+    return _layers(cache)[0].rows
+
+
+def fill(cache: Cache, kv: torch.Tensor, spare: int) -> None:
+    """Makes `cache` a one-row cache holding `kv` `[layers, 2, heads, n, dim]` with `spare` free columns."""
+    for i, layer in enumerate(_layers(cache)):
+        layer.fill(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0), spare)
+
+
+def add_row(cache: Cache, single: Cache) -> None:
+    """Appends the one row of `single` to `cache`; the existing rows do not move."""
+    for layer, src in zip(_layers(cache), _layers(single), strict=True):
+        keys, values = src.window()
+        layer.add_row(keys, values)
+
+
+def remove_rows(cache: Cache, drop: set[int]) -> list[int]:
+    """Removes rows `drop`, moving the last live rows into the holes (one row copy per hole). Returns the old
+    index of each remaining row, in its new order."""
+    layers = _layers(cache)
+    order = [i for i in range(layers[0].rows) if i not in drop]
+    count = len(order)
+    holes = sorted(i for i in drop if i < count)
+    movers = [i for i in order if i >= count]
+    position = {old: old for old in order}
+    for hole, mover in zip(holes, movers, strict=True):
+        for layer in layers:
+            layer.move_row(mover, hole)
+        position[mover] = hole
+    new_order = sorted(order, key=lambda old: position[old])
+    for layer in layers:
+        layer.rows = count
+        layer._publish()
+    return new_order
+
+
+def drop_left(cache: Cache, columns: int) -> None:
+    """Drops `columns` columns of padding shared by every row (no copy: the window starts later)."""
     for layer in _layers(cache):
-        keys, values = layer.filled()
-        layer.set_filled(
-            keys[:, :, drop_left:].index_select(0, index),
-            values[:, :, drop_left:].index_select(0, index),
-            spare=_MIN_CAPACITY,
-        )
+        layer.start += columns
+        layer._publish()
 
 
-def append_rows(cache: Cache, other: Cache) -> int:
-    """Appends `other`'s rows to `cache`, left-padding whichever is shorter. Returns how many pad columns
-    were added to the front of the existing rows (their padding grows by that much)."""
-    mine, theirs = _layers(cache), _layers(other)
-    if mine[0].length == 0 or mine[0].buf_k is None:
-        for layer, src in zip(mine, theirs, strict=True):
-            layer.set_filled(*src.filled(), spare=_MIN_CAPACITY)
-        return 0
-    length = max(mine[0].length, theirs[0].length)
-    grown = length - mine[0].length
-    for layer, src in zip(mine, theirs, strict=True):
-        (keys, values), (src_keys, src_values) = layer.filled(), src.filled()
-        layer.set_filled(
-            torch.cat([_left_pad(keys, length), _left_pad(src_keys, length)], dim=0),
-            torch.cat([_left_pad(values, length), _left_pad(src_values, length)], dim=0),
-            spare=_MIN_CAPACITY,
-        )
-    return grown
-
-
-def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
-    pad = length - x.shape[-2]
-    if pad == 0:
-        return x
-    return torch.cat([x.new_zeros(x.shape[0], x.shape[1], pad, x.shape[3]), x], dim=-2)
+def row_kv(cache: Cache, row: int, lo: int, hi: int) -> torch.Tensor:
+    """A copy of one row's keys/values for window columns [lo, hi): `[layers, 2, heads, hi - lo, dim]`."""
+    parts = []
+    for layer in _layers(cache):
+        keys, values = layer.window()
+        parts.append(torch.stack((keys[row, :, lo:hi], values[row, :, lo:hi])))
+    return torch.stack(parts)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from transformers.cache_utils import Cache
+
 from harnessrl.engine.base import EngineRequestError, FinishReason, Generation, SamplingParams
 from harnessrl.engine.sampling import RowSampling, SampledToken
 
@@ -59,6 +61,12 @@ class LocalRequest:
     cached: int = 0  # tokens of this request in the KV cache
     pending_token: int = -1  # sampled but not yet fed to the model
     aborted: bool = False
+    # prefill: its own one-row KV cache until the whole prompt is in it (then it joins the decode batch)
+    prefill_cache: Cache | None = None
+    prefix_hit: int = 0  # prompt tokens whose keys/values came from the prefix cache
+    blocks_in_prefix_cache: int = 0  # leading full blocks of prompt + output known to be in the prefix cache
+    kv_epoch: int = -1  # prefix cache epoch when its KV started (a flush since: its KV must not be shared)
+    prefill_started_at: float = 0.0
     prefill_s: float = 0.0
     first_token_at: float = 0.0
     # Called on the scheduler thread after each sampled token (token id, logprob, version) and once with
@@ -69,6 +77,7 @@ class LocalRequest:
         """Records a token sampled under weight `version`; it is fed to the model at the next step."""
         if not self.out_ids:
             self.first_token_at = time.perf_counter()
+            self.prefill_s = self.first_token_at - (self.prefill_started_at or self.first_token_at)
         self.out_ids.append(token.token_id)
         self.out_logprobs.append(token.logprob)
         self.versions.append(version)
@@ -77,6 +86,10 @@ class LocalRequest:
         self.pending_token = token.token_id
         if self.listener is not None:
             self.listener((token.token_id, token.logprob, version))
+
+    def tokens(self) -> list[int]:
+        """The tokens whose keys/values are in the KV cache: the prompt, then the sampled tokens fed back."""
+        return (self.prompt + self.out_ids)[: self.cached]
 
     def generation(self, reason: FinishReason, current_version: int) -> Generation:
         """What the request resolves to when it finishes now, for `reason`."""
@@ -95,4 +108,5 @@ class LocalRequest:
             },
             token_policy_versions=list(self.versions),
             top_logprobs=list(self.tops) if self.row.top_logprobs > 0 else None,
+            cached_prompt_tokens=self.prefix_hit,
         )

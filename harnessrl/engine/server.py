@@ -6,6 +6,7 @@ Endpoints
                             `logprobs`, `return_token_ids`, `skip_special_tokens`, `n` (=1), `stream` (SSE chunks as vLLM sends them; `logprobs` 0 only).
                             Header `X-Request-Id` names the request for `/abort`.
 - `GET  /health`, `GET /v1/models`
+- `GET  /stats`  (ours) the engine's counters: prefix cache hit rate, prefill/decode seconds and FLOP/s
 - `POST /load_weights {"path", "version"}` (ours; vLLM: `/collective_rpc` + weight-update workers)
 - `POST /abort {"request_ids": [...]}` or `{}` for all (ours; vLLM aborts when the client disconnects)
 """
@@ -193,6 +194,10 @@ async def health(request: web.Request) -> web.Response:
     )
 
 
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ENGINE_KEY].stats())
+
+
 async def models(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     name = request.app[MODEL_NAME_KEY]
@@ -242,6 +247,7 @@ def build_app(engine: LocalEngine, model_name: str | None = None) -> web.Applica
     app[MODEL_NAME_KEY] = model_name or Path(engine.model_dir).name
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/load_weights", load_weights)
     app.router.add_post("/abort", abort)

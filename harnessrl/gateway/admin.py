@@ -5,7 +5,8 @@ GET  /admin/sessions/{sid}                            -> session status, chain/c
 POST /admin/sessions/{sid}/end {status?, reason?}     -> ends it (status ok|failed)
 POST /admin/pause {mode: finish|abort, timeout_s?}    -> new calls get 429 + Retry-After; waits for in-flight
 POST /admin/resume                                    -> aborted calls resume with their partial tokens
-GET  /admin/metrics                                   -> counters (drift, rollbacks, splits, fsync batches, …)
+GET  /admin/metrics                                   -> counters (drift, rollbacks, splits, fsync batches, …);
+                                                         `engine`: the engine's own stats when it has them
 POST /admin/export {out_dir, session_id?, rollout_id?, selection?} -> Parquet files written by the gateway
 """
 
@@ -111,6 +112,9 @@ class AdminAPI:
             journal_write_failures=self.journal.write_failures,
             journal_broken=self.journal.broken is not None,
         )
+        engine_stats = await _engine_stats(self.pause.engine)
+        if engine_stats is not None:
+            m["engine"] = engine_stats
         return web.json_response(m)
 
     async def export(self, request: web.Request) -> web.Response:
@@ -133,3 +137,18 @@ class AdminAPI:
                 f"out_dir: cannot write the export to {out_dir!r}: {e.strerror or e}",
             ) from None
         return web.json_response(result)
+
+
+async def _engine_stats(engine: object) -> dict | None:
+    """The engine's `stats()` (LocalEngine: plain; HTTPEngine: a coroutine asking the server), or None when it
+    has none or does not answer within 5 s."""
+    stats = getattr(engine, "stats", None)
+    if not callable(stats):
+        return None
+    result = stats()
+    if asyncio.iscoroutine(result):
+        try:
+            result = await asyncio.wait_for(result, 5.0)
+        except TimeoutError:
+            return None
+    return result if isinstance(result, dict) else None

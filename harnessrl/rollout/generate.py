@@ -353,6 +353,8 @@ def run_generate(
             row_dicts = [asdict(r) for r in rows]
             metrics = export_and_summarize(tmp, row_dicts, gateway_metrics, wall, cfg)  # adds gateway stats
             metrics["executor"] = executor.name
+            if "engine" in gateway_metrics:  # prefix cache hit rate, prefill/decode seconds, FLOP/s
+                metrics["engine"] = gateway_metrics["engine"]
             write_jsonl(tmp / "rollouts.jsonl", row_dicts)
             atomic_write_json(tmp / "metrics.json", metrics)
     finally:

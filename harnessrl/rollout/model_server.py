@@ -22,6 +22,9 @@ class ModelSource:
     engine_url: str | None = None  # remote token-level engine; None = in-process LocalEngine
     max_batch: int = 16
     max_model_len: int | None = None  # prompt + completion cap at the gateway (default: the model's context)
+    # in-process LocalEngine only: prefix cache budget (0: off) and torch threads (None: the engine's defaults)
+    prefix_cache_mb: float | None = None
+    threads: int | None = None
 
 
 def _remote_engine(url: str) -> Any:
@@ -54,7 +57,12 @@ class ModelServer:
         else:
             from harnessrl.engine.local import LocalEngine
 
-            self.engine = LocalEngine(model_dir, max_batch=self.source.max_batch)
+            self.engine = LocalEngine(
+                model_dir,
+                max_batch=self.source.max_batch,
+                threads=self.source.threads,
+                prefix_cache_mb=self.source.prefix_cache_mb,
+            )
             tokenizer = self.engine.tokenizer
             max_len = self.source.max_model_len or self.engine.max_context
         self.gateway = GatewayServer(

@@ -32,6 +32,16 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def engine_nocache():
+    """The same model without a prefix cache: the reference the cached engine must match."""
+    from harnessrl.engine.local import LocalEngine
+
+    eng = LocalEngine(max_batch=16, prefix_cache_mb=0)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
 def chat(engine):
     def render(question: str) -> list[int]:
         return engine.tokenizer.apply_chat_template(

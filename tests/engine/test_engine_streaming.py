@@ -36,6 +36,7 @@ def _joined(deltas: list[GenerationDelta]) -> tuple[list[int], list[float], list
 def test_local_stream_yields_a_delta_per_step_and_equals_generate(engine, chat):
     prompt = chat("Count from one to ten in words.")
     sampling = SamplingParams(temperature=1.0, seed=7)
+    run(engine.generate(prompt, sampling, 1))  # both runs below then start from the same cached prefix
     whole = run(engine.generate(prompt, sampling, 12))
     deltas = run(_collect(engine.generate_stream(prompt, sampling, 12)))
     ids, lps, versions = _joined(deltas)

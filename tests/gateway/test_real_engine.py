@@ -95,6 +95,9 @@ def test_real_model_multi_turn_then_abort_resume_then_engine_killed(gateway, eng
     assert lps == [lp for c in calls for lp in c.completion_logprobs] and all(lp <= 0 for lp in lps)
     # the engine answered the aborted request with its partial tokens; they were kept and continued from
     assert admin.metrics()["aborted_generations"] == 1
+    # the engine's own stats (its `GET /stats`) come with the gateway's: later turns reused earlier turns' KV
+    engine_stats = admin.metrics()["engine"]
+    assert engine_stats["requests"] >= 4 and engine_stats["prefix_cache"]["hit_tokens"] > 0
 
     # the engine process dies: the harness gets a clear error, the rollout is marked failed
     os.kill(proc.pid, signal.SIGKILL)

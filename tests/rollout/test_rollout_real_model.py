@@ -78,6 +78,13 @@ def test_estimate_and_select_with_both_harnesses_on_the_tiny_model(synth_taskset
     assert counts == [{**counts[0], "instance_id": first, "n": 2, "n_valid": 2}]
     assert PassRateHistory(est / "history.jsonl").rows[0].n == 2
     assert metrics["rollouts"] == 2 and (est / "pass_rate_hist.png").stat().st_size > 2000
+    # the in-process engine's stats reach the generate report (prefill/decode seconds, prefix cache hits)
+    engine = json.loads((est / "rollouts" / "metrics.json").read_text())["engine"]
+    assert (
+        engine["requests"] >= 3
+        and engine["prefill_s_per_request"] > 0
+        and engine["prefix_cache_hit_rate"] > 0
+    )
 
     sel = run_select(
         synth_taskset,

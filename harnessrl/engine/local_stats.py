@@ -1,0 +1,76 @@
+"""What the local engine did: per-request time split (queue, prefill, decode), forward-pass seconds and FLOPs
+(so achieved FLOP/s can be set against the machine's), and the prefix cache's hit rate."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from harnessrl.engine.prefix_cache import PrefixCacheStats
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a forward pass costs: multiply-adds of the linear layers per token, of the output head per
+    logits row, and of attention per (query, key) pair."""
+
+    linear_params: int  # weights of the decoder layers' linear maps (not embeddings, not the head)
+    head_params: int  # vocab x hidden (one logits row)
+    attention_width: int  # layers x heads x head_dim (QK^T and AV each cost this many MACs per pair)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, config: Any) -> ModelShape:
+        linear = 0
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
+                linear += module.weight.numel()
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        return cls(
+            linear_params=linear,
+            head_params=int(config.vocab_size) * int(config.hidden_size),
+            attention_width=int(config.num_hidden_layers) * heads * head_dim,
+        )
+
+    def flops(self, tokens: int, context_before: int, logits_rows: int) -> float:
+        """FLOPs of `tokens` consecutive tokens of one sequence after `context_before` cached ones."""
+        pairs = tokens * context_before + tokens * (tokens + 1) // 2  # causal: token i sees c + i + 1 keys
+        return 2.0 * (
+            tokens * self.linear_params + logits_rows * self.head_params + 2 * pairs * self.attention_width
+        )
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0  # finished
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    queue_s: float = 0.0  # summed over finished requests
+    prefill_s: float = 0.0  # request admitted -> first token (wall, includes interleaved decode steps)
+    decode_s: float = 0.0  # first token -> finished
+    prefill_forward_s: float = 0.0  # forward passes computing prompt tokens
+    prefill_forward_tokens: int = 0
+    prefill_flops: float = 0.0
+    decode_forward_s: float = 0.0  # batched decode steps
+    decode_steps: int = 0
+    decode_row_tokens: int = 0  # tokens fed in decode steps (rows x steps)
+    decode_flops: float = 0.0
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+    def as_dict(self) -> dict[str, object]:
+        n = max(self.requests, 1)
+        out: dict[str, object] = {k: v for k, v in asdict(self).items() if k != "prefix_cache"}
+        out.update(
+            prefill_s_per_request=self.prefill_s / n,
+            decode_s_per_request=self.decode_s / n,
+            queue_s_per_request=self.queue_s / n,
+            prefill_flops_per_s=self.prefill_flops / self.prefill_forward_s
+            if self.prefill_forward_s
+            else 0.0,
+            decode_flops_per_s=self.decode_flops / self.decode_forward_s if self.decode_forward_s else 0.0,
+            prefix_cache_hit_rate=round(self.prefix_cache.hit_rate, 4),
+            prefix_cache=self.prefix_cache.as_dict(),
+        )
+        return out
