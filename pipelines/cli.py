@@ -181,4 +181,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ):
             if output in tasks.get(step, {}).get("outputs", {}):
                 print(f"{label}: {tasks[step]['outputs'][output]['path']}")
+        # kfp.local names repeated steps summarize-run, summarize-run-2, ...: the last one covers every round
+        summaries = sorted((t for t in tasks if t.startswith("summarize-run")), key=lambda t: (len(t), t))
+        summary = result.run_dir / "reports" / f"{summaries[-1]}.html" if summaries else None
+        if summary is not None and summary.is_file():
+            print(f"run summary: {summary}")
     return 0 if result.status == "succeeded" else 1
