@@ -161,6 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.demo import run_demo
+    from pipelines.full import ROUNDS
 
     try:
         result = run_demo(
@@ -177,7 +178,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for label, step, output in (
             ("clean task set", "clean", "kept"),
             ("selected tasks", "select", "selected"),
-            ("final checkpoint", "train-grpo-2", "model"),
+            ("final checkpoint", f"train-grpo-{ROUNDS}" if ROUNDS > 1 else "train-grpo", "model"),
         ):
             if output in tasks.get(step, {}).get("outputs", {}):
                 print(f"{label}: {tasks[step]['outputs'][output]['path']}")

@@ -22,7 +22,10 @@ def clean(
     from pathlib import Path
 
     from components.clean.stage import run_clean
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
+
+    configure_logging()
 
     result = run_clean(
         Path(tasks.path),

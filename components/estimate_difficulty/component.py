@@ -25,10 +25,13 @@ def estimate_difficulty(
     from pathlib import Path
 
     from components.estimate_difficulty.stage import run_estimate
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
     from harnessrl.rollout.executors import ExecutorName
     from harnessrl.rollout.model_server import ModelSource
     from harnessrl.rollout.specs import parse_specs
+
+    configure_logging()
 
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
     result = run_estimate(

@@ -30,11 +30,14 @@ def generate_rollouts(
     import shutil
     from pathlib import Path
 
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
     from harnessrl.rollout.executors import ExecutorName
     from harnessrl.rollout.generate import GenerateConfig, run_generate
     from harnessrl.rollout.model_server import ModelSource
     from harnessrl.rollout.specs import parse_specs
+
+    configure_logging()
 
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
     out = Path(rollouts.path)

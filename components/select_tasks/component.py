@@ -24,7 +24,10 @@ def select(
     from pathlib import Path
 
     from components.select_tasks.stage import run_select
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
+
+    configure_logging()
 
     work = Path(tempfile.mkdtemp(prefix="harnessrl-select-"))
     result = run_select(

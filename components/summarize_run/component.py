@@ -27,7 +27,10 @@ def summarize_run(
     from pathlib import Path
 
     from components.summarize_run.stage import RoundRecord, read_metrics, run_summary
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
+
+    configure_logging()
 
     this_round = RoundRecord(
         round_index,

@@ -19,7 +19,10 @@ def synthesize(
     from pathlib import Path
 
     from components.synthesize.stage import run_synthesize
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
+
+    configure_logging()
 
     result = run_synthesize(
         Path(source.path), Path(tasks.path), max_tasks=max_tasks, seed=seed, timeout_s=timeout_s

@@ -27,9 +27,12 @@ def train_grpo(
 
     import torch
 
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
     from harnessrl.train.launch import run_multiprocess
     from harnessrl.train.round import TrainConfig, run_train
+
+    configure_logging()
 
     cfg_d = json.loads(config_json or "{}")
     cfg_d.setdefault("train", {})["seed"] = seed

@@ -17,7 +17,10 @@ def validate(
     from pathlib import Path
 
     from components.validate.stage import run_validate
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
+
+    configure_logging()
 
     outcome = run_validate(Path(tasks.path), Path(results.path))
     publish(outcome.report.markdown, outcome.report.metrics, report, metrics, html=report_html)

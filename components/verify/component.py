@@ -20,9 +20,12 @@ def verify(
     """Grades each rollout's final workspace (or diff) in a fresh sandbox with SWE-bench rules."""
     from pathlib import Path
 
+    from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
     from harnessrl.sandbox.base import Limits
     from harnessrl.verify.rollouts import run_verify
+
+    configure_logging()
 
     summary = run_verify(
         Path(tasks.path),
