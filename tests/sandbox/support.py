@@ -61,7 +61,9 @@ def host_sysctls() -> dict[str, bytes]:
     return {name: Path("/proc/sys", name).read_bytes() for name in SYSCTLS}
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every live (non-zombie) process below `pid`: sandboxed processes stay below it until their namespace
+    dies, so a sandbox that left something running shows up here."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -69,7 +71,8 @@ def _descendants(pid: int) -> list[int]:
                 fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            children.setdefault(int(fields[1]), []).append(int(d))
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(d))
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):
@@ -105,7 +108,7 @@ class CredentialSampler:
         me = os.getpid()
         own_ns = os.readlink("/proc/self/ns/pid")
         while not self._stop.is_set():
-            for pid in _descendants(me):
+            for pid in descendants(me):
                 try:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
                     inside = os.readlink(f"/proc/{pid}/ns/pid") != own_ns

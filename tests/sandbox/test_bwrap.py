@@ -14,23 +14,10 @@ import pytest
 
 from harnessrl.sandbox.base import Limits, Outcome, SandboxError
 from harnessrl.sandbox.bwrap import BubblewrapSandbox
+from tests.sandbox.support import descendants
 from tests.support.fixtures import requires_bwrap
 
 pytestmark = requires_bwrap
-
-
-def _children(pid: int) -> list[int]:
-    """Live (non-zombie) direct children of `pid`: a sandboxed process would still hang below bwrap."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(d))
-    return out
 
 
 @pytest.fixture
@@ -180,7 +167,7 @@ def test_resource_limits(ws, cmd, limits, enforcement, monkeypatch):
         )  # generous: a loaded host must not turn a limit into a timeout
     assert r.outcome is Outcome.RESOURCE_LIMIT, (r.outcome, r.detail, r.stderr[-500:])
     assert r.detail
-    assert _children(os.getpid()) == []  # the sandbox left nothing running
+    assert descendants(os.getpid()) == []  # the sandbox left nothing running
     if (ws / "big").exists():
         assert (ws / "big").stat().st_size <= 8 << 20
 

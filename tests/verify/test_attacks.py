@@ -30,6 +30,7 @@ from harnessrl.sandbox.envs import ensure_env
 from harnessrl.sandbox.workspace import RepoCache
 from harnessrl.verify.rollouts import run_verify
 from harnessrl.verify.verifier import PYTEST_ARGS, verify_patch
+from tests.sandbox.support import descendants
 from tests.support.fixtures import requires_bwrap
 
 pytestmark = requires_bwrap
@@ -72,26 +73,6 @@ class _GoldServer(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):
         pass
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (sandboxed processes stay below it until their namespace dies)."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def _append(path: Path, text: str) -> None:
@@ -182,7 +163,7 @@ def graded(task, tmp_path_factory):
             )
             summary["wall"] = time.monotonic() - t0
             time.sleep(0.3)
-            summary["leftover_processes"] = _descendants(os.getpid())
+            summary["leftover_processes"] = descendants(os.getpid())
             for row in read_jsonl(root / f"out-{batch}" / "rewards.jsonl"):
                 row["log"] = (root / f"out-{batch}" / "logs" / f"{row['rollout_id']}.log").read_text()
                 row["batch_summary"] = summary
