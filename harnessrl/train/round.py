@@ -10,6 +10,7 @@ step) → Trainer steps with global loss denominators → checkpoints every `sav
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 from collections import Counter, defaultdict
@@ -71,6 +72,10 @@ class TrainConfig:
     keep_checkpoints: int = 2
     max_steps: int | None = None
     device: str = "auto"
+    # CPU threads for torch (0: every core). Set by the run itself, never inherited from whatever ran before
+    # in the process: the thread count decides the order of float reductions, so a resumed run repeats the
+    # interrupted one bit for bit only at the same count.
+    threads: int = 0
     reference_kl: bool = False  # a frozen copy of the input policy as KL reference (needs policy.kl_coef > 0)
 
     def __post_init__(self) -> None:
@@ -79,8 +84,8 @@ class TrainConfig:
         self.singleton = parse_mode(SingletonHandling, self.singleton, "singleton")
         self.nonok = parse_mode(NonOkHandling, self.nonok, "nonok")
         self.ok_statuses = tuple(parse_mode(RolloutStatus, s, "ok_statuses") for s in self.ok_statuses)
-        if self.epochs < 1 or self.groups_per_step < 0:
-            raise ValueError("epochs must be ≥ 1 and groups_per_step ≥ 0")
+        if self.epochs < 1 or self.groups_per_step < 0 or self.threads < 0:
+            raise ValueError("epochs must be ≥ 1, groups_per_step ≥ 0 and threads ≥ 0")
         if self.record_round is not None and not self.history:
             raise ValueError("record_round needs history (the pass-rate history JSONL to record into)")
 
@@ -205,6 +210,8 @@ def run_train(
     ckpt_root = out / "checkpoints"
     ctx = dist_mod.init_from_env(_device(cfg.device))
     device = ctx.device
+    if str(device).startswith("cpu"):
+        torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     main = ctx.is_main
     try:
         policy_given = str(policy)

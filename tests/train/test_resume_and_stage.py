@@ -71,6 +71,10 @@ def test_kill_mid_run_then_resume_matches_uninterrupted(tmp_path, tokenizer, tin
     assert proc.returncode == -signal.SIGKILL
     assert not (killed / "model").exists(), "the run finished before it could be killed"
 
+    # whatever ran earlier in this process (an engine pins 1 thread) must not change the run's arithmetic
+    import torch
+
+    torch.set_num_threads(1)
     cfg = TrainConfig.from_dict(CONFIG)
     full = run_train(sp, rp, tiny_policy_dir, tmp_path / "full", cfg)
     resumed = run_train(sp, rp, tiny_policy_dir, killed, cfg, resume=True)
