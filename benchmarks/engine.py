@@ -1,12 +1,20 @@
-"""Local engine throughput: 8 concurrent sessions through LocalEngine vs one-at-a-time `model.generate`.
+"""Local engine speed on this machine, every comparison side by side in one run (one process, one thread
+setting, one set of weights; absolute rates on a shared machine are noisy, the ratios are the figures):
 
-Both sides use the same model weights, the same chat prompts, greedy decoding, the same stop tokens and the
-same max_tokens, measured side by side in this run (baseline and engine alternate per repeat). Greedy
-outputs are also compared token by token (the engine must produce what `generate` produces).
+  1. attainable FLOP/s: a matmul microbenchmark (model-shaped and square GEMMs, fp32 and bf16) at the
+     engine's thread count — the limit the engine's prefill and decode FLOP/s are set against;
+  2. multi-turn agentic workload (shared system prompt with tool definitions, growing history, N concurrent
+     sessions, greedy) with the prefix cache off vs on: turn latency, identical outputs, hit rate, achieved
+     prefill/decode FLOP/s;
+  3. batched decoding: N single-turn sessions through the engine vs one-at-a-time `model.generate`
+     (greedy outputs compared token by token).
 
-    .venv/bin/python benchmarks/engine.py [--sessions 8] [--max-tokens 64] [--repeats 1]
+    .venv/bin/python benchmarks/engine.py [--sessions 8] [--turns 6] [--turn-tokens 32] [--threads 1]
+        [--dtype float32] [--step-tokens 256] [--repeats 1] [--skip-generate-baseline]
 
-Last line: JSON with `batched_speedup`, `engine_tokens_per_s`, `generate_tokens_per_s`.
+Last line: one JSON object with `prefix_cache_speedup` (mean turn latency off / on), `cache_hit_rate`,
+`prefill_flops_fraction`, `decode_flops_fraction` (the cache-on run's achieved FLOP/s over the attainable
+FLOP/s of the engine's dtype), `batched_speedup`, and the settings and load they were measured under.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -21,6 +30,7 @@ from typing import Any
 
 import torch
 
+from harnessrl.engine.base import DType
 from harnessrl.logs import configure_logging
 from harnessrl.progress import track
 
@@ -43,24 +53,107 @@ QUESTIONS = [
     "Explain how a bubble sort works and why it is slow.",
 ]
 
+GEMM_SHAPES = [(512, 576, 1536), (512, 1536, 576), (1024, 1024, 1024), (2048, 2048, 2048)]
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
-    configure_logging()
 
+def attainable_flops(dtype: torch.dtype, seconds: float = 1.0) -> tuple[float, tuple[int, int, int]]:
+    """Best FLOP/s of `x @ W^T` over model-shaped and square GEMMs (each run for `seconds`)."""
+    best, best_shape = 0.0, GEMM_SHAPES[0]
+    with torch.inference_mode():
+        for m, k, n in GEMM_SHAPES:
+            a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+            torch.nn.functional.linear(a, w)
+            reps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                torch.nn.functional.linear(a, w)
+                reps += 1
+            rate = 2 * m * k * n * reps / (time.perf_counter() - start)
+            if rate > best:
+                best, best_shape = rate, (m, k, n)
+    return best, best_shape
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> float:
+    return float(after[key]) - float(before[key])
+
+
+async def _agentic_run(engine: Any, workload: Any) -> dict[str, Any]:
+    before = engine.stats()
+    start = time.perf_counter()
+    traces = await workload.run(engine)
+    wall = time.perf_counter() - start
+    after = engine.stats()
+    hits = after["prefix_cache"]["hit_tokens"] - before["prefix_cache"]["hit_tokens"]
+    looked = after["prefix_cache"]["lookup_tokens"] - before["prefix_cache"]["lookup_tokens"]
+    prefill_s = _delta(after, before, "prefill_forward_s")
+    decode_s = _delta(after, before, "decode_forward_s")
+    return {
+        "wall_s": wall,
+        "turn_s": statistics.mean(x for t in traces for x in t.latencies),
+        "outputs": [t.outputs for t in traces],
+        "hit_rate": hits / looked if looked else 0.0,
+        "prefill_flops_per_s": _delta(after, before, "prefill_flops") / prefill_s if prefill_s else 0.0,
+        "decode_flops_per_s": _delta(after, before, "decode_flops") / decode_s if decode_s else 0.0,
+        "prefill_forward_s": prefill_s,
+        "decode_forward_s": decode_s,
+        "prefill_tokens": _delta(after, before, "prefill_forward_tokens"),
+        "decode_rows_per_step": _delta(after, before, "decode_row_tokens")
+        / max(1.0, _delta(after, before, "decode_steps")),
+        "prompt_tokens": sum(sum(t.prompts) for t in traces),
+    }
+
+
+def agentic(args: argparse.Namespace, on: Any, off: Any) -> dict[str, Any]:
+    from tests.engine.agentic import AgenticWorkload
+
+    workload = AgenticWorkload(on.tokenizer, args.sessions, args.turns, args.turn_tokens)
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for repeat in range(args.repeats):
+        order = [("off", off), ("on", on)] if repeat % 2 == 0 else [("on", on), ("off", off)]
+        for name, engine in order:
+            if name == "on":
+                engine.prefix_cache.clear()  # every repeat starts cold: the system prompt is computed once
+            result = asyncio.run(_agentic_run(engine, workload))
+            runs[name].append(result)
+            print(
+                f"agentic repeat {repeat + 1}, cache {name}: {result['wall_s']:.1f} s, mean turn "
+                f"{result['turn_s']:.2f} s, prefill {result['prefill_tokens']:.0f} tokens in "
+                f"{result['prefill_forward_s']:.1f} s ({result['prefill_flops_per_s'] / 1e9:.1f} GFLOP/s), "
+                f"decode {result['decode_forward_s']:.1f} s ({result['decode_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+                f"{result['decode_rows_per_step']:.1f} rows/step), hit rate {result['hit_rate']:.3f}",
+                file=sys.stderr,
+            )
+    identical = [
+        sum(a == b for a, b in zip(x["outputs"], y["outputs"], strict=True))
+        for x, y in zip(runs["off"], runs["on"], strict=True)
+    ]
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    return {
+        "prefix_cache_speedup": med("off", "turn_s") / med("on", "turn_s"),
+        "turn_s_cache_off": med("off", "turn_s"),
+        "turn_s_cache_on": med("on", "turn_s"),
+        "wall_s_cache_off": med("off", "wall_s"),
+        "wall_s_cache_on": med("on", "wall_s"),
+        "cache_hit_rate": med("on", "hit_rate"),
+        "identical_agentic_outputs": f"{min(identical)}/{args.sessions}",
+        "prefill_flops_per_s": med("on", "prefill_flops_per_s"),
+        "prefill_flops_per_s_cache_off": med("off", "prefill_flops_per_s"),
+        "decode_flops_per_s": med("on", "decode_flops_per_s"),
+        "prompt_tokens_per_run": runs["on"][0]["prompt_tokens"],
+    }
+
+
+def batched(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
+    """N single-turn sessions through the engine vs one-at-a-time `model.generate` (same weights)."""
     from harnessrl.engine.base import SamplingParams
-    from harnessrl.engine.local import LocalEngine
-    from harnessrl.tinymodel import load_model, tiny_model_dir
+    from harnessrl.tinymodel import load_model
 
-    model_dir = tiny_model_dir()
-    engine = LocalEngine(model_dir, max_batch=args.sessions)
     tokenizer = engine.tokenizer
     # Any: transformers types `generate`'s self as a protocol its own model classes do not satisfy
-    baseline_model: Any = load_model(model_dir).eval()
+    baseline_model: Any = load_model(engine.model_dir, dtype=args.dtype).eval()
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
@@ -69,11 +162,6 @@ def main() -> int:
     ]
     stop = sorted(engine.default_stop)
     greedy = SamplingParams(temperature=0.0)
-    print(
-        f"model {model_dir.name}, {args.sessions} sessions x {args.max_tokens} max tokens, "
-        f"torch threads {torch.get_num_threads()}",
-        file=sys.stderr,
-    )
 
     def run_baseline() -> tuple[float, list[list[int]]]:
         outputs = []
@@ -97,37 +185,80 @@ def main() -> int:
         gens = await asyncio.gather(*(engine.generate(p, greedy, args.max_tokens) for p in prompts))
         return time.perf_counter() - start, [g.token_ids for g in gens]
 
-    base_rates, engine_rates, identical = [], [], []
-    for repeat in range(args.repeats):
-        base_s, base_out = run_baseline()
-        engine_s, engine_out = asyncio.run(run_engine())
-        base_tokens = sum(len(o) for o in base_out)
-        engine_tokens = sum(len(o) for o in engine_out)
-        base_rates.append(base_tokens / base_s)
-        engine_rates.append(engine_tokens / engine_s)
-        same = sum(a == b for a, b in zip(base_out, engine_out, strict=True))
-        identical.append(same)
-        print(
-            f"repeat {repeat + 1}: generate {base_tokens} tok in {base_s:.1f} s ({base_rates[-1]:.1f} tok/s); "
-            f"engine {engine_tokens} tok in {engine_s:.1f} s ({engine_rates[-1]:.1f} tok/s); "
-            f"ratio {engine_rates[-1] / base_rates[-1]:.2f}x; identical outputs {same}/{len(prompts)}",
-            file=sys.stderr,
-        )
-    engine.close()
-    base_rate, engine_rate = statistics.median(base_rates), statistics.median(engine_rates)
+    base_s, base_out = run_baseline()
+    engine_s, engine_out = asyncio.run(run_engine())
+    base_rate = sum(len(o) for o in base_out) / base_s
+    engine_rate = sum(len(o) for o in engine_out) / engine_s
+    same = sum(a == b for a, b in zip(base_out, engine_out, strict=True))
     print(
-        json.dumps(
-            {
-                "batched_speedup": round(engine_rate / base_rate, 3),
-                "engine_tokens_per_s": round(engine_rate, 2),
-                "generate_tokens_per_s": round(base_rate, 2),
-                "sessions": args.sessions,
-                "max_tokens": args.max_tokens,
-                "identical_greedy_outputs": min(identical),
-                "torch_threads": torch.get_num_threads(),
-            }
-        )
+        f"batched: generate {base_rate:.1f} tok/s, engine {engine_rate:.1f} tok/s "
+        f"({engine_rate / base_rate:.2f}x); identical outputs {same}/{len(prompts)}",
+        file=sys.stderr,
     )
+    return {
+        "batched_speedup": engine_rate / base_rate,
+        "engine_tokens_per_s": engine_rate,
+        "generate_tokens_per_s": base_rate,
+        "identical_greedy_outputs": f"{same}/{len(prompts)}",
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=6, help="agentic turns per session")
+    parser.add_argument("--turn-tokens", type=int, default=32, help="max tokens per agentic turn")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per session in the batched part")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads, fixed for the whole run so that FLOP/s compare with the matmul at the same count",
+    )
+    parser.add_argument("--dtype", type=DType, default=DType.FLOAT32, choices=list(DType))
+    parser.add_argument("--step-tokens", type=int, default=None, help="engine step token budget")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--skip-generate-baseline", action="store_true", help="leave out part 3")
+    args = parser.parse_args()
+    configure_logging()
+
+    from harnessrl.engine.local import LocalEngine
+
+    options: dict[str, Any] = {"max_batch": args.sessions, "threads": args.threads, "dtype": args.dtype}
+    if args.step_tokens:
+        options["step_tokens"] = args.step_tokens
+    on = LocalEngine(**options)
+    off = LocalEngine(**options, prefix_cache_mb=0)
+    threads = torch.get_num_threads()
+    load_before = os.getloadavg()[0]
+    print(
+        f"{args.sessions} sessions x {args.turns} turns x {args.turn_tokens} tokens, torch threads {threads}, "
+        f"{args.dtype}, step tokens {on.step_tokens}, load {load_before:.2f}",
+        file=sys.stderr,
+    )
+    peaks = {name: attainable_flops(getattr(torch, name)) for name in ("float32", "bfloat16")}
+    for name, (rate, shape) in peaks.items():
+        print(f"matmul {name}: {rate / 1e9:.1f} GFLOP/s (best shape {shape})", file=sys.stderr)
+    limit = peaks[str(args.dtype)][0] if str(args.dtype) in peaks else peaks["float32"][0]
+    result: dict[str, Any] = agentic(args, on, off)
+    off.close()
+    if not args.skip_generate_baseline:
+        result.update(batched(args, on))
+    on.close()
+    result.update(
+        prefill_flops_fraction=result["prefill_flops_per_s"] / limit,
+        decode_flops_fraction=result["decode_flops_per_s"] / limit,
+        attainable_gflops_per_s={name: round(rate / 1e9, 1) for name, (rate, _) in peaks.items()},
+        sessions=args.sessions,
+        turns=args.turns,
+        turn_tokens=args.turn_tokens,
+        torch_threads=threads,
+        dtype=str(args.dtype),
+        step_tokens=on.step_tokens,
+        load_before=round(load_before, 2),
+        load_after=round(os.getloadavg()[0], 2),
+    )
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
     return 0
 
 

@@ -4,21 +4,30 @@ Three measurements, side by side in one run (timings on a shared machine are noi
   1. sandbox cost per command: `true` through the bubblewrap sandbox vs a plain subprocess (the baseline);
   2. harness + gateway + sandbox cost per turn with NO model time: the generate stage against the gateway's
      fast engine server (a scripted token API) running shell commands in bubblewrap;
-  3. the same stage on the real tiny model (SmolLM2-135M on CPU): rollouts/hour and model seconds per turn;
+  3. the same stage on the real tiny model (SmolLM2-135M on CPU, the in-process LocalEngine): rollouts/hour,
+     model seconds per turn and the engine's prefill/decode split, with the engine's prefix cache off vs on
+     (alternating, `--repeats` times each), then (`--thread-settings 1,2,auto`) cache on with each torch thread
+     setting (`--contended`: again with a busy-loop process taking one core, as another job would), all with
+     the gateway and bubblewrap sandboxes running beside the engine;
   4. executors: the no-model run of 2. with `--executor threads` vs `--executor ray` (local Ray on this
      machine, started once before the timed runs; its start-up time is reported separately), interleaved.
-Headline: rollouts_per_hour (real model), model_s_per_turn, overhead_s_per_turn (harness + gateway + sandbox,
-from 2) and overhead_vs_model (2 / 3 per turn). The last line printed is one JSON object.
+Headline: rollouts_per_hour and model_s_per_turn (real model, cache on), prefix_cache_rollouts_speedup
+(rollouts/hour on / off), overhead_s_per_turn (harness + gateway + sandbox, from 2) and overhead_vs_model
+(2 / 3 per turn). The last line printed is one JSON object.
 
     .venv/bin/python benchmarks/rollout.py [--tasks DIR] [--rollouts 2] [--turns 2] [--max-tokens 16]
-        [--executor-rollouts 8] [--executor-repeats 2] [--skip-real-model]
+        [--repeats 1] [--threads auto] [--thread-settings 1,2,auto] [--contended] [--executor-rollouts 8]
+        [--executor-repeats 2]
+        [--skip-real-model] [--skip-executors]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,6 +135,73 @@ def executors_side_by_side(
     }
 
 
+def _real_summary(m: dict) -> dict:
+    engine = m.get("engine") or {}
+    return {
+        "rollouts_per_hour": round(m["rollouts_per_hour"], 1),
+        "model_s_per_turn": round(m["model_s_per_turn"], 3),
+        "tool_s_per_turn": round(m["tool_s_per_turn"], 4),
+        "setup_s_per_rollout": round(m["setup_s_mean"], 3),
+        "turns": m["turns"],
+        "wall_s": round(m["wall_s"], 1),
+        "status": m["status"],
+        "cache_hit_rate": engine.get("prefix_cache_hit_rate"),
+        "prefill_s_per_request": round(engine.get("prefill_s_per_request", 0.0), 3),
+        "decode_s_per_request": round(engine.get("decode_s_per_request", 0.0), 3),
+        "threads": engine.get("threads"),
+        "adaptive_threads": engine.get("adaptive_threads"),
+    }
+
+
+def _threads(setting: str) -> int | None:
+    return None if setting == "auto" else int(setting)
+
+
+def real_model(tasks: Path, work: Path, spec: dict, args: argparse.Namespace) -> dict:
+    """Cache off vs on (alternating), then cache on per thread count; medians of rollouts/hour."""
+    runs: dict[str, list[dict]] = {"cache_off": [], "cache_on": []}
+    load = [os.getloadavg()[0]]
+    for repeat in range(args.repeats):
+        order = ["cache_off", "cache_on"] if repeat % 2 == 0 else ["cache_on", "cache_off"]
+        for label in order:
+            source = ModelSource(
+                prefix_cache_mb=0 if label == "cache_off" else None, threads=_threads(args.threads)
+            )
+            m = _real_summary(generate(tasks, work / f"real-{label}-{repeat}", [spec], args.rollouts, source))
+            runs[label].append(m)
+            print(f"tiny model, prefix {label.replace('_', ' ')}: {m}", flush=True)
+    by_threads: dict[str, dict] = {}
+    for contended in [False, True] if args.contended else [False]:
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if contended else None
+        try:
+            for setting in [t.strip() for t in args.thread_settings.split(",") if t.strip()]:
+                name = f"{setting}, contended" if contended else setting
+                source = ModelSource(threads=_threads(setting))
+                m = _real_summary(
+                    generate(tasks, work / f"real-threads-{len(by_threads)}", [spec], args.rollouts, source)
+                )
+                by_threads[name] = {
+                    k: m[k] for k in ("rollouts_per_hour", "model_s_per_turn", "turns", "threads")
+                }
+                print(f"tiny model, cache on, torch threads {name}: {m}", flush=True)
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+    load.append(os.getloadavg()[0])
+
+    def median_run(label: str) -> dict:
+        ordered = sorted(runs[label], key=lambda r: r["rollouts_per_hour"])
+        return ordered[len(ordered) // 2]
+
+    return {
+        "cache_off": median_run("cache_off"),
+        "cache_on": median_run("cache_on"),
+        "by_threads": by_threads,
+        "load": [round(x, 2) for x in load],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", help="task-set dir (default: synthesize 2 tasks from tests/fixtures/minirepo)")
@@ -140,6 +216,23 @@ def main() -> int:
     ap.add_argument("--executor-concurrency", type=int, default=4)
     ap.add_argument("--executor-repeats", type=int, default=2)
     ap.add_argument("--skip-real-model", action="store_true", help="leave out part 3 (the slow one)")
+    ap.add_argument("--skip-executors", action="store_true", help="leave out part 4 (threads vs Ray)")
+    ap.add_argument("--repeats", type=int, default=1, help="real model: runs per prefix cache setting")
+    ap.add_argument(
+        "--thread-settings",
+        default="",
+        help="real model: comma-separated torch thread settings to compare with the cache on (e.g. 1,2,auto)",
+    )
+    ap.add_argument(
+        "--contended",
+        action="store_true",
+        help="real model: repeat --thread-settings with a busy-loop process on one core (another job)",
+    )
+    ap.add_argument(
+        "--threads",
+        default="auto",
+        help="real model: torch threads of the cache off/on runs (a number, or auto: the engine's adaptive default)",
+    )
     args = ap.parse_args()
 
     from harnessrl.tinymodel import load_tokenizer
@@ -192,46 +285,55 @@ def main() -> int:
                 "tools)",
                 flush=True,
             )
-            ex = executors_side_by_side(
-                tasks,
-                work,
-                scripted_spec,
-                args.executor_rollouts,
-                args.executor_concurrency,
-                args.executor_repeats,
-                ModelSource(engine_url=engine.base_url),
-            )
-            print(
-                f"executors (no model, {ex['executor_rollouts']} rollouts, concurrency "
-                f"{ex['executor_concurrency']}): threads {ex['threads_rollouts_per_hour']:.0f}/h, ray "
-                f"{ex['ray_rollouts_per_hour']:.0f}/h (x{ex['ray_vs_threads_throughput']:.2f}); "
-                f"ray.init {ex['ray_init_s']:.1f} s",
-                flush=True,
-            )
+            ex = None
+            if not args.skip_executors:
+                ex = executors_side_by_side(
+                    tasks,
+                    work,
+                    scripted_spec,
+                    args.executor_rollouts,
+                    args.executor_concurrency,
+                    args.executor_repeats,
+                    ModelSource(engine_url=engine.base_url),
+                )
+                print(
+                    f"executors (no model, {ex['executor_rollouts']} rollouts, concurrency "
+                    f"{ex['executor_concurrency']}): threads {ex['threads_rollouts_per_hour']:.0f}/h, ray "
+                    f"{ex['ray_rollouts_per_hour']:.0f}/h (x{ex['ray_vs_threads_throughput']:.2f}); "
+                    f"ray.init {ex['ray_init_s']:.1f} s",
+                    flush=True,
+                )
         finally:
             engine.stop()
 
         real = None
         if not args.skip_real_model:
-            real = generate(tasks, work / "real", [spec], args.rollouts, ModelSource())
-            print(
-                f"tiny model: {real['rollouts']} rollouts in {real['wall_s']:.1f} s = "
-                f"{real['rollouts_per_hour']:.0f}/h; model {real['model_s_per_turn']:.2f} s/turn, tools "
-                f"{real['tool_s_per_turn']:.3f} s/turn, status {real['status']}",
-                flush=True,
-            )
-    result = {}
+            real = real_model(tasks, work, spec, args)
+    result: dict = {}
     if real is not None:
+        on = real["cache_on"]
         result.update(
             {
-                "rollouts_per_hour": round(real["rollouts_per_hour"], 1),
-                "turns": real["turns"],
-                "model_s_per_turn": round(real["model_s_per_turn"], 3),
-                "tool_s_per_turn": round(real["tool_s_per_turn"], 4),
-                "overhead_vs_model": round(overhead / real["model_s_per_turn"], 4)
-                if real["model_s_per_turn"]
+                "rollouts_per_hour": on["rollouts_per_hour"],
+                "model_s_per_turn": on["model_s_per_turn"],
+                "rollouts_per_hour_cache_off": real["cache_off"]["rollouts_per_hour"],
+                "model_s_per_turn_cache_off": real["cache_off"]["model_s_per_turn"],
+                "prefix_cache_rollouts_speedup": round(
+                    on["rollouts_per_hour"] / real["cache_off"]["rollouts_per_hour"], 3
+                ),
+                "prefix_cache_model_s_speedup": round(
+                    real["cache_off"]["model_s_per_turn"] / on["model_s_per_turn"], 3
+                ),
+                "cache_hit_rate": on["cache_hit_rate"],
+                "turns": on["turns"],
+                "tool_s_per_turn": on["tool_s_per_turn"],
+                "overhead_vs_model": round(overhead / on["model_s_per_turn"], 4)
+                if on["model_s_per_turn"]
                 else None,
-                "setup_s_per_rollout": round(real["setup_s_mean"], 3),
+                "setup_s_per_rollout": on["setup_s_per_rollout"],
+                "engine_threads": args.threads,
+                "by_threads": real["by_threads"],
+                "real_model_load": real["load"],
             }
         )
     result.update(
@@ -243,14 +345,19 @@ def main() -> int:
             "bwrap_ms_per_command": round(cmd["bwrap_s_per_command"] * 1000, 2),
             "plain_ms_per_command": round(cmd["local_s_per_command"] * 1000, 2),
             "sandbox_overhead_ratio": round(cmd["sandbox_overhead_ratio"], 2),
-            "threads_rollouts_per_hour": round(ex["threads_rollouts_per_hour"], 1),
-            "ray_rollouts_per_hour": round(ex["ray_rollouts_per_hour"], 1),
-            "ray_vs_threads_throughput": round(ex["ray_vs_threads_throughput"], 3),
-            "ray_init_s": round(ex["ray_init_s"], 2),
-            "executor_rollouts": ex["executor_rollouts"],
-            "executor_concurrency": ex["executor_concurrency"],
         }
     )
+    if ex is not None:
+        result.update(
+            {
+                "threads_rollouts_per_hour": round(ex["threads_rollouts_per_hour"], 1),
+                "ray_rollouts_per_hour": round(ex["ray_rollouts_per_hour"], 1),
+                "ray_vs_threads_throughput": round(ex["ray_vs_threads_throughput"], 3),
+                "ray_init_s": round(ex["ray_init_s"], 2),
+                "executor_rollouts": ex["executor_rollouts"],
+                "executor_concurrency": ex["executor_concurrency"],
+            }
+        )
     print(json.dumps(result))
     return 0
 

@@ -12,17 +12,34 @@ Router would see.
     .venv/bin/python benchmarks/router.py [--replicas 4] [--sessions 96] [--turns 12] [--seed 0]
 
 Last line: JSON with makespan and prefill ratios of `cache_aware_token_load` vs `least_inflight`.
+
+`--real` runs real engines instead of the simulation: `--replicas` (2) `harnessrl engine serve` processes of
+the tiny model (prefix cache on, 1 thread each), the same seeded multi-turn agentic workload (shared system
+prompt, long-tailed turns, tool results and tool latencies; greedy, so every strategy sees the same
+histories) through a `Router` with each strategy in turn; caches are flushed between strategies (a weight
+sync). Reported per strategy: makespan, mean/p90 turn latency, prompt tokens computed vs served from the
+engines' prefix caches (their `GET /stats`).
+
+    .venv/bin/python benchmarks/router.py --real [--replicas 2] [--sessions 12] [--turns 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import heapq
 import json
+import os
 import random
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from harnessrl.engine.router import (
     ReplicaState,
@@ -31,6 +48,7 @@ from harnessrl.engine.router import (
     make_strategy,
     prefix_hash,
 )
+from tests.engine.agentic import RoutedWorkload
 
 STEP_S, PREFILL_S_PER_TOKEN, DECODE_S_PER_ROW = 0.01, 2e-5, 4e-4
 PREFILL_CHUNK = 8192  # prefill tokens per engine step
@@ -222,6 +240,101 @@ def simulate(
     }
 
 
+def _start_engine(log: Path) -> tuple[subprocess.Popen, str]:
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harnessrl.cli", "engine", "serve", "--port", "0", "--threads", "1"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"engine did not start: {line!r}; see {log}")
+    return proc, line.split()[-1]
+
+
+async def _real_strategy(
+    name: RoutingStrategyName, urls: list[str], workload: RoutedWorkload, capacity: int, version: int
+) -> tuple[dict[str, Any], list[list[list[int]]]]:
+    from harnessrl.engine.http_client import HTTPEngine
+    from harnessrl.engine.router import Router
+    from harnessrl.tinymodel import tiny_model_dir
+
+    engines = [HTTPEngine(u) for u in urls]
+    router = Router(engines, name, capacity_tokens=capacity)
+    try:
+        await router.load_weights(str(tiny_model_dir()), version)  # flushes the engines' prefix caches
+        before = [await e.stats() or {} for e in engines]
+        start = time.perf_counter()
+        traces = await workload.run(router)
+        makespan = time.perf_counter() - start
+        after = [await e.stats() or {} for e in engines]
+    finally:
+        for e in engines:
+            await e.close()
+    latencies = sorted(x for t in traces for x in t.latencies)
+    computed = sum(
+        a["prefill_forward_tokens"] - b["prefill_forward_tokens"] for a, b in zip(after, before, strict=True)
+    )
+    served = sum(
+        a["prefix_cache"]["hit_tokens"] - b["prefix_cache"]["hit_tokens"]
+        for a, b in zip(after, before, strict=True)
+    )
+    return {
+        "makespan_s": round(makespan, 2),
+        "mean_turn_s": round(statistics.mean(latencies), 3),
+        "p90_turn_s": round(latencies[int(len(latencies) * 0.9)], 3),
+        "prefill_tokens": computed,
+        "cache_hit_rate": round(served / max(1, served + computed), 4),
+        "dispatched": router.dispatched,
+        "turns": len(latencies),
+    }, [t.outputs for t in traces]
+
+
+def real_engines(args: argparse.Namespace) -> dict[str, Any]:
+    from harnessrl.tinymodel import load_tokenizer
+
+    workload = RoutedWorkload(load_tokenizer(), args.sessions, args.turns, args.turn_tokens, args.seed)
+    procs: list[subprocess.Popen] = []
+    results: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, list[list[list[int]]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
+        try:
+            urls = []
+            for i in range(args.replicas):
+                proc, url = _start_engine(Path(tmp) / f"engine{i}.log")
+                procs.append(proc)
+                urls.append(url)
+            for version, name in enumerate(RoutingStrategyName, start=1):
+                results[name], outputs[name] = asyncio.run(
+                    _real_strategy(name, urls, workload, args.capacity, version)
+                )
+                print(f"{name:24s} {results[name]}", file=sys.stderr)
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+    base, ours = results["least_inflight"], results["cache_aware_token_load"]
+    return {
+        "makespan_ratio_cache_aware_vs_least_inflight": round(ours["makespan_s"] / base["makespan_s"], 3),
+        "mean_turn_ratio_cache_aware_vs_least_inflight": round(ours["mean_turn_s"] / base["mean_turn_s"], 3),
+        "p90_turn_ratio_cache_aware_vs_least_inflight": round(ours["p90_turn_s"] / base["p90_turn_s"], 3),
+        "prefill_ratio_cache_aware_vs_least_inflight": round(
+            ours["prefill_tokens"] / max(1, base["prefill_tokens"]), 3
+        ),
+        "identical_outputs_across_strategies": len({json.dumps(o) for o in outputs.values()}) == 1,
+        "strategies": results,
+        "replicas": args.replicas,
+        "sessions": args.sessions,
+        "turns": args.turns,
+        "capacity_tokens": args.capacity,
+        "load": round(os.getloadavg()[0], 2),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--replicas", type=int, default=4)
@@ -231,7 +344,16 @@ def main() -> int:
     parser.add_argument("--threshold", type=float, default=0.8)
     parser.add_argument("--sync-every", type=float, default=300.0, help="weight sync period (s); 0 = never")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--real", action="store_true", help="real engine processes instead of the simulation")
+    parser.add_argument("--turn-tokens", type=int, default=24, help="--real: max tokens per turn")
     args = parser.parse_args()
+    if args.real:
+        defaults = parser.parse_args([])
+        for name, real_default in (("replicas", 2), ("sessions", 12), ("turns", 3), ("capacity", 4096)):
+            if getattr(args, name) == getattr(defaults, name):
+                setattr(args, name, real_default)
+        print(json.dumps(real_engines(args)))
+        return 0
 
     results = {}
     for name in RoutingStrategyName:

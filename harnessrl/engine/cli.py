@@ -26,7 +26,8 @@ def register(commands, stages) -> None:  # the engine is a service, not a pipeli
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default: half the cores; 0 = torch's default)",
+        help="torch CPU threads (default: adaptive, all cores while other processes leave them idle, 1 "
+        "while they do not; 0 = torch's default)",
     )
     serve.add_argument(
         "--prefix-cache-mb",

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import secrets
 import threading
 import time
@@ -51,16 +50,10 @@ from harnessrl.engine.local_requests import LocalRequest, validate_request
 from harnessrl.engine.local_stats import EngineStats, ModelShape
 from harnessrl.engine.prefix_cache import PrefixCache
 from harnessrl.engine.sampling import RowSampling, SampledToken, sample
+from harnessrl.engine.threads import AdaptiveThreads, engine_cores
 from harnessrl.engine.weights import copy_weights, read_checkpoint
 
 logger = logging.getLogger(__name__)
-
-
-def default_threads() -> int:
-    """Half the cores, at least 1, at most 8. torch's default (all cores) collapses under contention: OpenMP
-    workers spin-wait, and on a 2-core machine shared with a gateway, sandboxes and a trainer one 8-row decode
-    step measured 9x slower with 2 threads than with 1."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 @dataclass
@@ -74,7 +67,8 @@ class LocalEngine:
     """`Engine` on a local transformers causal LM. Thread-safe; `generate` may be awaited from any event loop.
 
     - `max_batch`: most requests in flight together (prefilling or decoding); more wait in a queue.
-    - `threads`: torch CPU threads, set process-wide (None: `default_threads()`; 0: leave torch's setting).
+    - `threads`: torch CPU threads, set process-wide. None: adaptive — all the engine's cores while other
+      processes leave them idle, 1 while they do not (`threads.AdaptiveThreads`); 0: leave torch's setting.
     - `prefix_cache_mb`: memory budget of the prefix cache (None: 1024; 0 turns it off); `block_tokens`: its
       block size.
     - `step_tokens`: tokens one scheduler step computes: one per decoding request plus prefill chunks.
@@ -101,9 +95,9 @@ class LocalEngine:
         self.model_dir = Path(model_dir) if model_dir else tiny_model_dir()
         if not (self.model_dir / "config.json").is_file():
             raise EngineError(f"{self.model_dir}: not a Hugging Face model directory (no config.json)")
-        self.threads = default_threads() if threads is None else threads
-        if self.threads > 0:  # 0: leave torch's setting alone
-            torch.set_num_threads(self.threads)
+        self._adaptive = AdaptiveThreads(engine_cores()) if threads is None else None
+        if threads:  # 0: leave torch's setting alone
+            torch.set_num_threads(threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = load_tokenizer(self.model_dir)
         # transformers declares PreTrainedModel.to as torch's unbound Module.to (functools.wraps): call that
@@ -299,6 +293,9 @@ class LocalEngine:
             block_tokens=self.prefix_cache.block_tokens,
             step_tokens=self.step_tokens,
             threads=torch.get_num_threads(),
+            adaptive_threads=self._adaptive is not None,
+            thread_switches=self._adaptive.switches if self._adaptive else 0,
+            other_processes_cores=round(self._adaptive.others, 3) if self._adaptive else None,
             dtype=str(self.dtype).removeprefix("torch."),
         )
         return out
@@ -348,6 +345,8 @@ class LocalEngine:
                     while self._waiting and len(self._active) + len(self._prefilling) < self.max_batch:
                         self._prefilling.append(self._waiting.popleft())
                     closed = self._closed
+                if self._adaptive is not None:
+                    self._adaptive.update()
                 for sync in syncs:
                     self._apply_sync(sync)
                 for request in [*self._active, *self._prefilling]:

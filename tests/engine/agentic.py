@@ -120,18 +120,28 @@ class AgenticWorkload:
     def next_prompt(self, prompt: list[int], output: list[int], session: int, turn: int) -> list[int]:
         """The history after this turn: prompt + reply (closed with <|im_end|>) + a tool result message."""
         reply = output if output and output[-1] == self.im_end else [*output, self.im_end]
-        text = (
-            f"\n<|im_start|>user\n<tool_response>\n{tool_output(session, turn)}\n</tool_response><|im_end|>\n"
-        )
-        text += "<|im_start|>assistant\n"
+        result = self.tool_text(session, turn)
+        text = f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
         return prompt + reply + self.tokenizer.encode(text, add_special_tokens=False)
+
+    def turns_of(self, session: int) -> int:
+        return self.turns
+
+    def tool_text(self, session: int, turn: int) -> str:
+        return tool_output(session, turn)
+
+    def tool_s(self, session: int, turn: int) -> float:
+        """Seconds the tool call after this turn takes (none here; see RoutedWorkload)."""
+        return 0.0
 
     async def run_session(self, engine: Any, session: int, sampling: SamplingParams) -> SessionTrace:
         trace = SessionTrace()
         prompt = self.first_prompt(session)
-        for turn in range(self.turns):
+        for turn in range(self.turns_of(session)):
+            if turn and self.tool_s(session, turn - 1):
+                await asyncio.sleep(self.tool_s(session, turn - 1))
             start = time.perf_counter()
-            gen: Generation = await engine.generate(prompt, sampling, self.max_tokens)
+            gen: Generation = await self.generate(engine, session, prompt, sampling)
             trace.latencies.append(time.perf_counter() - start)
             trace.prompts.append(len(prompt))
             trace.outputs.append(gen.token_ids)
@@ -139,9 +149,44 @@ class AgenticWorkload:
             prompt = self.next_prompt(prompt, gen.token_ids, session, turn)
         return trace
 
+    async def generate(
+        self, engine: Any, session: int, prompt: list[int], sampling: SamplingParams
+    ) -> Generation:
+        return await engine.generate(prompt, sampling, self.max_tokens)
+
     async def run(self, engine: Any, sampling: SamplingParams | None = None) -> list[SessionTrace]:
         """Every session concurrently, each turn after the previous one's reply."""
         greedy = sampling or SamplingParams(temperature=0.0)
         return list(
             await asyncio.gather(*(self.run_session(engine, s, greedy) for s in range(self.sessions)))
         )
+
+
+class RoutedWorkload(AgenticWorkload):
+    """The same sessions through a `Router` (each request names its session), with a seeded long tail: turns
+    per session vary (1-2x `turns`), some tool results are long, and tools take time between turns."""
+
+    def __init__(self, tokenizer: Any, sessions: int, turns: int, max_tokens: int, seed: int = 0) -> None:
+        super().__init__(tokenizer, sessions, turns, max_tokens)
+        rng = random.Random(seed)
+        self._turns = [rng.randint(turns, 2 * turns) for _ in range(sessions)]
+        self._tool_s = [
+            [min(3.0, rng.paretovariate(2.0) * 0.3) for _ in range(2 * turns)] for _ in range(sessions)
+        ]
+        self._long = [[rng.random() < 0.15 for _ in range(2 * turns)] for _ in range(sessions)]
+
+    def turns_of(self, session: int) -> int:
+        return self._turns[session]
+
+    def tool_s(self, session: int, turn: int) -> float:
+        return self._tool_s[session][turn]
+
+    def tool_text(self, session: int, turn: int) -> str:
+        if not self._long[session][turn]:
+            return tool_output(session, turn)
+        return "\n".join(tool_output(session * 7 + i, turn) for i in range(8))  # a long file dump
+
+    async def generate(
+        self, engine: Any, session: int, prompt: list[int], sampling: SamplingParams
+    ) -> Generation:
+        return await engine.generate(prompt, sampling, self.max_tokens, session_id=f"session-{session}")

@@ -41,7 +41,8 @@ def test_local_stream_yields_a_delta_per_step_and_equals_generate(engine, chat):
     deltas = run(_collect(engine.generate_stream(prompt, sampling, 12)))
     ids, lps, versions = _joined(deltas)
     assert ids == whole.token_ids
-    assert lps == whole.logprobs
+    # float noise only: the adaptive thread count may differ between the two runs
+    assert lps == pytest.approx(whole.logprobs, abs=1e-4)
     assert versions == whole.token_policy_versions
     assert deltas[-1].finish_reason == whole.finish_reason
     assert all(d.finish_reason is None for d in deltas[:-1])
