@@ -139,6 +139,13 @@ def _layers(cache: Cache) -> list[BufferedLayer]:
     return layers
 
 
+def layer(cache: Cache, index: int) -> BufferedLayer:
+    found = cache.layers[index]
+    if not isinstance(found, BufferedLayer):
+        raise TypeError("expected a cache made by kv.new_cache (BufferedLayer layers)")
+    return found
+
+
 def cache_length(cache: Cache) -> int:
     """Columns of the live window (the longest row's tokens plus any padding not yet dropped)."""
     return _layers(cache)[0].width

@@ -1,17 +1,6 @@
-"""Local inference engine on transformers with continuous (step-level) batching, chunked prefill and
-automatic prefix caching.
-
-One background thread owns the model. Each iteration it applies pending weight syncs (flushing the prefix
-cache) and aborts, admits waiting requests, spends the step's token budget on prefill chunks (a request's
-prompt starts from the longest block-aligned prefix in the prefix cache; once the whole prompt is in, its
-first token is sampled and its KV row joins the batch), then runs ONE decode step for every active request
-together and samples each row with its own settings. Requests therefore join and leave between steps, a long
-prompt delays the running sessions by at most one chunk per step, and a request's tokens never depend on its
-batch neighbours beyond float noise: rows are left-padded and masked, and position ids are per row.
-
-Over 400 lines: the scheduling loop, its prefill chunks, the prefix cache and the weight sync share the model
-thread's state; request records, the KV layout, the prefix cache, stats and weight loading live in
-local_requests.py, kv.py, prefix_cache.py, local_stats.py and weights.py.
+"""Local inference engine on transformers: continuous (step-level) batching, chunked prefill and automatic
+prefix caching. This module is the engine's public side (requests in, generations and streams out, weight
+syncs, aborts, stats); the scheduler thread that runs the model is `local_scheduler.py`.
 """
 
 from __future__ import annotations
@@ -22,17 +11,14 @@ import itertools
 import logging
 import secrets
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import PretrainedConfig
-from transformers.cache_utils import Cache
 
 from harnessrl.engine import kv
 from harnessrl.engine.base import (
@@ -41,29 +27,23 @@ from harnessrl.engine.base import (
     DEFAULT_STEP_TOKENS,
     DType,
     EngineError,
-    FinishReason,
     Generation,
     GenerationDelta,
     SamplingParams,
 )
 from harnessrl.engine.local_requests import LocalRequest, validate_request
+from harnessrl.engine.local_scheduler import SchedulerLoop, WeightSync
 from harnessrl.engine.local_stats import EngineStats, ModelShape
+from harnessrl.engine.packed import register as register_attention
 from harnessrl.engine.prefix_cache import PrefixCache
-from harnessrl.engine.sampling import RowSampling, SampledToken, sample
+from harnessrl.engine.sampling import RowSampling
 from harnessrl.engine.threads import AdaptiveThreads, engine_cores
-from harnessrl.engine.weights import copy_weights, read_checkpoint
+from harnessrl.engine.weights import read_checkpoint
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _WeightSync:
-    state: dict[str, torch.Tensor]
-    version: int
-    done: Future
-
-
-class LocalEngine:
+class LocalEngine(SchedulerLoop):
     """`Engine` on a local transformers causal LM. Thread-safe; `generate` may be awaited from any event loop.
 
     - `max_batch`: most requests in flight together (prefilling or decoding); more wait in a queue.
@@ -105,6 +85,8 @@ class LocalEngine:
         config = self.model.config
         if not isinstance(config, PretrainedConfig):
             raise EngineError(f"{self.model_dir}: the model has no Hugging Face config")
+        config._attn_implementation = register_attention()  # one forward per step (packed.py)
+        self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
         self.num_layers = int(config.num_hidden_layers)
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
         self.vocab_size = int(config.vocab_size)
@@ -135,7 +117,7 @@ class LocalEngine:
         self._lock = threading.Condition()
         self._waiting: deque[LocalRequest] = deque()
         self._prefilling: deque[LocalRequest] = deque()
-        self._syncs: deque[_WeightSync] = deque()
+        self._syncs: deque[WeightSync] = deque()
         self._abort_ids: set[str] = set()
         self._abort_all = False
         self._active: list[LocalRequest] = []
@@ -266,7 +248,7 @@ class LocalEngine:
         Blocks until applied. Requests in flight continue on the new weights (their tokens record the
         version that sampled them)."""
         state = read_checkpoint(self.model, Path(checkpoint_dir))
-        sync = _WeightSync(state, int(version), Future())
+        sync = WeightSync(state, int(version), Future())
         with self._lock:
             if self._closed:
                 raise EngineError("engine is closed")
@@ -312,245 +294,3 @@ class LocalEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    # ---- scheduler thread ---------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        with torch.inference_mode():
-            while True:
-                with self._lock:
-                    while not (
-                        self._closed
-                        or self._waiting
-                        or self._syncs
-                        or self._active
-                        or self._prefilling
-                        or self._abort_ids
-                        or self._abort_all
-                    ):
-                        self._lock.wait()
-                    syncs = list(self._syncs)
-                    self._syncs.clear()
-                    abort_all, abort_ids = self._abort_all, set(self._abort_ids)
-                    self._abort_all = False
-                    self._abort_ids.clear()
-                    if abort_all or abort_ids:
-                        kept = deque()
-                        for request in self._waiting:
-                            if abort_all or request.id in abort_ids:
-                                self._finish(request, FinishReason.ABORT)
-                            else:
-                                kept.append(request)
-                        self._waiting = kept
-                    while self._waiting and len(self._active) + len(self._prefilling) < self.max_batch:
-                        self._prefilling.append(self._waiting.popleft())
-                    closed = self._closed
-                if self._adaptive is not None:
-                    self._adaptive.update()
-                for sync in syncs:
-                    self._apply_sync(sync)
-                for request in [*self._active, *self._prefilling]:
-                    if abort_all or request.id in abort_ids:
-                        request.aborted = True
-                try:
-                    self._prefill_step()
-                    self._retire_finished()
-                    if self._active:
-                        self._decode_step()
-                        self._retire_finished()
-                except Exception as e:  # a crash fails the requests in flight, not the engine
-                    self._fail_all(e)
-                if closed and not self._active and not self._prefilling:
-                    with self._lock:
-                        for request in self._waiting:
-                            self._finish(request, FinishReason.ABORT)
-                        self._waiting.clear()
-                    return
-
-    def _apply_sync(self, sync: _WeightSync) -> None:
-        try:
-            copy_weights(self.model, sync.state)
-        except Exception as e:  # reported to the caller that asked for the sync
-            sync.done.set_exception(EngineError(f"weight sync failed: {e}"))
-            return
-        finally:
-            self.prefix_cache.clear()  # keys/values of the old weights (or of half-copied ones) are stale
-        self.policy_version = sync.version
-        logger.info("weights of version %d loaded; prefix cache flushed", sync.version)
-        sync.done.set_result(None)
-
-    def _prefill_step(self) -> None:
-        """Spends this step's token budget (what the decode step leaves, at least one block) on prefill
-        chunks, oldest request first; a request whose whole prompt is in its cache samples its first token
-        and joins the decode batch."""
-        budget = max(self.step_tokens - len(self._active), self.prefix_cache.block_tokens)
-        while self._prefilling and budget > 0:
-            request = self._prefilling[0]
-            if request.aborted or request.result.done():
-                self._prefilling.popleft()
-                self._finish(request, FinishReason.ABORT)
-                continue
-            if request.prefill_cache is None:
-                self._start_prefill(request)
-            n = min(len(request.prompt) - request.cached, budget)
-            logits = self._prefill_chunk(request, n)
-            budget -= n
-            if request.cached == len(request.prompt):
-                self._prefilling.popleft()
-                self._join_batch(request, logits)
-
-    def _start_prefill(self, request: LocalRequest) -> None:
-        """Its one-row KV cache, starting from the longest cached prefix of its prompt (matched now, not at
-        admission, so that it finds what the requests ahead of it just computed)."""
-        request.prefill_started_at = time.perf_counter()
-        hit, prefix = self.prefix_cache.match(request.prompt)
-        if prefix is None:
-            prefix = torch.empty(self._kv_shape, dtype=self.dtype, device=self.device)
-        request.prefill_cache = kv.new_cache(self.num_layers)
-        kv.fill(request.prefill_cache, prefix.to(self.device), spare=len(request.prompt) - hit)
-        request.cached = request.prefix_hit = hit
-        request.blocks_in_prefix_cache = hit // self.prefix_cache.block_tokens
-        request.kv_epoch = self.prefix_cache.epoch
-
-    def _prefill_chunk(self, request: LocalRequest, n: int) -> torch.Tensor:
-        """Computes the next `n` prompt tokens into the request's cache; returns the last one's logits."""
-        start = time.perf_counter()
-        done = request.cached
-        out = self.model(
-            input_ids=torch.tensor([request.prompt[done : done + n]], device=self.device),
-            position_ids=torch.arange(done, done + n, device=self.device)[None],
-            cache=request.prefill_cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        request.cached += n
-        stats = self._stats
-        stats.prefill_forward_s += time.perf_counter() - start
-        stats.prefill_forward_tokens += n
-        stats.prefill_flops += self._shape.flops(n, done, logits_rows=1)
-        assert request.prefill_cache is not None
-        self._share(request, request.prefill_cache, 0, 0)
-        return out.logits[:, -1]
-
-    def _share(self, request: LocalRequest, cache: Cache, row: int, first_column: int) -> None:
-        """Adds the request's newly complete blocks to the prefix cache (its tokens start at window column
-        `first_column` of `row`), unless the weights changed since its keys/values started."""
-        if request.kv_epoch != self.prefix_cache.epoch or not self.prefix_cache.enabled:
-            return
-        block = self.prefix_cache.block_tokens
-        full = request.cached // block
-        have = request.blocks_in_prefix_cache
-        if full <= have:
-            return
-        lo, hi = first_column + have * block, first_column + full * block
-        self.prefix_cache.insert(request.tokens()[: full * block], have, kv.row_kv(cache, row, lo, hi))
-        request.blocks_in_prefix_cache = full
-
-    def _join_batch(self, request: LocalRequest, logits: torch.Tensor) -> None:
-        self._accept(request, sample(logits, [request.row])[0])
-        single, request.prefill_cache = request.prefill_cache, None
-        if request.result.done() or self._finished_reason(request):
-            self._finish(request, self._finished_reason(request) or FinishReason.ABORT)
-            return
-        assert single is not None
-        if kv.rows(self._cache) == 0:
-            self._cache = kv.new_cache(self.num_layers)
-        kv.add_row(self._cache, single)
-        self._active.append(request)
-
-    def _decode_step(self) -> None:
-        start = time.perf_counter()
-        length = kv.cache_length(self._cache)
-        rows = self._active
-        pads = torch.tensor([length - r.cached for r in rows])
-        columns = torch.arange(length + 1)
-        mask = (columns[None, :] >= pads[:, None]).to(torch.long)
-        ids = torch.tensor([[r.pending_token] for r in rows], device=self.device)
-        positions = torch.tensor([[r.cached] for r in rows], device=self.device)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask.to(self.device),
-            position_ids=positions,
-            cache=self._cache,
-            use_cache=True,
-        )
-        self.steps += 1
-        stats = self._stats
-        for request in rows:
-            stats.decode_flops += self._shape.flops(1, request.cached, logits_rows=1)
-            request.cached += 1
-        for request, token in zip(rows, sample(out.logits[:, -1], [r.row for r in rows]), strict=True):
-            self._accept(request, token)
-        stats.decode_forward_s += time.perf_counter() - start
-        stats.decode_steps += 1
-        stats.decode_row_tokens += len(rows)
-
-    def _accept(self, request: LocalRequest, token: SampledToken) -> None:
-        request.accept(token, self.policy_version)
-
-    def _finished_reason(self, request: LocalRequest) -> FinishReason | None:
-        if request.aborted:
-            return FinishReason.ABORT
-        if request.out_ids and request.out_ids[-1] in request.stop:
-            return FinishReason.STOP
-        if len(request.out_ids) >= request.max_tokens or request.cached + 1 >= self.max_context:
-            return FinishReason.LENGTH
-        return None
-
-    def _retire_finished(self) -> None:
-        """Finishes the requests that are done; their keys/values (prompt and output) go to the prefix
-        cache first, then their rows leave the batch and padding every row shares is dropped."""
-        width = kv.cache_length(self._cache) if self._active else 0
-        done: dict[int, FinishReason] = {}
-        for i, request in enumerate(self._active):
-            reason = FinishReason.ABORT if request.result.done() else self._finished_reason(request)
-            if reason:
-                done[i] = reason
-        if not done:
-            return
-        for i, reason in done.items():
-            request = self._active[i]
-            self._share(request, self._cache, i, width - request.cached)
-            self._finish(request, reason)
-        order = kv.remove_rows(self._cache, set(done))
-        self._active = [self._active[i] for i in order]
-        if not self._active:
-            self._cache = kv.new_cache(self.num_layers)
-            return
-        shared_pad = width - max(r.cached for r in self._active)
-        if shared_pad:
-            kv.drop_left(self._cache, shared_pad)
-
-    def _finish(self, request: LocalRequest, reason: FinishReason) -> None:
-        if request.result.done():
-            return
-        generation = request.generation(reason, self.policy_version)
-        stats = self._stats
-        stats.requests += 1
-        stats.prompt_tokens += len(request.prompt)
-        stats.output_tokens += len(request.out_ids)
-        stats.queue_s += generation.timings["queue_s"]
-        stats.prefill_s += generation.timings["prefill_s"]
-        stats.decode_s += generation.timings["decode_s"]
-        with contextlib.suppress(Exception):  # the caller may have cancelled the future
-            request.result.set_result(generation)
-        self._notify_end(request)
-
-    @staticmethod
-    def _notify_end(request: LocalRequest) -> None:
-        if request.listener is not None:
-            with contextlib.suppress(RuntimeError):  # the consumer's event loop is closed
-                request.listener(None)
-
-    def _fail_all(self, error: Exception) -> None:
-        failed = [*self._active, *self._prefilling]
-        message = EngineError(f"local engine step failed: {type(error).__name__}: {error}")
-        logger.error("%s (failing %d requests)", message, len(failed))
-        for request in failed:
-            request.prefill_cache = None
-            if not request.result.done():
-                request.result.set_exception(message)
-                self._notify_end(request)
-        self._active = []
-        self._prefilling.clear()
-        self._cache = kv.new_cache(self.num_layers)

@@ -50,13 +50,15 @@ class EngineStats:
     queue_s: float = 0.0  # summed over finished requests
     prefill_s: float = 0.0  # request admitted -> first token (wall, includes interleaved decode steps)
     decode_s: float = 0.0  # first token -> finished
-    prefill_forward_s: float = 0.0  # forward passes computing prompt tokens
-    prefill_forward_tokens: int = 0
+    # A step is one forward pass. Steps that computed prompt tokens count as prefill, with the FLOPs of the
+    # decode rows that rode along; steps of decode rows alone count as decode.
+    prefill_forward_s: float = 0.0
+    prefill_forward_tokens: int = 0  # prompt tokens computed (not served by the prefix cache)
     prefill_flops: float = 0.0
-    decode_forward_s: float = 0.0  # batched decode steps
-    decode_steps: int = 0
-    decode_row_tokens: int = 0  # tokens fed in decode steps (rows x steps)
+    decode_forward_s: float = 0.0
     decode_flops: float = 0.0
+    decode_steps: int = 0  # steps with decode rows (either kind)
+    decode_row_tokens: int = 0  # tokens fed by decode rows (rows x steps)
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     def as_dict(self) -> dict[str, object]:

@@ -91,6 +91,14 @@ class PrefixCache:
         self.stats.hit_tokens += tokens_hit
         return tokens_hit, torch.cat(found, dim=3)
 
+    def first_missing(self, tokens: list[int]) -> bytes | None:
+        """The key of the first block of `tokens` that `match` would not find (None: all there); no side
+        effects."""
+        for key in block_keys(tokens, self.block_tokens, (len(tokens) - 1) // self.block_tokens):
+            if key not in self._blocks:
+                return key
+        return None
+
     def insert(self, tokens: list[int], first_block: int, kv: torch.Tensor) -> None:
         """Stores the full blocks of `tokens` from block `first_block` on; `kv` `[layers, 2, heads, n, dim]`
         holds the keys/values of tokens[first_block * B : first_block * B + n]. Blocks already cached are kept

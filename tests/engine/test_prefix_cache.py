@@ -186,3 +186,21 @@ def test_chunked_prefill_lets_running_requests_decode_and_gives_the_same_tokens(
     assert short_first and len(short.token_ids) == 16
     reference = run(engine_nocache.generate(long_prompt, GREEDY, 2))
     assert long.token_ids == reference.token_ids
+
+
+def test_identical_prompts_arriving_together_are_prefilled_once(engine, chat):
+    """A group of rollouts of one task: the followers wait a step for the blocks the first one is computing,
+    then each computes only its last partial block."""
+    prompt = chat("Group prompt: " + " ".join(f"word{i}" for i in range(120)))
+    assert 256 < len(prompt) < 2 * 256  # the first request needs two steps of the default budget
+    before = engine.stats()["prefill_forward_tokens"]
+
+    async def group():
+        return await asyncio.gather(*(engine.generate(prompt, GREEDY, 2) for _ in range(4)))
+
+    gens = run(group())
+    hit = (len(prompt) - 1) // 16 * 16
+    first, *followers = sorted(g.cached_prompt_tokens for g in gens)
+    assert first < 100 and followers == [hit, hit, hit]  # the first may find the chat template's opening
+    assert engine.stats()["prefill_forward_tokens"] - before == len(prompt) - first + 3 * (len(prompt) - hit)
+    assert len({tuple(g.token_ids) for g in gens}) == 1
