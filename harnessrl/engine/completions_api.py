@@ -174,7 +174,14 @@ def parse_response(body: Any, source: str, default_version: int = 0) -> Generati
         token_policy_versions=versions,
         top_logprobs=tops,
         timings={k: float(v) for k, v in (choice.get("timings") or {}).items() if isinstance(v, int | float)},
+        cached_prompt_tokens=_cached_tokens(body.get("usage")),
     )
+
+
+def _cached_tokens(usage: Any) -> int:
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else 0
 
 
 def build_response(
@@ -238,7 +245,8 @@ def build_response(
             "prompt_tokens": len(prompt_ids),
             "total_tokens": len(prompt_ids) + len(generation.token_ids),
             "completion_tokens": len(generation.token_ids),
-            "prompt_tokens_details": None,
+            # vLLM's field (with --enable-prompt-tokens-details): prompt tokens served from the prefix cache
+            "prompt_tokens_details": {"cached_tokens": generation.cached_prompt_tokens},
         },
         "kv_transfer_params": None,
     }

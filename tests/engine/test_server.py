@@ -75,6 +75,29 @@ def test_http_engine_against_our_server(url, chat):
     assert 0 < len(gen.token_ids) <= 5 and gen.timings["total_s"] > 0 and gen.timings["http_s"] > 0
 
 
+def test_stats_over_http_count_the_requests_and_the_prefix_cache(url, chat):
+    prompt = chat("Name a colour of the rainbow and describe it.")
+
+    async def go():
+        client = HTTPEngine(url)
+        try:
+            before = await client.stats()
+            first = await client.generate(prompt, GREEDY, 3)
+            again = await client.generate(prompt, GREEDY, 3)
+            return before, first, again, await client.stats()
+        finally:
+            await client.close()
+
+    before, first, again, after = run(go())
+    assert before is not None and after is not None
+    assert after["requests"] - before["requests"] == 2
+    assert (
+        again.cached_prompt_tokens == len(prompt) - 1 - (len(prompt) - 1) % 16 == again.cached_prompt_tokens
+    )
+    hits = after["prefix_cache"]["hit_tokens"] - before["prefix_cache"]["hit_tokens"]
+    assert hits >= again.cached_prompt_tokens > 0 and first.token_ids == again.token_ids
+
+
 def test_load_weights_and_abort_over_http(url, chat):
     from harnessrl.tinymodel import tiny_model_dir
 
