@@ -76,7 +76,7 @@ def _one_row(tokens: list[int]) -> Cache:
 
 def _rows(cache: Cache) -> list[list[int]]:
     """Each row's tokens as the window shows them (0 = padding)."""
-    keys = kv._layers(cache)[0].window()[0]
+    keys = kv.layer(cache, 0).window()[0]
     return [[int(x) for x in keys[r, 0, :, 0].tolist()] for r in range(keys.shape[0])]
 
 
@@ -86,8 +86,8 @@ def test_kv_rows_join_and_leave_without_moving_the_others():
     kv.add_row(batch, _one_row([4, 5]))
     kv.add_row(batch, _one_row([6, 7, 8, 9, 10]))  # longer: the window grows to the left
     assert _rows(batch) == [[0, 0, 1, 2, 3], [0, 0, 0, 4, 5], [6, 7, 8, 9, 10]]
-    for layer in kv._layers(batch):  # a decode step writes one column for every row
-        layer.update(torch.full((3, HEADS, 1, DIM), 11.0), torch.full((3, HEADS, 1, DIM), 11.0))
+    for i in range(LAYERS):  # a decode step writes one column for every row
+        kv.layer(batch, i).update(torch.full((3, HEADS, 1, DIM), 11.0), torch.full((3, HEADS, 1, DIM), 11.0))
     assert kv.cache_length(batch) == 6
     order = kv.remove_rows(batch, {0})  # the last row moves into the hole
     assert order == [2, 1] and _rows(batch) == [[6, 7, 8, 9, 10, 11], [0, 0, 0, 4, 5, 11]]
