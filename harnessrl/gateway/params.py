@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from harnessrl.choices import parse_choice
 from harnessrl.engine.base import SamplingParams
 
 from .config import GatewayConfig
@@ -28,9 +29,9 @@ class CallParams:
 
 def choice(enum: type[E], value: object, name: str) -> E:
     try:
-        return enum(value)
-    except ValueError:
-        raise RequestError(f"{name}: one of {[e.value for e in enum]}, got {value!r}") from None
+        return parse_choice(enum, value, name)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
 
 
 def integer(value: object, name: str, minimum: int) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import openai
 
+from harnessrl.choices import parse_choice
 from harnessrl.harness.base import (
     Endpoint,
     EpisodeEnd,
@@ -34,7 +35,6 @@ from harnessrl.harness.strategies import (
     OnToolTimeout,
     compacted_history,
     context_strategy,
-    parse_choice,
 )
 from harnessrl.harness.tools import MalformedArguments, Observation, Tool, parse_arguments, toolset
 
@@ -89,13 +89,19 @@ class ReActConfig:
 
     def __post_init__(self) -> None:
         # options arrive as JSON strings: each becomes its enum member (or a ValueError naming the option)
-        self.on_no_tool_call = parse_choice("on_no_tool_call", self.on_no_tool_call, OnNoToolCall)
-        self.on_malformed_args = parse_choice("on_malformed_args", self.on_malformed_args, OnMalformedArgs)
-        self.on_tool_timeout = parse_choice("on_tool_timeout", self.on_tool_timeout, OnToolTimeout)
-        self.on_sandbox_failure = parse_choice(
-            "on_sandbox_failure", self.on_sandbox_failure, OnSandboxFailure
+        self.on_no_tool_call = parse_choice(
+            OnNoToolCall, self.on_no_tool_call, "harness option on_no_tool_call"
         )
-        self.context = parse_choice("context", self.context, ContextStrategyName)
+        self.on_malformed_args = parse_choice(
+            OnMalformedArgs, self.on_malformed_args, "harness option on_malformed_args"
+        )
+        self.on_tool_timeout = parse_choice(
+            OnToolTimeout, self.on_tool_timeout, "harness option on_tool_timeout"
+        )
+        self.on_sandbox_failure = parse_choice(
+            OnSandboxFailure, self.on_sandbox_failure, "harness option on_sandbox_failure"
+        )
+        self.context = parse_choice(ContextStrategyName, self.context, "harness option context")
         self.tools = tuple(self.tools)
         toolset(list(self.tools))
         for name in ("max_turns", "max_context_tokens", "max_tokens_per_turn", "min_tokens_per_turn"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 
 class OnNoToolCall(StrEnum):
@@ -116,16 +116,3 @@ def context_strategy(
     if name is ContextStrategyName.SUMMARIZE:
         return Summarize(at_tokens=int(summarize_at_tokens))
     return KeepAll()
-
-
-Choice = TypeVar("Choice", bound=StrEnum)
-
-
-def parse_choice(field: str, value: str, choices: type[Choice]) -> Choice:
-    """`value` as a member of `choices`, or a ValueError naming the harness option and what it may be."""
-    try:
-        return choices(value)
-    except ValueError:
-        raise ValueError(
-            f"harness option {field}={value!r} is not one of {[c.value for c in choices]}"
-        ) from None

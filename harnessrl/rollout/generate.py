@@ -27,8 +27,9 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
+from harnessrl.choices import parse_choice
 from harnessrl.harness.base import (
     Endpoint,
     EpisodeEnd,
@@ -72,20 +73,10 @@ class GenerateConfig:
     ray_cpus: float = 0.5  # CPUs Ray reserves per rollout (the engine's GPUs stay with the engine service)
 
     def __post_init__(self) -> None:  # modes may arrive as strings (KFP parameters, Python callers)
-        self.failed_samples = _member("failed_samples", self.failed_samples, FailedSamples)
-        self.executor = _member("executor", self.executor, ExecutorName)
+        self.failed_samples = parse_choice(FailedSamples, self.failed_samples, "failed_samples")
+        self.executor = parse_choice(ExecutorName, self.executor, "executor")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-
-
-Mode = TypeVar("Mode", bound=StrEnum)
-
-
-def _member(field_name: str, value: str, modes: type[Mode]) -> Mode:
-    try:
-        return modes(value)
-    except ValueError:
-        raise ValueError(f"{field_name} must be one of {[m.value for m in modes]}, got {value!r}") from None
 
 
 @dataclass

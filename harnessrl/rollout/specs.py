@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from harnessrl.choices import parse_choice
 from harnessrl.harness.base import Harness
 from harnessrl.schema import HarnessName, HarnessSpec, RewardName, SandboxKind
 
@@ -50,25 +50,17 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
         if unknown:
             raise ValueError(f"{here}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
         kw = {k: v for k, v in item.items() if k != "name"}
-        kw["harness"] = _choice(here, "harness", kw.get("harness", HarnessName.REACT), HarnessName)
-        kw["sandbox"] = _choice(here, "sandbox", kw.get("sandbox", SandboxKind.BUBBLEWRAP), SandboxKind)
-        kw["reward"] = _choice(here, "reward", kw.get("reward", RewardName.SWEBENCH), RewardName)
+        kw["harness"] = parse_choice(HarnessName, kw.get("harness", HarnessName.REACT), f"{here}.harness")
+        kw["sandbox"] = parse_choice(
+            SandboxKind, kw.get("sandbox", SandboxKind.BUBBLEWRAP), f"{here}.sandbox"
+        )
+        kw["reward"] = parse_choice(RewardName, kw.get("reward", RewardName.SWEBENCH), f"{here}.reward")
         spec = HarnessSpec(**kw)
         if "limits" in item:  # partial limits extend the defaults
             spec.limits = {**HarnessSpec().limits, **item["limits"]}
         validate_spec(spec, here)
         out.append(NamedSpec(str(item.get("name") or f"{spec.harness}/{spec.sandbox}#{i}"), spec))
     return out
-
-
-Choice = TypeVar("Choice", bound=StrEnum)
-
-
-def _choice(where: str, field: str, value: Any, choices: type[Choice]) -> Choice:
-    try:
-        return choices(value)
-    except ValueError:
-        raise ValueError(f"{where}.{field}: {value!r} is not one of {[c.value for c in choices]}") from None
 
 
 def validate_spec(spec: HarnessSpec, where: str) -> None:

@@ -17,7 +17,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from harnessrl.train.modes import Estimator, SingletonHandling, parse_mode
+from harnessrl.choices import parse_choice
+from harnessrl.train.modes import Estimator, SingletonHandling
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def group_advantages(
     singleton: SingletonHandling = SingletonHandling.ZERO,
 ) -> list[float]:
     """Advantages for the rewards of one group, in the same order."""
-    estimator = parse_mode(Estimator, estimator, "advantage estimator")
+    estimator = parse_choice(Estimator, estimator, "advantage estimator")
     n = len(rewards)
     if n == 0:
         return []

@@ -15,10 +15,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harnessrl.choices import parse_choice
 from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import read_jsonl
 from harnessrl.schema import Sample
-from harnessrl.train.modes import NonOkHandling, parse_mode
+from harnessrl.train.modes import NonOkHandling
 
 
 @dataclass
@@ -121,7 +122,7 @@ def load_rewards(path: str | Path) -> dict[str, RewardRow]:
                 raise ValueError(
                     f"{f}: row {i} (rollout {rid!r}): reward must be a finite number or null, got {reward!r}"
                 )
-            status = parse_mode(
+            status = parse_choice(
                 RolloutStatus, row.get("status", "ok"), f"{f}: row {i} (rollout {rid!r}): status"
             )
             out[rid] = RewardRow(None if reward is None else float(reward), status)
@@ -137,7 +138,7 @@ def assemble(
     ok_statuses: frozenset[RolloutStatus] = frozenset({RolloutStatus.OK}),
 ) -> Prepared:
     """Groups samples by rollout and attaches each rollout's reward and status."""
-    nonok = parse_mode(NonOkHandling, nonok, "nonok")
+    nonok = parse_choice(NonOkHandling, nonok, "nonok")
     by_rollout: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         by_rollout[s.rollout_id].append(s)

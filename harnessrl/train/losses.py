@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harnessrl.train.modes import LossMode, parse_mode
+from harnessrl.choices import parse_choice
+from harnessrl.train.modes import LossMode
 
 
 def sequence_weights(
@@ -38,7 +39,7 @@ def sequence_weights(
     loss_scale_factor: float | None = None,
 ) -> list[float]:
     """Weight per sequence for one optimizer step (all its sequences, on all ranks)."""
-    mode = parse_mode(LossMode, mode, "loss_mode")
+    mode = parse_choice(LossMode, mode, "loss_mode")
     if len(token_counts) != len(rollout_ids):
         raise ValueError("token_counts and rollout_ids must have the same length")
     live = [n > 0 for n in token_counts]

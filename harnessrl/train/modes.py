@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TypeVar
 
 
 class Estimator(StrEnum):
@@ -49,14 +48,3 @@ class LossMode(StrEnum):
 class Precision(StrEnum):
     FP32 = "fp32"
     BF16 = "bf16"  # autocast; master weights stay fp32
-
-
-E = TypeVar("E", bound=StrEnum)
-
-
-def parse_mode(kind: type[E], value: str, field: str) -> E:
-    """`value` as a member of `kind`, or a ValueError naming the field and the valid choices."""
-    try:
-        return kind(value)
-    except ValueError:
-        raise ValueError(f"{field} must be one of {', '.join(kind)}, got {value!r}") from None

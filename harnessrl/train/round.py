@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harnessrl.choices import parse_choice
 from harnessrl.difficulty.history import PassRateHistory
 from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import atomic_write_json, write_jsonl
@@ -38,7 +39,7 @@ from harnessrl.train.checkpoint import (
 from harnessrl.train.data import Prepared, Rollout, assemble, load_rewards, load_samples
 from harnessrl.train.fingerprint import run_identity
 from harnessrl.train.losses import sequence_weights
-from harnessrl.train.modes import AdvantageLevel, Estimator, NonOkHandling, SingletonHandling, parse_mode
+from harnessrl.train.modes import AdvantageLevel, Estimator, NonOkHandling, SingletonHandling
 from harnessrl.train.report import write_report
 from harnessrl.train.summary import stats, strict_json, summarize
 from harnessrl.train.trainer import Trainer, TrainerConfig, seed_everything
@@ -79,11 +80,11 @@ class TrainConfig:
     reference_kl: bool = False  # a frozen copy of the input policy as KL reference (needs policy.kl_coef > 0)
 
     def __post_init__(self) -> None:
-        self.estimator = parse_mode(Estimator, self.estimator, "estimator")
-        self.advantage_level = parse_mode(AdvantageLevel, self.advantage_level, "advantage_level")
-        self.singleton = parse_mode(SingletonHandling, self.singleton, "singleton")
-        self.nonok = parse_mode(NonOkHandling, self.nonok, "nonok")
-        self.ok_statuses = tuple(parse_mode(RolloutStatus, s, "ok_statuses") for s in self.ok_statuses)
+        self.estimator = parse_choice(Estimator, self.estimator, "estimator")
+        self.advantage_level = parse_choice(AdvantageLevel, self.advantage_level, "advantage_level")
+        self.singleton = parse_choice(SingletonHandling, self.singleton, "singleton")
+        self.nonok = parse_choice(NonOkHandling, self.nonok, "nonok")
+        self.ok_statuses = tuple(parse_choice(RolloutStatus, s, "ok_statuses") for s in self.ok_statuses)
         if self.epochs < 1 or self.groups_per_step < 0 or self.threads < 0:
             raise ValueError("epochs must be ≥ 1, groups_per_step ≥ 0 and threads ≥ 0")
         if self.record_round is not None and not self.history:

@@ -17,10 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from harnessrl.choices import parse_choice
 from harnessrl.train import distributed as dist_mod
 from harnessrl.train.batching import MicroBatch, SeqItem, pack, pad
 from harnessrl.train.losses import PolicyLossConfig, entropy_from_logits, low_var_kl, ppo_token_losses
-from harnessrl.train.modes import LossMode, Precision, parse_mode
+from harnessrl.train.modes import LossMode, Precision
 
 # how a checkpoint's optimizer state is keyed: a DP run saves the full, FQN-keyed state (see state_dict)
 FULL_FQN_OPTIMIZER = "full_fqn"
@@ -54,8 +55,8 @@ class TrainerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.loss_mode = parse_mode(LossMode, self.loss_mode, "train.loss_mode")
-        self.precision = parse_mode(Precision, self.precision, "train.precision")
+        self.loss_mode = parse_choice(LossMode, self.loss_mode, "train.loss_mode")
+        self.precision = parse_choice(Precision, self.precision, "train.precision")
         if self.ppo_epochs < 1:
             raise ValueError("ppo_epochs must be ≥ 1")
 

@@ -270,7 +270,9 @@ def test_config_from_spec_rejects_unknown_options():
     assert (cfg.max_turns, cfg.max_context_tokens, cfg.wall_s, cfg.context) == (7, 2048, 30.0, "trim_oldest")
     with pytest.raises(ValueError, match="on_no_tool_cal"):
         ReActConfig.from_spec(["bash"], {}, {"on_no_tool_cal": "nudge"})
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(
+        ValueError, match="harness option on_no_tool_call must be one of nudge, fail_turn, end, got .ignore."
+    ):
         ReActConfig.from_spec(["bash"], {}, {"on_no_tool_call": "ignore"})
     with pytest.raises(ValueError, match="unknown tool"):
         ReActConfig.from_spec(["bash", "browser"], {}, {})

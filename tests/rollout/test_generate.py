@@ -186,11 +186,13 @@ def test_cli_timed_out_rollout_is_kept_with_reason_and_its_samples_dropped(
         ]
     )
     err = capsys.readouterr().err
-    assert code == 2 and "bad.json[0].sandbox: 'docker' is not one of" in err
+    assert code == 2 and "bad.json[0].sandbox must be one of bubblewrap" in err
 
 
 def test_spec_validation_names_the_problem(tmp_path):
-    with pytest.raises(ValueError, match=r"\[1\]\.harness: 'claude-code'"):
+    with pytest.raises(
+        ValueError, match=r"\[1\]\.harness must be one of react, mini-swe-agent, got 'claude-code'"
+    ):
         parse_specs([{"harness": "react"}, {"harness": "claude-code"}])
     with pytest.raises(ValueError, match=r"\[0\]: unknown react harness option"):
         parse_specs([{"options": {"context_policy": "trim"}}])
