@@ -73,6 +73,12 @@ def _spawn(cmd: list[str], ready_word: str) -> tuple[subprocess.Popen, str]:
     return proc, line.split()[-1]
 
 
+def _spawn_gateway(engine_url: str, journal: Path) -> tuple[subprocess.Popen, str]:
+    """`harnessrl gateway serve` in its own process, journaling to `journal`; returns (process, base URL)."""
+    cmd = [sys.executable, "-m", "harnessrl.cli", "gateway", "serve", "--engine-url", engine_url]
+    return _spawn([*cmd, "--journal", str(journal), "--admin-token", ADMIN], "READY")
+
+
 def _proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (Linux /proc)."""
     import os
@@ -231,22 +237,7 @@ def part_throughput(args, renderer, tmp: Path) -> dict:
         ],
         "READY",
     )
-    gw, gateway_url = _spawn(
-        [
-            sys.executable,
-            "-m",
-            "harnessrl.cli",
-            "gateway",
-            "serve",
-            "--engine-url",
-            engine_url,
-            "--journal",
-            str(tmp / "journal"),
-            "--admin-token",
-            ADMIN,
-        ],
-        "READY",
-    )
+    gw, gateway_url = _spawn_gateway(engine_url, tmp / "journal")
     admin = GatewayAdmin(gateway_url, ADMIN)
     results: dict[str, list[dict]] = {}
     try:
@@ -409,22 +400,7 @@ def part_large_body(sizes_mb: list[float], tmp: Path) -> dict:
     out: dict[str, dict] = {}
     try:
         for mb in sizes_mb:
-            gw, url = _spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "harnessrl.cli",
-                    "gateway",
-                    "serve",
-                    "--engine-url",
-                    engine_url,
-                    "--journal",
-                    str(tmp / f"journal-body-{mb}"),
-                    "--admin-token",
-                    ADMIN,
-                ],
-                "READY",
-            )
+            gw, url = _spawn_gateway(engine_url, tmp / f"journal-body-{mb}")
             try:
                 s = GatewayAdmin(url, ADMIN).create_session(f"body-{mb}", "bench")
                 text = ("fix the bug in parse_date " * int(mb * 2**20 / 26 + 1))[: int(mb * 2**20)]
