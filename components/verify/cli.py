@@ -6,6 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harnessrl.taskset import TaskSet
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
@@ -51,31 +55,62 @@ def _limits(args: argparse.Namespace):
 
 def _verify_one(args: argparse.Namespace) -> int:
     from harnessrl.cli import UserError
+    from harnessrl.sandbox.workspace import WorkspaceError
     from harnessrl.taskset import TaskSet
     from harnessrl.verify.verifier import verify_patch, verify_workspace
 
     taskset = TaskSet.open(args.tasks)
     row = taskset.row(args.instance)
-    if args.patch is not None:
-        if not args.patch.is_file():
-            raise UserError(f"--patch {args.patch}: no such file")
-        result = verify_patch(
-            taskset,
-            row,
-            args.patch.read_text(errors="surrogateescape"),
-            timeout_s=args.timeout,
-            limits=_limits(args),
-        )
-    else:
-        if not args.workspace.is_dir():
-            raise UserError(f"--workspace {args.workspace}: not a directory")
-        result = verify_workspace(taskset, row, args.workspace, timeout_s=args.timeout, limits=_limits(args))
+    if args.patch is not None and not args.patch.is_file():
+        raise UserError(f"--patch {args.patch}: no such file")
+    if args.workspace is not None and not args.workspace.is_dir():
+        raise UserError(f"--workspace {args.workspace}: not a directory")
+    _check_task_repo(taskset, row)
+    try:
+        if args.patch is not None:
+            patch = args.patch.read_text(errors="surrogateescape")
+            result = verify_patch(taskset, row, patch, timeout_s=args.timeout, limits=_limits(args))
+        else:
+            ws = Path(args.workspace)
+            result = verify_workspace(taskset, row, ws, timeout_s=args.timeout, limits=_limits(args))
+    except WorkspaceError as e:  # the task's repository is broken in a way the check above did not see
+        raise UserError(" ".join(str(e).split())) from None
     json.dump(result.to_dict(), sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     if result.infra_error:
         print(f"harnessrl: verify: infrastructure error: {result.detail}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_task_repo(taskset: TaskSet, row: dict) -> None:
+    """The task's bundle and its branches exist: otherwise one line naming the file or branch and the fix."""
+    from harnessrl.cli import UserError
+    from harnessrl.sandbox.workspace import RepoCache, WorkspaceError
+
+    iid, repo = row["instance_id"], row.get("repo", "")
+    bundle = taskset.bundle(repo)
+    if not bundle.is_file():
+        raise UserError(
+            f"{bundle}: no bundle for repo {repo!r} (task {iid!r}); the task set {taskset.root} is incomplete: "
+            "copy the bundle there or rebuild the set with `harnessrl tasks import` / `harnessrl tasks synthesize`"
+        )
+    try:
+        cache = RepoCache.for_repo(taskset, repo)
+    except WorkspaceError as e:
+        raise UserError(
+            f"{bundle}: cannot unpack the bundle ({' '.join(str(e).split())[:300]}); replace it or rebuild "
+            "the task set with `harnessrl tasks import` / `harnessrl tasks synthesize`"
+        ) from None
+    for rev, what in ((iid, "task tip"), (f"{iid}~1", "bug commit")):
+        try:
+            cache.rev(f"refs/heads/{rev}")
+        except WorkspaceError:
+            raise UserError(
+                f"{bundle}: no branch {iid!r} ({what} 'refs/heads/{rev}' not found); each task needs its own "
+                "branch (SWE-smith layout: main + 'Bug Patch' + 'Remove F2P Tests'): rebuild the task set "
+                "with `harnessrl tasks import`, or drop the row with `harnessrl stage clean`"
+            ) from None
 
 
 def _stage(args: argparse.Namespace) -> int:
