@@ -61,18 +61,20 @@ def _verify_one(args: argparse.Namespace) -> int:
 
     taskset = TaskSet.open(args.tasks)
     row = taskset.row(args.instance)
-    if args.patch is not None and not args.patch.is_file():
-        raise UserError(f"--patch {args.patch}: no such file")
-    if args.workspace is not None and not args.workspace.is_dir():
-        raise UserError(f"--workspace {args.workspace}: not a directory")
+    patch: Path | None = args.patch
+    workspace: Path | None = args.workspace  # argparse: exactly one of the two is given
+    if patch is not None and not patch.is_file():
+        raise UserError(f"--patch {patch}: no such file")
+    if workspace is not None and not workspace.is_dir():
+        raise UserError(f"--workspace {workspace}: not a directory")
     _check_task_repo(taskset, row)
     try:
-        if args.patch is not None:
-            patch = args.patch.read_text(errors="surrogateescape")
-            result = verify_patch(taskset, row, patch, timeout_s=args.timeout, limits=_limits(args))
+        if patch is not None:
+            text = patch.read_text(errors="surrogateescape")
+            result = verify_patch(taskset, row, text, timeout_s=args.timeout, limits=_limits(args))
         else:
-            ws = Path(args.workspace)
-            result = verify_workspace(taskset, row, ws, timeout_s=args.timeout, limits=_limits(args))
+            assert workspace is not None
+            result = verify_workspace(taskset, row, workspace, timeout_s=args.timeout, limits=_limits(args))
     except WorkspaceError as e:  # the task's repository is broken in a way the check above did not see
         raise UserError(" ".join(str(e).split())) from None
     json.dump(result.to_dict(), sys.stdout, indent=2, sort_keys=True)
