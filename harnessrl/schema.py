@@ -61,6 +61,8 @@ class SandboxKind(StrEnum):
     BUBBLEWRAP = "bubblewrap"  # workspace = a one-commit git repo
     BUBBLEWRAP_STRICT = "bubblewrap-strict"  # no .git in the workspace; git refuses
     LOCAL = "local"  # no isolation: only with allow_unsandboxed, for debugging
+    PODMAN = "podman"  # one container per rollout from the task's image (image_name), local
+    KUBERNETES = "kubernetes"  # one pod per rollout from the task's image, commands via exec
 
 
 class RewardName(StrEnum):
@@ -80,3 +82,4 @@ class HarnessSpec:
     options: dict[str, Any] = field(
         default_factory=dict
     )  # harness-specific (context strategy, error handling)
+    network: str | None = None  # podman / kubernetes: named egress allow-list (None: no network)

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harnessrl.schema import SandboxKind
+
 if TYPE_CHECKING:
     from harnessrl.taskset import TaskSet
 
@@ -18,6 +20,15 @@ def _limit_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--memory-mb", type=int, default=2048, help="memory limit of the test run (default 2048)")
     p.add_argument("--processes", type=int, default=256, help="process limit of the test run (default 256)")
+    p.add_argument(
+        "--sandbox",
+        type=SandboxKind,
+        choices=[k for k in SandboxKind if k is not SandboxKind.LOCAL],
+        default=SandboxKind.BUBBLEWRAP,
+        help="backend of the test run: podman / kubernetes run a fresh container / pod of the task's "
+        "image_name (default bubblewrap)",
+    )
+    p.add_argument("--network", help="podman / kubernetes: named egress allow-list (default: no network)")
 
 
 def register(commands, stages) -> None:
@@ -47,6 +58,12 @@ def register(commands, stages) -> None:
     s.set_defaults(func=_stage)
 
 
+def _sandbox(args: argparse.Namespace):
+    from harnessrl.sandbox.backends import SandboxChoice
+
+    return SandboxChoice(args.sandbox, args.network)
+
+
 def _limits(args: argparse.Namespace):
     from harnessrl.sandbox.base import Limits
 
@@ -68,13 +85,13 @@ def _verify_one(args: argparse.Namespace) -> int:
     if workspace is not None and not workspace.is_dir():
         raise UserError(f"--workspace {workspace}: not a directory")
     _check_task_repo(taskset, row)
+    run = {"timeout_s": args.timeout, "limits": _limits(args), "sandbox": _sandbox(args)}
     try:
         if patch is not None:
-            text = patch.read_text(errors="surrogateescape")
-            result = verify_patch(taskset, row, text, timeout_s=args.timeout, limits=_limits(args))
+            result = verify_patch(taskset, row, patch.read_text(errors="surrogateescape"), **run)
         else:
             assert workspace is not None
-            result = verify_workspace(taskset, row, workspace, timeout_s=args.timeout, limits=_limits(args))
+            result = verify_workspace(taskset, row, workspace, **run)
     except WorkspaceError as e:  # the task's repository is broken in a way the check above did not see
         raise UserError(" ".join(str(e).split())) from None
     json.dump(result.to_dict(), sys.stdout, indent=2, sort_keys=True)
@@ -125,6 +142,7 @@ def _stage(args: argparse.Namespace) -> int:
         args.workers,
         timeout_s=args.timeout,
         limits=_limits(args),
+        sandbox=_sandbox(args),
     )
     print(json.dumps(summary, sort_keys=True))
     return 0

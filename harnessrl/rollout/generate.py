@@ -135,7 +135,8 @@ class _Sandboxes:
                 self._envs[repo] = ensure_env(self.taskset, repo)
             return self._envs[repo]
 
-    def runtime(self, spec: NamedSpec, repo: str, workspace: Path) -> Any:
+    def runtime(self, spec: NamedSpec, repo: str, workspace: Path, image: str | None = None) -> Any:
+        """`image`: the task's image_name (podman / kubernetes run the rollout in it)."""
         from harnessrl.harness.runtime import LocalSubprocessRuntime, SandboxRuntime
 
         kind = spec.spec.sandbox
@@ -146,10 +147,17 @@ class _Sandboxes:
                     "pass --allow-unsandboxed to permit it (debugging only)"
                 )
             return LocalSubprocessRuntime(workspace)
+        from harnessrl.sandbox.backends import make_sandbox, needs_env
         from harnessrl.sandbox.base import Limits
-        from harnessrl.sandbox.bwrap import BubblewrapSandbox
 
-        sandbox = BubblewrapSandbox(workspace, self.env_dir(repo), limits=Limits(**sandbox_limits(spec.spec)))
+        sandbox = make_sandbox(
+            kind,
+            workspace,
+            env_dir=self.env_dir(repo) if needs_env(kind) else None,
+            image=image,
+            limits=Limits(**sandbox_limits(spec.spec)),
+            network=spec.spec.network,
+        )
         return SandboxRuntime(sandbox, workspace)
 
 
@@ -195,12 +203,13 @@ def run_rollout(
     workspace = work / safe_name(row.rollout_id)
     files: dict[str, str] = {}
     session = None
+    runtime: Any = None
     result: HarnessResult | None = None
     try:
         _import_harnesses({spec.spec.harness})
         strict = spec.spec.sandbox is SandboxKind.BUBBLEWRAP_STRICT
         materialize(taskset, row.instance_id, workspace, strict=strict)
-        runtime = sandboxes.runtime(spec, row.repo, workspace)
+        runtime = sandboxes.runtime(spec, row.repo, workspace, task.get("image_name"))
         session = admin.create_session(rollout_id=row.rollout_id, group_id=row.group_id)
         row.session_id = session.session_id
         row.setup_s = time.monotonic() - t0
@@ -235,6 +244,12 @@ def run_rollout(
         files[f"{safe_name(row.rollout_id)}.traceback.txt"] = traceback.format_exc()
         logger.warning("rollout %s: %s", row.rollout_id, row.error)
     finally:
+        sandbox = getattr(runtime, "sandbox", None)
+        if sandbox is not None:  # pods / containers go now, not when the object is collected
+            try:
+                sandbox.close()
+            except Exception as e:
+                row.error = (row.error + f"; closing the sandbox failed: {e}").strip("; ")
         if session is not None:
             try:
                 ok = row.rollout_status is RolloutStatus.OK
@@ -307,9 +322,15 @@ def run_generate(
     if not plan:
         raise ValueError(f"{taskset.tasks_path}: no tasks selected; nothing to generate")
     sandboxes = _Sandboxes(taskset, cfg.allow_unsandboxed)
-    for _, spec, _ in plan:  # refuse a forbidden sandbox before starting anything
+    for _, spec, task in plan:  # refuse a forbidden sandbox or a missing image before starting anything
         if spec.spec.sandbox is SandboxKind.LOCAL and not cfg.allow_unsandboxed:
             sandboxes.runtime(spec, "", Path("."))
+        if spec.spec.sandbox in (SandboxKind.PODMAN, SandboxKind.KUBERNETES) and not task.get("image_name"):
+            raise ValueError(
+                f"{taskset.tasks_path}: task {task['instance_id']!r} has no image_name, which spec "
+                f"{spec.name!r} (sandbox {spec.spec.sandbox}) needs; build the task images "
+                "(build_environments) or use sandbox bubblewrap"
+            )
     _import_harnesses({spec.spec.harness for _, spec, _ in plan})
     jobs = [RolloutJob(row, spec, task, _rollout_seed(cfg.seed, row.rollout_id)) for row, spec, task in plan]
     executor = make_executor(cfg.executor, cfg.concurrency, cfg.ray_cpus)

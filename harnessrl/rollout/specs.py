@@ -1,12 +1,14 @@
 """Per-sample harness specs: parse, validate, assign to rollouts, and build the harness + sandbox they name.
 
-A spec file is JSON: one `HarnessSpec` object or a list of them (fields: harness, tools, sandbox, reward,
-limits, options; plus an optional `name`). Rollout k of task i (global index g = i * group_size + k) gets
+A spec file is JSON: one `HarnessSpec` object or a list of them (fields: harness, tools, sandbox, network,
+reward, limits, options; plus an optional `name`). Rollout k of task i (global index g = i * group_size + k) gets
 spec[g % len(specs)], so a list of two specs mixes them inside every group.
 
     harness   HarnessName: react | mini-swe-agent
     sandbox   SandboxKind: bubblewrap (workspace = one-commit git repo) | bubblewrap-strict (no .git; git
-              refuses) | local (no isolation: only with allow_unsandboxed, for debugging)
+              refuses) | podman (one container from the task's image_name) | kubernetes (one pod from the
+              task's image_name, commands via exec) | local (no isolation: only with allow_unsandboxed)
+    network   podman / kubernetes only: a named egress allow-list (e.g. a package-index proxy); default none
     reward    RewardName: swebench | f2p_fraction
     limits    turns, tokens, wall_s (harness);  memory_mb, processes, cpu_s, file_size_mb, tmp_mb (sandbox);
               tool_timeout_s (per command)
@@ -58,6 +60,8 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
         spec = HarnessSpec(**kw)
         if "limits" in item:  # partial limits extend the defaults
             spec.limits = {**HarnessSpec().limits, **item["limits"]}
+        if spec.network is not None and spec.sandbox not in (SandboxKind.PODMAN, SandboxKind.KUBERNETES):
+            raise ValueError(f"{here}.network: only sandbox podman or kubernetes has a network")
         validate_spec(spec, here)
         out.append(NamedSpec(str(item.get("name") or f"{spec.harness}/{spec.sandbox}#{i}"), spec))
     return out

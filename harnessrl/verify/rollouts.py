@@ -31,6 +31,7 @@ from typing import Any
 from harnessrl.harness.base import SCORED_STATUSES, RolloutStatus
 from harnessrl.io import atomic_output, read_jsonl, write_jsonl
 from harnessrl.progress import ProgressBar
+from harnessrl.sandbox.backends import DEFAULT_CHOICE, SandboxChoice
 from harnessrl.sandbox.base import Limits
 from harnessrl.sandbox.workspace import safe_name
 from harnessrl.taskset import TaskSet
@@ -77,6 +78,7 @@ def verify_rollout(
     base: Path,
     timeout_s: float,
     limits: Limits | None,
+    sandbox: SandboxChoice = DEFAULT_CHOICE,
 ) -> VerifyResult:
     iid = rollout["instance_id"]
     if iid not in tasks:
@@ -99,11 +101,18 @@ def verify_rollout(
         if rollout.get("workspace"):
             ws = Path(rollout["workspace"])
             return verify_workspace(
-                taskset, row, ws if ws.is_absolute() else base / ws, timeout_s=timeout_s, limits=limits
+                taskset,
+                row,
+                ws if ws.is_absolute() else base / ws,
+                timeout_s=timeout_s,
+                limits=limits,
+                sandbox=sandbox,
             )
         if "model_patch" in rollout:
-            return verify_diff(taskset, row, rollout["model_patch"] or "", timeout_s=timeout_s, limits=limits)
-        return verify_patch(taskset, row, rollout.get("patch") or "", timeout_s=timeout_s, limits=limits)
+            patch = rollout["model_patch"] or ""
+            return verify_diff(taskset, row, patch, timeout_s=timeout_s, limits=limits, sandbox=sandbox)
+        patch = rollout.get("patch") or ""
+        return verify_patch(taskset, row, patch, timeout_s=timeout_s, limits=limits, sandbox=sandbox)
     except Exception as e:  # any crash here is ours, never the agent's: keep the row with why
         return VerifyResult(
             iid,
@@ -141,7 +150,9 @@ def run_verify(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     limits: Limits | None = None,
+    sandbox: SandboxChoice = DEFAULT_CHOICE,
 ) -> dict[str, Any]:
+    """`sandbox`: the backend every test run uses (podman / kubernetes: the task's image_name)."""
     taskset = TaskSet.open(tasks)
     by_id = {r["instance_id"]: r for r in taskset.rows()}
     rows, base = load_rollouts(rollouts)
@@ -149,7 +160,9 @@ def run_verify(
     started = time.monotonic()
     results: dict[str, tuple[dict, VerifyResult]] = {}
     with ProgressBar("verify", total=len(rows)) as bar, ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(verify_rollout, taskset, by_id, r, base, timeout_s, limits): r for r in rows}
+        futures = {
+            pool.submit(verify_rollout, taskset, by_id, r, base, timeout_s, limits, sandbox): r for r in rows
+        }
         for fut in as_completed(futures):
             rollout = futures[fut]
             results[rollout["rollout_id"]] = (rollout, fut.result())
@@ -168,6 +181,7 @@ def run_verify(
         "reward_mean": (sum(v.reward or 0.0 for v in graded) / len(graded)) if graded else None,
         "status_counts": dict(sorted(statuses.items())),
         "workers": workers,
+        "sandbox": str(sandbox.kind),
         "wall_s": round(wall, 3),
         "verifications_per_min": round(60 * len(rows) / wall, 2) if wall > 0 else None,
     }

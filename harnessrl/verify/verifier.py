@@ -7,8 +7,9 @@
 2. drop test/config/start-up-hook changes (filtering.py) and record them;
 3. export the bug commit ("Bug Patch", tip~1: tests present) into a **new** tree, apply the filtered diff
    (`git apply`, then `git apply --3way`, then `patch --fuzz`), then restore the F2P+P2P test files again;
-4. run only those test files in a **new** bubblewrap sandbox with the repo's env (read-only), a cleared
-   environment and a timeout;
+4. run only those test files in a **new** sandbox (`sandbox=`: bubblewrap with the repo's env read-only by
+   default; podman / kubernetes: a fresh container / pod of the task's `image_name`), a cleared environment
+   and a timeout;
 5. grade with SWE-bench 5.x rules (grading.py); when the run ended abnormally (crash, pytest.exit, nothing
    collected), run the *unpatched* bug tree the same way as a witness: if it completes, the patch caused the
    crash (0); if not, the environment did (infra_error).
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.sandbox import leftovers
+from harnessrl.sandbox.backends import DEFAULT_CHOICE, SandboxChoice, needs_env
 from harnessrl.sandbox.base import Limits, Outcome, RunResult
-from harnessrl.sandbox.bwrap import BubblewrapSandbox
 from harnessrl.sandbox.envs import ensure_env
 from harnessrl.sandbox.workspace import RepoCache, git, init_single_commit
 from harnessrl.taskset import TaskSet
@@ -143,11 +144,32 @@ _witness_lock = threading.Lock()
 MAX_WITNESSES = 64
 
 
+def _run_tests(
+    choice: SandboxChoice,
+    tree: Path,
+    env_dir: Path | None,
+    image: str | None,
+    test_files: list[str],
+    timeout_s: float,
+    limits: Limits | None,
+) -> RunResult:
+    """pytest on `tree` in a new sandbox of the chosen backend, closed afterwards."""
+    with choice.make(tree, env_dir=env_dir, image=image, limits=limits or Limits()) as sandbox:
+        return sandbox.run(pytest_argv(test_files), timeout=timeout_s, limits=limits)
+
+
 def _witness(
-    cache: RepoCache, bug: str, env_dir: Path, test_files: list[str], timeout_s: float, limits: Limits | None
+    cache: RepoCache,
+    bug: str,
+    env_dir: Path | None,
+    test_files: list[str],
+    timeout_s: float,
+    limits: Limits | None,
+    choice: SandboxChoice = DEFAULT_CHOICE,
+    image: str | None = None,
 ) -> PytestRun:
     """The same tests on the unpatched bug tree, in a new sandbox (a sandbox failure is not cached)."""
-    key = (str(cache.path), bug, tuple(test_files), timeout_s, limits)
+    key = (str(cache.path), bug, tuple(test_files), timeout_s, limits, choice, image)
     with _witness_lock:
         known = _witnesses.get(key)
     if known is not None:
@@ -155,8 +177,7 @@ def _witness(
     with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("witness")) as tmp:
         tree = Path(tmp) / "tree"
         cache.export(bug, tree)
-        with BubblewrapSandbox(tree, env_dir, git_stub=True) as sandbox:
-            run = sandbox.run(pytest_argv(test_files), timeout=timeout_s, limits=limits)
+        run = _run_tests(choice, tree, env_dir, image, test_files, timeout_s, limits)
     if run.outcome is Outcome.SANDBOX_ERROR:
         return PytestRun("", None)
     with _witness_lock:
@@ -172,6 +193,7 @@ def verify_diff(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     limits: Limits | None = None,
+    sandbox: SandboxChoice = DEFAULT_CHOICE,
 ) -> VerifyResult:
     """Steps 2-5 on a diff against the task tip computed by the framework."""
     iid = row["instance_id"]
@@ -195,7 +217,8 @@ def verify_diff(
         result.detail = "task row has no FAIL_TO_PASS/PASS_TO_PASS tests"
         return result
     cache = RepoCache.for_repo(taskset, row["repo"])
-    env_dir = ensure_env(taskset, row["repo"])
+    env_dir = ensure_env(taskset, row["repo"]) if needs_env(sandbox.kind) else None
+    image = row.get("image_name") or None
     bug = cache.bug_commit(iid)
     with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("verify")) as tmp:
         tree = Path(tmp) / "tree"
@@ -215,8 +238,11 @@ def verify_diff(
             return result
         shutil.rmtree(tree / ".git", ignore_errors=True)
         t1 = time.monotonic()
-        with BubblewrapSandbox(tree, env_dir, git_stub=True) as sandbox:
-            run = sandbox.run(pytest_argv(test_files), timeout=timeout_s, limits=limits)
+        try:
+            run = _run_tests(sandbox, tree, env_dir, image, test_files, timeout_s, limits)
+        except ValueError as e:  # no image for a container backend: the task data, never the agent
+            result.detail = f"sandbox {sandbox.kind}: {e}"
+            return result
         timings["tests_s"] = time.monotonic() - t1
     log = run.stdout + ("\n--- stderr ---\n" + run.stderr if run.stderr.strip() else "")
     result.test_log = log[-MAX_LOG_CHARS:]
@@ -229,7 +255,7 @@ def verify_diff(
     def witness() -> PytestRun:
         t2 = time.monotonic()
         try:
-            return _witness(cache, bug, env_dir, test_files, timeout_s, limits)
+            return _witness(cache, bug, env_dir, test_files, timeout_s, limits, sandbox, image)
         finally:
             timings["witness_s"] = time.monotonic() - t2
 
@@ -247,6 +273,7 @@ def verify_workspace(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     limits: Limits | None = None,
+    sandbox: SandboxChoice = DEFAULT_CHOICE,
 ) -> VerifyResult:
     workspace = Path(workspace)
     if not workspace.is_dir():
@@ -257,7 +284,7 @@ def verify_workspace(
     raw = cache.diff_worktree(cache.task_tip(row["instance_id"]), workspace).decode(
         "utf-8", errors="surrogateescape"
     )
-    return verify_diff(taskset, row, raw, timeout_s=timeout_s, limits=limits)
+    return verify_diff(taskset, row, raw, timeout_s=timeout_s, limits=limits, sandbox=sandbox)
 
 
 def verify_patch(
@@ -267,6 +294,7 @@ def verify_patch(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     limits: Limits | None = None,
+    sandbox: SandboxChoice = DEFAULT_CHOICE,
 ) -> VerifyResult:
     """Applies `patch_text` to a fresh copy of the task tip, then verifies that tree like a workspace."""
     cache = RepoCache.for_repo(taskset, row["repo"])
@@ -283,4 +311,4 @@ def verify_patch(
                 detail=f"the patch does not apply to the task: {error}",
             )
         shutil.rmtree(ws / ".git")
-        return verify_workspace(taskset, row, ws, timeout_s=timeout_s, limits=limits)
+        return verify_workspace(taskset, row, ws, timeout_s=timeout_s, limits=limits, sandbox=sandbox)

@@ -1,0 +1,121 @@
+"""Sandbox selection: `make_sandbox` per kind, specs naming podman / kubernetes, verify on a chosen backend."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+
+import pytest
+
+from harnessrl.rollout.specs import parse_specs
+from harnessrl.sandbox.backends import SandboxChoice, make_sandbox, needs_env
+from harnessrl.sandbox.base import Limits, Outcome
+from harnessrl.schema import SandboxKind
+from tests.support.fixtures import requires_bwrap
+
+PODMAN_MODULE = importlib.util.find_spec("harnessrl.sandbox.podman") is not None
+
+
+@requires_bwrap
+def test_bubblewrap_is_built_as_before(tmp_path):
+    from harnessrl.sandbox.bwrap import BubblewrapSandbox
+
+    (tmp_path / "a.txt").write_text("hello\n")
+    with make_sandbox(
+        SandboxKind.BUBBLEWRAP, tmp_path, env_dir=None, image=None, limits=Limits(memory_mb=512)
+    ) as sb:
+        assert isinstance(sb, BubblewrapSandbox) and sb.default_limits.memory_mb == 512
+        r = sb.run("cat a.txt; id -u; echo x > b.txt", timeout=30)
+    assert r.outcome is Outcome.OK and r.stdout.split() == ["hello", "1000"], r
+    assert (tmp_path / "b.txt").read_text() == "x\n"
+
+
+@pytest.mark.parametrize("kind", [SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT])
+def test_bubblewrap_has_no_network_to_name(tmp_path, kind):
+    with pytest.raises(ValueError, match="has no network"):
+        make_sandbox(kind, tmp_path, env_dir=None, image=None, limits=Limits(), network="pypi-proxy")
+
+
+@pytest.mark.parametrize("kind", [SandboxKind.PODMAN, SandboxKind.KUBERNETES])
+def test_container_backends_need_an_image(tmp_path, kind):
+    with pytest.raises(ValueError, match="give the task an image_name"):
+        make_sandbox(kind, tmp_path, env_dir=None, image=None, limits=Limits())
+
+
+def test_local_is_not_a_backend(tmp_path):
+    with pytest.raises(ValueError, match="not a sandbox backend"):
+        make_sandbox(SandboxKind.LOCAL, tmp_path, env_dir=None, image=None, limits=Limits())
+    with pytest.raises(ValueError, match="verify needs a sandbox backend"):
+        SandboxChoice(SandboxKind.LOCAL)
+
+
+@pytest.mark.skipif(
+    PODMAN_MODULE, reason="harnessrl/sandbox/podman.py exists: the missing-module path is moot"
+)
+def test_podman_missing_module_is_one_line_naming_the_fix(tmp_path):
+    with pytest.raises(ValueError) as e:
+        make_sandbox(SandboxKind.PODMAN, tmp_path, env_dir=None, image="img", limits=Limits())
+    assert "\n" not in str(e.value) and "harnessrl/sandbox/podman.py" in str(e.value)
+
+
+@pytest.mark.skipif(
+    not PODMAN_MODULE or shutil.which("podman") is None,
+    reason="needs harnessrl/sandbox/podman.py and a podman binary",
+)
+def test_podman_is_selected_and_runs(tmp_path):
+    image = "localhost/harnessrl-base:latest"
+    if subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode != 0:
+        pytest.skip(f"podman has no image {image} (build it with `make image`)")
+    (tmp_path / "a.txt").write_text("from the host\n")
+    with make_sandbox(SandboxKind.PODMAN, tmp_path, env_dir=None, image=image, limits=Limits()) as sb:
+        assert type(sb).__name__ == "PodmanSandbox"
+        r = sb.run("cat a.txt", timeout=60)
+    assert r.outcome is Outcome.OK and r.stdout == "from the host\n", r
+
+
+def test_needs_env_only_for_bubblewrap():
+    assert [k for k in SandboxKind if needs_env(k)] == [SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT]
+
+
+def test_specs_accept_container_backends_and_their_network():
+    specs = parse_specs(
+        [{"sandbox": "kubernetes", "network": "pypi-proxy"}, {"sandbox": "podman"}, {}], "specs.json"
+    )
+    assert [(s.spec.sandbox, s.spec.network) for s in specs] == [
+        (SandboxKind.KUBERNETES, "pypi-proxy"),
+        (SandboxKind.PODMAN, None),
+        (SandboxKind.BUBBLEWRAP, None),
+    ]
+    with pytest.raises(ValueError, match=r"specs.json\[0\].network: only sandbox podman or kubernetes"):
+        parse_specs([{"network": "pypi-proxy"}], "specs.json")
+    with pytest.raises(ValueError, match=r"specs.json\[0\].sandbox must be one of .*kubernetes"):
+        parse_specs([{"sandbox": "docker"}], "specs.json")
+
+
+def test_generate_refuses_container_specs_for_tasks_without_an_image(synth_taskset, tmp_path):
+    from harnessrl.io import read_jsonl, write_jsonl
+    from harnessrl.rollout.generate import GenerateConfig, run_generate
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(synth_taskset, tasks)
+    rows = [{k: v for k, v in r.items() if k != "image_name"} for r in read_jsonl(tasks / "tasks.jsonl")]
+    write_jsonl(tasks / "tasks.jsonl", rows)
+    specs = parse_specs({"sandbox": "kubernetes"})
+    with pytest.raises(ValueError, match=r"has no image_name, which spec .* \(sandbox kubernetes\) needs"):
+        run_generate(tasks, tmp_path / "out", specs, config=GenerateConfig(group_size=1, max_tasks=1))
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_on_a_container_backend_without_an_image_is_an_infra_error(task):
+    from harnessrl.verify.grading import VerifyStatus
+    from harnessrl.verify.verifier import verify_patch
+
+    row = {k: v for k, v in task.row.items() if k != "image_name"}
+    r = verify_patch(task.taskset, row, "", sandbox=SandboxChoice(SandboxKind.KUBERNETES))
+    assert r.status is VerifyStatus.INFRA_ERROR and "give the task an image_name" in r.detail, r.detail
+
+
+def test_verify_choice_refuses_a_network_without_containers():
+    with pytest.raises(ValueError, match="--network needs podman or kubernetes"):
+        SandboxChoice(SandboxKind.BUBBLEWRAP, "proxy")
