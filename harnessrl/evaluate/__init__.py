@@ -1,0 +1,5 @@
+"""Evaluation: did training help? pass@k (unbiased), Wilson intervals, paired bootstrap over tasks.
+
+stats.pass_at_k / wilson_interval / paired_bootstrap
+results.score_run(rollouts, rewards, policy, mode, k) -> dict;  results.compare(a, b) -> dict
+"""
