@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from harnessrl.gateway.toolcalls import ToolParser
 from harnessrl.rollout.executors import ExecutorName
 from harnessrl.rollout.generate import FailedSamples
 
@@ -23,6 +24,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--policy then only supplies the tokenizer",
     )
     p.add_argument("--max-batch", type=int, default=16, help="local engine: requests decoded together")
+    p.add_argument(
+        "--tool-parser",
+        type=ToolParser,
+        choices=list(ToolParser),
+        help="tool-call format the gateway parses (default: read off the model's chat template, else hermes)",
+    )
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
@@ -80,7 +87,12 @@ def register(commands, stages) -> None:
 def model_from_args(args):
     from harnessrl.rollout.model_server import ModelSource
 
-    return ModelSource(checkpoint=args.policy, engine_url=args.engine_url, max_batch=args.max_batch)
+    return ModelSource(
+        checkpoint=args.policy,
+        engine_url=args.engine_url,
+        max_batch=args.max_batch,
+        tool_parser=getattr(args, "tool_parser", None),
+    )
 
 
 def config_from_args(args, group_size: int):

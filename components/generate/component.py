@@ -21,15 +21,19 @@ def generate_rollouts(
     seed: int = 0,
     executor: str = "threads",
     ray_cpus: float = 0.5,
+    tool_parser: str = "",
 ):
     """N rollouts per task through harness ↔ gateway ↔ engine: rollouts (rows, records, transcripts) and samples.
 
     executor: "threads" (in this pod) or "ray" (Ray tasks; the cluster in the pod's RAY_ADDRESS env, else local).
+    tool_parser: the gateway's tool-call format (hermes | qwen | qwen3_coder); "" reads it off the chat template.
     """
     import json
     import shutil
     from pathlib import Path
 
+    from harnessrl.choices import parse_choice
+    from harnessrl.gateway.toolcalls import ToolParser
     from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
     from harnessrl.rollout.executors import ExecutorName
@@ -45,7 +49,11 @@ def generate_rollouts(
         Path(tasks.path),
         out,
         specs,
-        ModelSource(checkpoint=policy.path, engine_url=engine_url or None),
+        ModelSource(
+            checkpoint=policy.path,
+            engine_url=engine_url or None,
+            tool_parser=parse_choice(ToolParser, tool_parser, "tool_parser") if tool_parser else None,
+        ),
         GenerateConfig(
             group_size=group_size,
             concurrency=concurrency,

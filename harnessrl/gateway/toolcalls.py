@@ -4,7 +4,7 @@ Registry names: `hermes` (SmolLM2 / Hermes / Qwen2.5 / Qwen3: `<tool_call>{"name
 with or without the newlines Qwen puts inside the tags) and `qwen3_coder`
 (`<tool_call><function=name><parameter=x>value</parameter></function></tool_call>`).
 Each parser also renders a tool call back to text, so an assistant message replayed by the harness renders
-the way the model writes it.
+the way the model writes it. `detect_tool_parser(tokenizer)` reads the format off the model's chat template.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 
@@ -103,7 +104,31 @@ class Qwen3CoderParser:
         return "\n".join(out)
 
 
-PARSERS: dict[str, type] = {"hermes": HermesParser, "qwen": HermesParser, "qwen3_coder": Qwen3CoderParser}
+class ToolParser(StrEnum):
+    """The tool-call formats the gateway parses (CLI `--tool-parser`, generate's `tool_parser`)."""
+
+    HERMES = "hermes"
+    QWEN = "qwen"  # Qwen2.5 / Qwen3: hermes JSON
+    QWEN3_CODER = "qwen3_coder"
+
+
+PARSERS: dict[str, type] = {
+    ToolParser.HERMES: HermesParser,
+    ToolParser.QWEN: HermesParser,
+    ToolParser.QWEN3_CODER: Qwen3CoderParser,
+}
+
+
+def detect_tool_parser(tokenizer: object) -> ToolParser | None:
+    """The format the model's chat template renders tool calls in; None when the template shows none."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if not isinstance(template, str):  # several named templates: look at all of them
+        template = "\n".join(map(str, template.values())) if isinstance(template, dict) else str(template)
+    if "<function=" in template and "<parameter=" in template:
+        return ToolParser.QWEN3_CODER
+    if "<tool_call>" in template:
+        return ToolParser.HERMES
+    return None
 
 
 def get_parser(name: str) -> ToolCallParser:

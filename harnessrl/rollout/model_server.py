@@ -8,10 +8,16 @@ the tokenizer then comes from `checkpoint` (or the tiny model). Harnesses only e
 from __future__ import annotations
 
 import inspect
+import logging
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from harnessrl.choices import parse_choice
+from harnessrl.gateway.toolcalls import ToolParser
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,12 +31,33 @@ class ModelSource:
     # in-process LocalEngine only: prefix cache budget (0: off) and torch threads (None: the engine's defaults)
     prefix_cache_mb: float | None = None
     threads: int | None = None
+    tool_parser: ToolParser | None = (
+        None  # None: read off the model's chat template (hermes if it shows none)
+    )
+
+    def __post_init__(self) -> None:  # KFP parameters and JSON configs arrive as strings
+        if self.tool_parser is not None:
+            object.__setattr__(self, "tool_parser", parse_choice(ToolParser, self.tool_parser, "tool_parser"))
 
 
 def _remote_engine(url: str) -> Any:
     from harnessrl.engine.http_client import HTTPEngine  # vLLM-compatible token API client
 
     return HTTPEngine(url)
+
+
+def resolve_tool_parser(chosen: ToolParser | None, tokenizer: Any, model_dir: Path) -> ToolParser:
+    """The parser asked for, else the one the chat template shows, else hermes (logged either way)."""
+    from harnessrl.gateway.toolcalls import detect_tool_parser
+
+    if chosen is not None:
+        return chosen
+    detected = detect_tool_parser(tokenizer)
+    if detected is None:
+        logger.info("%s: the chat template shows no tool-call format; parsing hermes", model_dir)
+        return ToolParser.HERMES
+    logger.info("%s: tool-call format %s (from the chat template)", model_dir, detected)
+    return detected
 
 
 class ModelServer:
@@ -44,6 +71,7 @@ class ModelServer:
         self.engine: Any = None
         self.gateway: Any = None
         self.admin: Any = None
+        self.tool_parser = source.tool_parser or ToolParser.HERMES  # resolved on start
 
     def __enter__(self) -> ModelServer:
         from harnessrl.gateway import GatewayAdmin, GatewayConfig, GatewayServer
@@ -65,13 +93,14 @@ class ModelServer:
             )
             tokenizer = self.engine.tokenizer
             max_len = self.source.max_model_len or self.engine.max_context
+        self.tool_parser = resolve_tool_parser(self.source.tool_parser, tokenizer, model_dir)
         self.gateway = GatewayServer(
             self.engine,
             tokenizer,
             self.journal_dir,
             self.admin_token,
             host=self.host,
-            config=GatewayConfig(max_model_len=max_len),
+            config=GatewayConfig(max_model_len=max_len, tool_format=self.tool_parser),
         )
         base = self.gateway.start()
         self.admin = GatewayAdmin(base, self.admin_token)
