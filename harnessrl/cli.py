@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "components.estimate_difficulty.cli",
     "components.select_tasks.cli",
     "components.train.cli",
+    "components.evaluate.cli",
 )
 
 

@@ -1,0 +1,218 @@
+"""`evaluate` stage: k rollouts per task per policy through the training path (run_generate -> run_verify),
+then pass@1 / pass@k with intervals, breakdowns, and paired comparisons against the first policy.
+
+Output directory (replaced atomically):
+    evaluation.json     the comparable result (schema `harnessrl.evaluation/1`; `harnessrl stage evaluate
+                        --compare A.json B.json` reads it)
+    report.md, pass_at_1.png, metrics.json
+    runs/<policy>/<mode>/rollouts/, verified/   the generate and verify outputs behind every number
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.difficulty.selection import Split
+from harnessrl.evaluate.results import SCHEMA, EvalMode, compare, score_run
+from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl
+from harnessrl.rollout.executors import ExecutorName
+from harnessrl.rollout.model_server import ModelSource
+from harnessrl.rollout.specs import NamedSpec, load_specs
+from harnessrl.sandbox.workspace import safe_name
+from harnessrl.taskset import TaskSet
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A policy to evaluate. `push_weights`: load `checkpoint` into the engine at `engine_url` first (one
+    remote engine serving several policies in turn); without it a remote engine serves what it has."""
+
+    name: str
+    checkpoint: str | None = None  # HF model dir; None: the tiny embedded base model
+    engine_url: str | None = None
+    push_weights: bool = False
+
+    def source(self, max_batch: int = 16) -> ModelSource:
+        return ModelSource(checkpoint=self.checkpoint, engine_url=self.engine_url, max_batch=max_batch)
+
+    def describe(self) -> str:
+        if self.engine_url:
+            return (
+                f"{self.engine_url} (weights {self.checkpoint} pushed)"
+                if self.push_weights
+                else self.engine_url
+            )
+        return self.checkpoint or "tiny base model"
+
+
+@dataclass
+class EvaluateConfig:
+    k: int = 4  # rollouts per task in sampled mode (greedy: 1)
+    modes: tuple[EvalMode, ...] = (EvalMode.SAMPLED,)
+    concurrency: int = 4
+    verify_workers: int = 2
+    seed: int = 0
+    max_tasks: int | None = None
+    instance_ids: list[str] | None = None
+    bootstrap_iterations: int = 10_000
+    allow_unsandboxed: bool = False
+    executor: ExecutorName = ExecutorName.THREADS
+    max_batch: int = 16
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k (rollouts per task) must be >= 1, got {self.k}")
+        if not self.modes:
+            raise ValueError("give at least one mode (greedy, sampled)")
+        self.modes = tuple(dict.fromkeys(EvalMode(m) for m in self.modes))
+
+
+def resolve_tasks(path: str | Path, split: Split = Split.TEST) -> Path:
+    """A task-set directory, or the output of `select` (then its held-out `test/` split by default)."""
+    path = Path(path)
+    if not (path / "tasks.jsonl").is_file() and (path / split / "tasks.jsonl").is_file():
+        return path / split
+    return path
+
+
+def specs_for_mode(specs: list[NamedSpec], mode: EvalMode) -> list[NamedSpec]:
+    """Greedy: every spec at temperature 0 (both harnesses take the `temperature` option); sampled: as given."""
+    if mode is EvalMode.SAMPLED:
+        return specs
+    return [
+        NamedSpec(s.name, dataclasses.replace(s.spec, options={**s.spec.options, "temperature": 0.0}))
+        for s in specs
+    ]
+
+
+def _push_weights(policy: Policy, version: int) -> None:
+    from harnessrl.engine.http_client import HTTPEngine
+
+    url, checkpoint = policy.engine_url, policy.checkpoint
+    if not url or not checkpoint:
+        raise ValueError(f"policy {policy.name!r}: pushing weights needs both an engine URL and a checkpoint")
+
+    async def push() -> None:
+        engine = HTTPEngine(url)
+        try:
+            await engine.load_weights(checkpoint, version)
+        finally:
+            await engine.close()
+
+    try:
+        asyncio.run(push())
+    except Exception as e:
+        raise ValueError(
+            f"policy {policy.name!r}: the engine at {policy.engine_url} did not load {policy.checkpoint} "
+            f"({type(e).__name__}: {e}); serve each policy on its own engine, or use an engine that takes "
+            "new weights (`harnessrl engine serve`)"
+        ) from None
+
+
+def run_evaluate(
+    tasks: str | Path,
+    out: str | Path,
+    policies: Sequence[Policy],
+    specs: list[NamedSpec] | str | Path | None = None,
+    config: EvaluateConfig | None = None,
+) -> dict[str, Any]:
+    """Evaluates every policy in every mode on `tasks`; writes `out`; returns the evaluation (evaluation.json)."""
+    from components.evaluate.report import render_report
+    from harnessrl.rollout.generate import GenerateConfig, run_generate
+    from harnessrl.verify.rollouts import run_verify
+
+    cfg = config or EvaluateConfig()
+    taskset = TaskSet.open(resolve_tasks(tasks))
+    if not policies:
+        raise ValueError("give at least one policy to evaluate")
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names) or len({safe_name(n) for n in names}) != len(names):
+        raise ValueError(f"policy names must be distinct: {names}")
+    named = specs if isinstance(specs, list) else load_specs(specs)
+    results: list[dict[str, Any]] = []
+    with atomic_output(out) as tmp:
+        for version, policy in enumerate(policies, 1):
+            if policy.push_weights:
+                _push_weights(policy, version)
+            for mode in cfg.modes:
+                run = tmp / "runs" / safe_name(policy.name) / mode
+                group = 1 if mode is EvalMode.GREEDY else cfg.k
+                logger.info("evaluate: %s (%s), %s, %d per task", policy.name, policy.describe(), mode, group)
+                run_generate(
+                    taskset.root,
+                    run / "rollouts",
+                    specs_for_mode(named, mode),
+                    policy.source(cfg.max_batch),
+                    GenerateConfig(
+                        group_size=group,
+                        concurrency=cfg.concurrency,
+                        max_tasks=cfg.max_tasks,
+                        instance_ids=cfg.instance_ids,
+                        allow_unsandboxed=cfg.allow_unsandboxed,
+                        seed=cfg.seed,
+                        executor=cfg.executor,
+                    ),
+                )
+                run_verify(taskset.root, run / "rollouts", run / "verified", cfg.verify_workers)
+                result = score_run(
+                    read_jsonl(run / "rollouts" / "rollouts.jsonl"),
+                    read_jsonl(run / "verified" / "rewards.jsonl"),
+                    policy.name,
+                    mode,
+                    group,
+                )
+                result["source"] = policy.describe()
+                results.append(result)
+        comparisons = []
+        base_name = policies[0].name
+        for base in (r for r in results if r["policy"] == base_name and r["tasks_scored"]):
+            for r in results:
+                if r["mode"] == base["mode"] and r["policy"] != base_name and r["tasks_scored"]:
+                    comparisons.append(compare(base, r, iterations=cfg.bootstrap_iterations, seed=cfg.seed))
+        evaluation = {
+            "schema": SCHEMA,
+            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "tasks": {"path": str(taskset.root), "count": len(taskset.rows())},
+            "k": cfg.k,
+            "modes": [str(m) for m in cfg.modes],
+            "seed": cfg.seed,
+            "specs": [s.to_row() for s in named],
+            "results": results,
+            "comparisons": comparisons,
+        }
+        atomic_write_json(tmp / "evaluation.json", evaluation)
+        metrics = flat_metrics(evaluation)
+        atomic_write_json(tmp / "metrics.json", metrics)
+        atomic_write_text(tmp / "report.md", render_report(evaluation, tmp))
+    return evaluation
+
+
+def flat_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
+    """Numbers for a KFP Metrics artifact: `<policy>_<mode>_pass_at_1`, its interval, pass@k, differences."""
+    out: dict[str, float] = {}
+    for r in evaluation["results"]:
+        key = f"{safe_name(r['policy'])}_{r['mode']}"
+        for name, value in (
+            ("pass_at_1", r["pass_at_1"]),
+            ("pass_at_1_low", r["pass_at_1_ci"][0]),
+            ("pass_at_1_high", r["pass_at_1_ci"][1]),
+            ("graded", r["graded"]),
+            ("resolved", r["resolved"]),
+            *((f"pass_at_{k}", v["value"]) for k, v in r["pass_at_k"].items() if k != "1"),
+        ):
+            if value is not None:
+                out[f"{key}_{name}"] = float(value)
+    for c in evaluation["comparisons"]:
+        key = f"{safe_name(c['b'])}_vs_{safe_name(c['a'])}_{c['mode']}"
+        out.update({f"{key}_diff": c["diff"], f"{key}_low": c["low"], f"{key}_high": c["high"]})
+        out[f"{key}_significant"] = float(c["significant"])
+    return out
