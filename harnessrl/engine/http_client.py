@@ -2,6 +2,13 @@
 
 The same client talks to `harnessrl engine serve` and to a real vLLM OpenAI server (>= 0.10.2, the first
 release with `return_token_ids`; checked against the v0.11 protocol). vLLM is never imported here.
+
+Weight sync (`load_weights`) speaks each server's protocol (`WeightSyncProtocol`, told apart by `/v1/models`'
+`owned_by`): ours is `POST /load_weights`; a vLLM server is paused (`/pause?mode=keep`: requests in flight
+freeze), loads through the harnessrl worker extension (`/collective_rpc`), flushes its prefix cache
+(`/reset_prefix_cache`) and resumes. vLLM reports no policy version, so against vLLM `generate` streams and
+tags each token with the version this client had when the token arrived; the version moves on just before
+`/resume`, so tokens sampled before the sync and after it are tagged apart (as LocalEngine tags them).
 """
 
 from __future__ import annotations
@@ -9,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -22,6 +29,17 @@ from harnessrl.engine.base import (
     SamplingParams,
 )
 from harnessrl.engine.completions_api import build_request, parse_response, parse_stream_chunk
+from harnessrl.engine.vllm_worker import (
+    EXTENSION,
+    INFO,
+    LOAD,
+    PROTOCOL,
+    RECEIVE,
+    LoadRequest,
+    ReceiveRequest,
+    TensorSpec,
+)
+from harnessrl.engine.weight_sync import VLLM_FIX, VLLM_VERSION, WeightSyncProtocol, WeightSyncUnsupported
 
 
 class HTTPEngine:
@@ -42,6 +60,8 @@ class HTTPEngine:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.policy_version = policy_version  # used when the server does not report one (vLLM)
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._protocol: WeightSyncProtocol | None = None
+        self._sync_checked = False
 
     def __repr__(self) -> str:
         return f"HTTPEngine({self.base_url!r})"
@@ -61,22 +81,37 @@ class HTTPEngine:
         if session is not None:
             await session.close()
 
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
+    ) -> tuple[int, str]:
+        url = self.base_url + path
+        try:
+            async with self._session().request(
+                method, url, json=body, headers=headers, params=params
+            ) as response:
+                return response.status, await response.text()
+        except TimeoutError as e:
+            raise EngineError(f"{url}: no reply within {self.timeout.total:.0f} s") from e
+        except aiohttp.ClientError as e:
+            raise EngineError(f"{url}: engine unreachable ({type(e).__name__}: {e})") from e
+
     async def _call(
         self,
         method: str,
         path: str,
         body: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
     ) -> Any:
         url = self.base_url + path
-        try:
-            async with self._session().request(method, url, json=body, headers=headers) as response:
-                text = await response.text()
-                status = response.status
-        except TimeoutError as e:
-            raise EngineError(f"{url}: no reply within {self.timeout.total:.0f} s") from e
-        except aiohttp.ClientError as e:
-            raise EngineError(f"{url}: engine unreachable ({type(e).__name__}: {e})") from e
+        status, text = await self._request(method, path, body, headers, params)
+        if not text and status < 400:
+            return None  # vLLM's control endpoints answer 200 with an empty body
         if status >= 400:
             message = _error_message(text)
             kind = EngineRequestError if 400 <= status < 500 and status not in (408, 429) else EngineError
@@ -96,14 +131,47 @@ class HTTPEngine:
         request_id: str | None = None,
         top_logprobs: int = 0,
     ) -> Generation:
+        if self._protocol is WeightSyncProtocol.VLLM and not top_logprobs:
+            return await self._generate_streamed(prompt_ids, sampling, max_tokens, stop_token_ids, request_id)
         model = self.model or await self._first_model()
         body = build_request(prompt_ids, sampling, max_tokens, stop_token_ids, model, top_logprobs)
         headers = {"X-Request-Id": request_id} if request_id else None
         start = time.perf_counter()
+        version = self.policy_version  # a server that reports no versions: the (older) version at the start
         reply = await self._call("POST", "/v1/completions", body, headers)
-        generation = parse_response(reply, self.base_url + "/v1/completions", self.policy_version)
+        generation = parse_response(reply, self.base_url + "/v1/completions", version)
         generation.timings["http_s"] = time.perf_counter() - start
         return generation
+
+    async def _generate_streamed(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None,
+        request_id: str | None,
+    ) -> Generation:
+        """`generate` from the stream: each token tagged with the version at its arrival (see the top)."""
+        start = time.perf_counter()
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        finish = None
+        stream = self.generate_stream(prompt_ids, sampling, max_tokens, stop_token_ids, request_id=request_id)
+        async for delta in stream:
+            ids += delta.token_ids
+            logprobs += delta.logprobs
+            versions += delta.token_policy_versions
+            finish = delta.finish_reason or finish
+        assert finish is not None  # generate_stream raises when the stream ends without one
+        return Generation(
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            policy_version=versions[-1] if versions else self.policy_version,
+            token_policy_versions=versions,
+            timings={"http_s": time.perf_counter() - start},
+        )
 
     async def generate_stream(
         self,
@@ -178,14 +246,133 @@ class HTTPEngine:
             return None
         return reply if isinstance(reply, dict) else None
 
+    async def weight_sync_protocol(self) -> WeightSyncProtocol:
+        """Which weight-sync protocol the server speaks: vLLM lists its models as `owned_by: "vllm"`."""
+        if self._protocol is None:
+            reply = await self._call("GET", "/v1/models")
+            models = reply.get("data") if isinstance(reply, dict) else None
+            first = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
+            owner = first.get("owned_by")
+            self._protocol = WeightSyncProtocol.VLLM if owner == "vllm" else WeightSyncProtocol.HARNESSRL
+        return self._protocol
+
+    async def check_weight_sync(self) -> None:
+        """Asks the server whether it can take new weights; WeightSyncUnsupported (one line) when it cannot.
+        Against vLLM this also adopts the policy version the extension reports (a restarted client)."""
+        if await self.weight_sync_protocol() is WeightSyncProtocol.HARNESSRL:
+            status, _ = await self._request("GET", "/load_weights")
+            if status != 200:
+                raise WeightSyncUnsupported(
+                    f"{self.base_url} cannot take new weights: GET /load_weights answered HTTP {status} "
+                    f"(serve the model with `harnessrl engine serve`, or with vLLM: {VLLM_FIX})"
+                )
+            self._sync_checked = True
+            return
+        status, text = await self._request("POST", "/collective_rpc", {"method": INFO})
+        if status == 404:
+            raise WeightSyncUnsupported(
+                f"{self.base_url} (vLLM) cannot take new weights: no /collective_rpc endpoint "
+                f"(dev endpoints off): {VLLM_FIX}"
+            )
+        if status >= 400:
+            raise WeightSyncUnsupported(
+                f"{self.base_url} (vLLM) cannot take new weights: {INFO} failed with HTTP {status} "
+                f"({_error_message(text)[:160]}), so the worker extension is not loaded: {VLLM_FIX}"
+            )
+        try:
+            answers = _rpc_results(json.loads(text), self.base_url)
+        except json.JSONDecodeError as e:
+            raise EngineError(
+                f"{self.base_url}/collective_rpc: reply is not JSON ({e}): {text[:200]!r}"
+            ) from e
+        if not all(isinstance(a, dict) and a.get("extension") == EXTENSION for a in answers):
+            raise WeightSyncUnsupported(
+                f"{self.base_url} (vLLM) cannot take new weights: {INFO} answered {text[:160]!r}, not the "
+                f"harnessrl worker extension: {VLLM_FIX}"
+            )
+        protocols = {a.get("protocol") for a in answers}
+        if protocols != {PROTOCOL}:
+            raise WeightSyncUnsupported(
+                f"{self.base_url} (vLLM) runs worker extension protocol {sorted(map(str, protocols))}, this "
+                f"client speaks {PROTOCOL}: install the same harnessrl version on the vLLM server"
+            )
+        versions = {a.get("policy_version") for a in answers}
+        if len(versions) != 1:
+            raise EngineError(
+                f"{self.base_url}: its workers hold different policy versions {sorted(map(str, versions))}; "
+                "load_weights again to bring them together"
+            )
+        status, _ = await self._request("GET", "/is_paused")
+        if status != 200:
+            raise WeightSyncUnsupported(
+                f"{self.base_url} (vLLM) cannot pause generation around a weight update (GET /is_paused "
+                f"answered HTTP {status}): use vLLM {VLLM_VERSION} as docs/engine.md says"
+            )
+        self.policy_version = max(self.policy_version, int(versions.pop() or 0))
+        self._sync_checked = True
+
     async def load_weights(self, checkpoint_dir: str, version: int) -> None:
-        """harnessrl servers only: swap weights between steps. (vLLM: use its weight-update workers via
-        `/collective_rpc`; see docs/engine.md.)"""
-        await self._call("POST", "/load_weights", {"path": str(checkpoint_dir), "version": int(version)})
-        self.policy_version = int(version)
+        """Swaps in the weights of a checkpoint directory (local path or s3:// URI the server can read), tagging
+        later tokens `version`. Raises on any failure: an engine never silently keeps the old policy."""
+        if await self.weight_sync_protocol() is WeightSyncProtocol.HARNESSRL:
+            await self._call("POST", "/load_weights", {"path": str(checkpoint_dir), "version": int(version)})
+            self.policy_version = int(version)
+            return
+        request = LoadRequest(str(checkpoint_dir), int(version)).to_json()
+        await self._vllm_update(LOAD, request, int(version))
+
+    async def load_weights_broadcast(
+        self, tensors: Sequence[TensorSpec], version: int, send: Callable[[], Awaitable[object]]
+    ) -> None:
+        """NCCL fast path (vLLM only; the workers joined the trainer's group with `harnessrl_init_broadcast`):
+        the workers receive `tensors` while `send()` broadcasts them from the trainer, rank 0."""
+        if await self.weight_sync_protocol() is not WeightSyncProtocol.VLLM:
+            raise WeightSyncUnsupported(
+                f"{self.base_url}: the NCCL fast path needs a vLLM server; use load_weights"
+            )
+        request = ReceiveRequest(tuple(tensors), int(version)).to_json()
+        await self._vllm_update(RECEIVE, request, int(version), send)
+
+    async def _vllm_update(
+        self, method: str, request: str, version: int, send: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
+        """Pause (requests in flight freeze) → the extension's `method` on every worker → prefix cache flush
+        → resume. A failure after the pause leaves the engine paused: it must not sample a half-loaded policy."""
+        if not self._sync_checked:
+            await self.check_weight_sync()
+        await self._call("POST", "/pause", params={"mode": "keep"})
+        try:
+            rpc = self._call("POST", "/collective_rpc", {"method": method, "args": [request]})
+            if send is None:
+                reply = await rpc
+            else:
+                reply, _ = await asyncio.gather(rpc, send())
+            answers = _rpc_results(reply, self.base_url)
+            wrong = [a for a in answers if not (isinstance(a, dict) and a.get("policy_version") == version)]
+            if wrong:
+                raise EngineError(f"{self.base_url}: {method} answered {wrong[:2]!r}, not version {version}")
+            # in-flight requests are preempted and recomputed, so no key/value of the old weights survives
+            await self._call("POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
+        except EngineError as e:
+            raise EngineError(
+                f"{self.base_url}: weight update to version {version} failed ({e}); the engine stays paused "
+                "so that it samples no half-loaded policy: retry load_weights, or restart it"
+            ) from e
+        self.policy_version = version  # before /resume: tokens arriving from now on were sampled after it
+        await self._call("POST", "/resume")
 
     async def abort(self, request_ids: list[str] | None = None) -> None:
         await self._call("POST", "/abort", {} if request_ids is None else {"request_ids": list(request_ids)})
+
+
+def _rpc_results(body: Any, source: str) -> list[Any]:
+    """The per-worker answers of vLLM's `/collective_rpc` (`{"results": [...]}`)."""
+    results = body.get("results") if isinstance(body, dict) else None
+    if not isinstance(results, list) or not results:
+        raise EngineError(
+            f"{source}/collective_rpc: expected {{'results': [one per worker]}}, got {body!r:.200}"
+        )
+    return results
 
 
 def _error_message(text: str) -> str:

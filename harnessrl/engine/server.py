@@ -7,7 +7,8 @@ Endpoints
                             Header `X-Request-Id` names the request for `/abort`.
 - `GET  /health`, `GET /v1/models`
 - `GET  /stats`  (ours) the engine's counters: prefix cache hit rate, prefill/decode seconds and FLOP/s
-- `POST /load_weights {"path", "version"}` (ours; vLLM: `/collective_rpc` + weight-update workers)
+- `POST /load_weights {"path", "version"}` (ours; vLLM: `/collective_rpc` + harnessrl's worker extension);
+  `GET /load_weights` says the server takes weights (`{"policy_version"}`; asked by ensure_weight_sync)
 - `POST /abort {"request_ids": [...]}` or `{}` for all (ours; vLLM aborts when the client disconnects)
 """
 
@@ -231,6 +232,10 @@ async def load_weights(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "policy_version": engine.policy_version})
 
 
+async def weight_sync_info(request: web.Request) -> web.Response:
+    return web.json_response({"policy_version": request.app[ENGINE_KEY].policy_version})
+
+
 async def abort(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _json(request) if request.can_read_body else {}
@@ -250,6 +255,7 @@ def build_app(engine: LocalEngine, model_name: str | None = None) -> web.Applica
     app.router.add_get("/stats", stats)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/load_weights", load_weights)
+    app.router.add_get("/load_weights", weight_sync_info)
     app.router.add_post("/abort", abort)
     return app
 

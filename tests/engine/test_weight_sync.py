@@ -1,0 +1,327 @@
+"""Weight sync reaches every engine, or the stage refuses to start: `ensure_weight_sync` against real loopback
+servers (ours, one without a weight endpoint, the vLLM stand-in with and without dev mode / the extension), and
+the vLLM protocol end to end against tests/support/fake_vllm.py, whose workers run the real
+`WeightSyncExtension` on the real tiny model."""
+
+import asyncio
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from harnessrl.engine.base import EngineError, SamplingParams
+from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.engine.router import Router
+from harnessrl.engine.vllm_worker import (
+    INFO,
+    LOAD,
+    LoadRequest,
+    ReceiveRequest,
+    WeightSyncRequestError,
+    sync_in_process,
+    tensor_specs,
+)
+from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
+from harnessrl.tinymodel import load_model, load_tokenizer, tiny_model_dir
+from tests.engine.support import GREEDY, RecordedServer, recorded, run
+from tests.support.fake_vllm import FakeVLLM, FakeWorker, QueueGroup
+
+FIX = "--worker-extension-cls harnessrl.engine.vllm_worker.WeightSyncExtension"
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    return load_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "Name a fruit."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    return load_model().eval()
+
+
+@pytest.fixture(scope="module")
+def perturbed(tmp_path_factory, base_model):
+    """(checkpoint dir, model holding its weights): the final norm negated, which flips every logit."""
+    state = {k: v.detach().clone() for k, v in base_model.state_dict().items() if k != "lm_head.weight"}
+    state["model.norm.weight"] = -state["model.norm.weight"]
+    directory = tmp_path_factory.mktemp("perturbed")
+    save_file(state, str(directory / "model.safetensors"))
+    model = load_model().eval()
+    model.load_state_dict(state, strict=False)
+    return directory, model
+
+
+@torch.no_grad()
+def teacher_forced(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """Logprob of each token under `model` (temperature 1 / greedy: the raw distribution)."""
+    logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    logprobs = torch.log_softmax(logits, -1)
+    return [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
+
+
+def close(a: list[float], b: list[float], tol: float = 2e-3) -> bool:
+    return len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) < tol
+
+
+async def with_fake(go, **fake_options):
+    fake = FakeVLLM(tiny_model_dir(), **fake_options)
+    url = await fake.start()
+    client = HTTPEngine(url)
+    try:
+        return await go(fake, client)
+    finally:
+        await client.close()
+        await fake.stop()
+
+
+# ---- the stage-level check ----------------------------------------------------------------------------
+
+
+def test_stage_refuses_a_server_without_a_weight_endpoint():
+    server = RecordedServer(recorded("vllm_0_11_completion_token_ids.json"))
+
+    async def go():
+        url = await server.start()
+        client = HTTPEngine(url)
+        try:
+            with pytest.raises(WeightSyncUnsupported) as caught:
+                await ensure_weight_sync(client, "rl stage engine")
+            return url, str(caught.value)
+        finally:
+            await client.close()
+            await server.stop()
+
+    url, message = run(go())
+    assert "\n" not in message and message.startswith(f"rl stage engine: {url} cannot take new weights")
+    assert "GET /load_weights answered HTTP 405" in message and FIX in message
+
+
+def test_local_engine_our_server_and_a_router_of_them_pass(engine, url):
+    async def go():
+        client = HTTPEngine(url)
+        try:
+            await ensure_weight_sync(engine, "local")
+            await ensure_weight_sync(Router([client, engine]), "router")
+        finally:
+            await client.close()
+        with pytest.raises(WeightSyncUnsupported, match="^plain: .*has no load_weights"):
+            await ensure_weight_sync(object(), "plain")
+
+    run(go())
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"dev_mode": False}, "no /collective_rpc endpoint"),
+        ({"extension": False}, f"{INFO} failed with HTTP 500 \\(AttributeError"),
+    ],
+)
+def test_vllm_without_dev_mode_or_extension_is_refused_in_one_line(options, reason):
+    async def go(fake, client):
+        with pytest.raises(WeightSyncUnsupported, match=reason) as caught:
+            await ensure_weight_sync(Router([client]), "generate")
+        with pytest.raises(WeightSyncUnsupported):  # load_weights asks first: it never pauses such a server
+            await client.load_weights(str(tiny_model_dir()), 1)
+        return fake, str(caught.value)
+
+    fake, message = run(with_fake(go, **options))
+    assert "\n" not in message and message.startswith(f"generate: router replica {fake.url} (vLLM)")
+    assert FIX in message and "VLLM_SERVER_DEV_MODE=1" in message
+    assert not any(c.startswith("/pause") for c in fake.calls)
+
+
+# ---- the vLLM protocol against the stand-in ---------------------------------------------------------
+
+
+def test_vllm_sync_changes_outputs_as_the_checkpoint_does(prompt, base_model, perturbed):
+    ckpt, new_model = perturbed
+
+    async def go(fake, client):
+        await ensure_weight_sync(client, "generate")
+        before = await client.generate(prompt, GREEDY, 6)
+        await client.load_weights(str(ckpt), 1)
+        after = await client.generate(prompt, GREEDY, 6)
+        info = await client._call("POST", "/collective_rpc", {"method": INFO})
+        return fake.calls, before, after, info
+
+    calls, before, after, info = run(with_fake(go))
+    assert close(before.logprobs, teacher_forced(base_model, prompt, before.token_ids))
+    assert close(after.logprobs, teacher_forced(new_model, prompt, after.token_ids))
+    assert after.token_ids != before.token_ids
+    assert before.token_policy_versions == [0] * 6 and after.token_policy_versions == [1] * len(
+        after.token_ids
+    )
+    assert calls == [
+        f"/collective_rpc:{INFO}",
+        "/pause?mode=keep",
+        f"/collective_rpc:{LOAD}",
+        "/reset_prefix_cache?reset_running_requests=true",
+        "/resume",
+        f"/collective_rpc:{INFO}",
+    ]
+    assert info["results"] == [
+        {"extension": "harnessrl.WeightSyncExtension", "protocol": 1, "policy_version": 1}
+    ]
+
+
+def test_sync_mid_request_tags_tokens_before_and_after(prompt, base_model, perturbed):
+    ckpt, new_model = perturbed
+    sampling = SamplingParams(temperature=1.0, seed=7)
+
+    async def go(fake, client):
+        await ensure_weight_sync(client, "generate")
+        pending = asyncio.ensure_future(client.generate(prompt, sampling, 12))
+        while fake.sampled < 4:
+            await asyncio.sleep(0.01)
+        await client.load_weights(str(ckpt), 1)
+        return await pending
+
+    gen = run(with_fake(go))
+    split = gen.token_policy_versions.index(1)
+    assert 4 <= split < len(gen.token_ids) and gen.token_policy_versions == [0] * split + [1] * (
+        len(gen.token_ids) - split
+    )
+    old, new = gen.token_ids[:split], gen.token_ids[split:]
+    assert close(gen.logprobs[:split], teacher_forced(base_model, prompt, old))
+    # after the sync the request continues on the new weights (its keys/values recomputed)
+    assert close(gen.logprobs[split:], teacher_forced(new_model, prompt + old, new))
+    assert gen.policy_version == 1
+
+
+def test_failed_update_raises_and_keeps_the_engine_paused(prompt, perturbed):
+    async def go(fake, client):
+        with pytest.raises(EngineError, match="version 3 failed .*no \\*.safetensors.*stays paused"):
+            await client.load_weights("/nonexistent/ckpt", 3)
+        paused = await client._call("GET", "/is_paused")
+        version = client.policy_version
+        await client.load_weights(str(perturbed[0]), 4)  # a good update resumes it
+        return (
+            paused,
+            version,
+            await client.generate(prompt, GREEDY, 2),
+            await client._call("GET", "/is_paused"),
+        )
+
+    paused, version, gen, resumed = run(with_fake(go))
+    assert paused == {"is_paused": True} and version == 0
+    assert resumed == {"is_paused": False} and gen.token_policy_versions == [4, 4]
+
+
+@pytest.fixture(scope="module")
+def miniature(tmp_path_factory):
+    """(model dir, checkpoint dir, model holding the checkpoint): a 2-layer Llama with the tiny model's
+    tokenizer, so that a store round trip moves 13 MB, not the tiny model's 540 MB (a minute through moto)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model_dir = tmp_path_factory.mktemp("miniature")
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    torch.manual_seed(1)
+    trained = LlamaForCausalLM(config).eval()
+    ckpt = tmp_path_factory.mktemp("miniature-step-2")
+    trained.save_pretrained(ckpt)
+    return model_dir, ckpt, trained
+
+
+def test_every_replica_pulls_an_s3_checkpoint(s3_env, prompt, miniature):
+    from harnessrl.store import ObjectStore
+
+    model_dir, ckpt, trained = miniature
+    store = ObjectStore.from_env()
+    store.ensure_bucket("ckpts")
+    store.upload_dir(ckpt, "s3://ckpts/run/step-2")
+
+    async def go():
+        fakes = [FakeVLLM(model_dir) for _ in range(2)]
+        clients = [HTTPEngine(await f.start()) for f in fakes]
+        router = Router(clients, "round_robin")
+        try:
+            await ensure_weight_sync(router, "generate")
+            before = await clients[0].generate(prompt, GREEDY, 4)
+            await router.load_weights("s3://ckpts/run/step-2", 2)
+            return before, [await c.generate(prompt, GREEDY, 4) for c in clients]
+        finally:
+            for c in clients:
+                await c.close()
+            for f in fakes:
+                await f.stop()
+
+    before, after = run(go())
+    assert not close(before.logprobs, teacher_forced(trained, prompt, before.token_ids))
+    for gen in after:
+        assert gen.token_policy_versions == [2] * 4
+        assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
+
+
+def test_broadcast_path_receives_tensors_by_name_dtype_and_shape(prompt, perturbed):
+    """The NCCL fast path's orchestration and receive side; QueueGroup stands in for NCCL on CPU."""
+    _, new_model = perturbed
+    named = [(n, p.detach()) for n, p in new_model.named_parameters()]
+
+    async def go(fake, client):
+        group = QueueGroup()
+        fake.worker._harnessrl_group = group  # what harnessrl_init_broadcast sets up with NCCL
+        await client.load_weights_broadcast(
+            tensor_specs(named), 5, lambda: asyncio.to_thread(group.send, named)
+        )
+        return await client.generate(prompt, GREEDY, 4)
+
+    gen = run(with_fake(go))
+    assert gen.token_policy_versions == [5] * 4
+    assert close(gen.logprobs, teacher_forced(new_model, prompt, gen.token_ids))
+
+
+# ---- the extension's requests and in-process use -----------------------------------------------------
+
+
+def test_extension_requests_round_trip_and_name_bad_fields():
+    spec = ReceiveRequest(tensor_specs([("w", torch.zeros(2, 3, dtype=torch.bfloat16))]), 2)
+    assert ReceiveRequest.from_json(spec.to_json()) == spec and spec.tensors[0].dtype == "bfloat16"
+    assert LoadRequest.from_json(LoadRequest("s3://b/k", 3).to_json()) == LoadRequest("s3://b/k", 3)
+    for bad, message in [
+        ("not json", "not a JSON string"),
+        (json.dumps({"path": "/x"}), "lacks version"),
+        (json.dumps({"path": "/x", "version": "3"}), "version must be an integer"),
+        (json.dumps({"path": "", "version": 3}), "path must be a non-empty string"),
+    ]:
+        with pytest.raises(WeightSyncRequestError, match=message):
+            LoadRequest.from_json(bad)
+
+
+def test_in_process_engine_syncs_through_the_same_call(perturbed, prompt):
+    """`sync_in_process` against an object with vLLM's LLM methods (collective_rpc, reset_prefix_cache)."""
+    ckpt, new_model = perturbed
+    worker = FakeWorker(load_model().eval())
+
+    class LLMLike:
+        resets = 0
+
+        def collective_rpc(self, method, args=()):
+            return [getattr(worker, method)(*args)]
+
+        def reset_prefix_cache(self):
+            self.resets += 1
+
+    llm = LLMLike()
+    answers = run(sync_in_process(llm, str(ckpt), 9))
+    assert answers == [{"policy_version": 9, "tensors": len(list(new_model.state_dict())) - 1}]
+    assert llm.resets == 1 and worker.harnessrl_weight_sync_info()["policy_version"] == 9
+    assert torch.equal(worker.model_runner.model.hf.model.norm.weight, new_model.model.norm.weight)

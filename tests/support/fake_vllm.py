@@ -1,0 +1,317 @@
+"""A CPU stand-in for a vLLM OpenAI server, for tests of the vLLM weight-sync path (tests/engine/test_weight_sync*).
+
+It serves the real tiny model on loopback and speaks the endpoints harnessrl uses as vLLM answers them:
+`GET /v1/models` (`owned_by: "vllm"`), `GET /health`, `POST /v1/completions` (token ids and logprobs, plain
+and SSE; no harnessrl version fields) and, only with dev mode on (vLLM's VLLM_SERVER_DEV_MODE=1),
+`POST /collective_rpc`, `/reset_prefix_cache`, `/pause`, `/resume` and `GET /is_paused`. `/collective_rpc`
+runs the named method on each worker as vLLM does: the worker is `FakeWorker`, which inherits the REAL
+`WeightSyncExtension` (as `--worker-extension-cls` makes vLLM's worker do) and whose `model_runner.model` has
+vLLM's model API (`load_weights(weights=...)` returning the loaded names) over the real model, so the
+weights generation uses really change. What is not vLLM: generation is a plain loop (one token per forward,
+its own key/value cache per request, which `reset_prefix_cache?reset_running_requests=true` drops so the
+request recomputes on the new weights, as vLLM's preemption does), and NCCL is replaced by `QueueGroup`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from harnessrl.engine.vllm_worker import WeightSyncExtension
+from harnessrl.tinymodel import load_model, load_tokenizer
+
+
+class VLLMModelAPI:
+    """The served model with vLLM's weight-loading API: names not in the model raise KeyError (vLLM's
+    `params_dict[name]`); a tied lm_head is skipped (vLLM's Llama does the same)."""
+
+    def __init__(self, hf_model: torch.nn.Module) -> None:
+        self.hf = hf_model
+        config = getattr(hf_model, "config", None)
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+
+    def named_parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]:
+        return self.hf.named_parameters()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.hf.named_parameters())
+        loaded: set[str] = set()
+        with torch.no_grad():
+            for name, tensor in weights:
+                if self.tied and name == "lm_head.weight":
+                    continue
+                params[name].copy_(tensor)
+                loaded.add(name)
+        return loaded
+
+
+class ModelRunner:
+    def __init__(self, model: VLLMModelAPI) -> None:
+        self.model = model
+
+
+class PlainWorker:
+    """vLLM's worker without an extension."""
+
+    def __init__(self, hf_model: torch.nn.Module) -> None:
+        self.model_runner = ModelRunner(VLLMModelAPI(hf_model))
+        self.device = torch.device("cpu")
+
+
+class FakeWorker(PlainWorker, WeightSyncExtension):
+    """vLLM's worker with `--worker-extension-cls harnessrl.engine.vllm_worker.WeightSyncExtension`."""
+
+
+class QueueGroup:
+    """Stands in for the NCCL communicator on CPU: the trainer `send`s tensors, each worker's `broadcast(buffer,
+    src=0)` copies the next one into its buffer (checking dtype and shape, as NCCL's byte count would)."""
+
+    def __init__(self) -> None:
+        self.pending: queue.Queue[torch.Tensor] = queue.Queue()
+
+    def send(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+        count = 0
+        for _, tensor in named:
+            self.pending.put(tensor.detach().clone())
+            count += 1
+        return count
+
+    def broadcast(self, buffer: torch.Tensor, src: int, stream: Any = None) -> None:
+        assert src == 0
+        tensor = self.pending.get(timeout=60)
+        if tensor.dtype != buffer.dtype or tensor.shape != buffer.shape:
+            raise RuntimeError(
+                f"broadcast of {tensor.dtype}{tuple(tensor.shape)} into {buffer.dtype}{tuple(buffer.shape)}"
+            )
+        buffer.copy_(tensor)
+
+
+class FakeVLLM:
+    """`await FakeVLLM(model_dir).start()` → its URL. `dev_mode=False`: no control endpoints (404);
+    `extension=False`: the worker lacks the extension (collective_rpc answers 500)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dev_mode: bool = True,
+        extension: bool = True,
+        served_model_name: str = "tiny",
+    ) -> None:
+        self.hf = load_model(model_dir).eval()
+        self.tokenizer = load_tokenizer(model_dir)
+        self.worker = (FakeWorker if extension else PlainWorker)(self.hf)
+        self.dev_mode = dev_mode
+        self.name = served_model_name
+        self.calls: list[str] = []  # control calls in order ("/pause?mode=keep", "/collective_rpc:<method>")
+        self.sampled = 0  # tokens sampled so far (tests wait on it)
+        self._lock: asyncio.Lock  # a forward pass and a weight update never overlap
+        self._running: asyncio.Event  # cleared while paused
+        self._epoch = 0  # bumped when running requests must recompute their keys/values
+        eos = self.tokenizer.eos_token_id
+        self.stop_ids = {int(eos)} if eos is not None else set()
+
+    # ---- server ---------------------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        self._lock, self._running = asyncio.Lock(), asyncio.Event()
+        self._running.set()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/completions", self.completions)
+        if self.dev_mode:
+            app.router.add_post("/collective_rpc", self.collective_rpc)
+            app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+            app.router.add_post("/pause", self.pause)
+            app.router.add_post("/resume", self.resume)
+            app.router.add_get("/is_paused", self.is_paused)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "vllm"}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    # ---- dev endpoints, as vLLM's serve/dev routers answer them ----------------------------------------
+
+    async def collective_rpc(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        method = body.get("method")
+        if method is None:
+            return _error("Missing 'method' in request body", 400)
+        self.calls.append(f"/collective_rpc:{method}")
+        args, kwargs = tuple(body.get("args", [])), body.get("kwargs", {})
+        results = []
+        async with self._lock:
+            try:
+                function = getattr(self.worker, method)
+                results.append(await asyncio.to_thread(function, *args, **kwargs))
+            except Exception as e:  # vLLM: the worker's exception fails the call with HTTP 500
+                return _error(f"{type(e).__name__}: {e}", 500)
+        answers = [r if r is None or isinstance(r, dict | list) else str(r) for r in results]
+        return web.json_response({"results": answers})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        self.calls.append(f"/reset_prefix_cache?{request.query_string}")
+        if request.query.get("reset_running_requests") == "true":
+            self._epoch += 1
+        return web.Response(status=200)
+
+    async def pause(self, request: web.Request) -> web.Response:
+        self.calls.append(f"/pause?{request.query_string}")
+        if request.query.get("mode", "abort") != "keep":
+            return _error("this stand-in implements mode=keep only", 400)
+        self._running.clear()
+        async with self._lock:  # returns once no forward pass is running
+            pass
+        return web.json_response({"status": "paused"})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self.calls.append("/resume")
+        self._running.set()
+        return web.json_response({"status": "resumed"})
+
+    async def is_paused(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_paused": not self._running.is_set()})
+
+    # ---- generation ------------------------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body["prompt"]
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+            return _error("this stand-in takes prompts as token ids", 400)
+        stops = self.stop_ids | set(body.get("stop_token_ids") or [])
+        tokens = self._sample(
+            prompt,
+            int(body.get("max_tokens", 16)),
+            float(body.get("temperature", 1.0)),
+            float(body.get("top_p", 1.0)),
+            body.get("seed"),
+            stops,
+        )
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if not body.get("stream"):
+            ids, lps = [], []
+            async for token, lp in tokens:
+                ids.append(token)
+                lps.append(lp)
+            finish = "stop" if ids and ids[-1] in stops else "length"
+            choice = self._choice(ids, lps, finish, prompt)
+            return web.json_response(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": self.name,
+                    "choices": [choice],
+                    "usage": {
+                        "prompt_tokens": len(prompt),
+                        "completion_tokens": len(ids),
+                        "total_tokens": len(prompt) + len(ids),
+                    },
+                }
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        first, count, max_tokens = True, 0, int(body.get("max_tokens", 16))
+        async for token, lp in tokens:
+            count += 1
+            finish = "stop" if token in stops else "length" if count == max_tokens else None
+            choice = self._choice([token], [lp], finish, prompt if first else None)
+            first = False
+            chunk = {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": self.name,
+                "choices": [choice],
+                "usage": None,
+            }
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    def _choice(self, ids: list[int], lps: list[float], finish: str | None, prompt: list[int] | None) -> dict:
+        return {
+            "index": 0,
+            "text": self.tokenizer.decode(ids),
+            "logprobs": {
+                "text_offset": [],
+                "token_logprobs": [max(lp, -9999.0) for lp in lps],
+                "tokens": [self.tokenizer.decode([t]) for t in ids],
+                "top_logprobs": None,
+            },
+            "finish_reason": finish,
+            "stop_reason": None,
+            "token_ids": ids,
+            "prompt_token_ids": prompt,
+        }
+
+    async def _sample(
+        self, prompt: list[int], max_tokens: int, temperature: float, top_p: float, seed: Any, stops: set[int]
+    ) -> AsyncIterator[tuple[int, float]]:
+        generator = torch.Generator().manual_seed(seed if isinstance(seed, int) else secrets.randbits(62))
+        ids, cache, epoch = list(prompt), None, self._epoch
+        for _ in range(max_tokens):
+            await self._running.wait()  # paused with mode=keep: the request waits here, its state kept
+            async with self._lock:
+                if epoch != self._epoch:  # preempted by a prefix cache reset: recompute on the new weights
+                    cache, epoch = None, self._epoch
+                feed = ids if cache is None else ids[-1:]
+                token, lp, cache = await asyncio.to_thread(
+                    self._step, feed, cache, temperature, top_p, generator
+                )
+            ids.append(token)
+            self.sampled += 1
+            yield token, lp
+            if token in stops:
+                return
+
+    @torch.no_grad()
+    def _step(
+        self, feed: list[int], cache: Any, temperature: float, top_p: float, generator: torch.Generator
+    ) -> tuple[int, float, Any]:
+        out = self.hf(input_ids=torch.tensor([feed]), past_key_values=cache, use_cache=True)
+        logits = out.logits[0, -1].float()
+        if temperature == 0:
+            logprobs = torch.log_softmax(logits, -1)
+            token = int(torch.argmax(logprobs))
+            return token, float(logprobs[token]), out.past_key_values
+        logprobs = torch.log_softmax(logits / temperature, -1)
+        if top_p < 1.0:
+            sorted_lp, order = torch.sort(logprobs, descending=True)
+            keep = torch.cumsum(sorted_lp.exp(), -1) - sorted_lp.exp() < top_p
+            masked = torch.full_like(logprobs, float("-inf"))
+            masked[order[keep]] = logprobs[order[keep]]
+            logprobs = torch.log_softmax(masked, -1)
+        token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
+        return token, float(logprobs[token]), out.past_key_values
+
+
+def _error(message: str, status: int) -> web.Response:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status=status
+    )
