@@ -165,9 +165,10 @@ def compare(
 def describe(c: dict[str, Any]) -> str:
     """One line: the difference, its interval, and the verdict."""
     verdict = "significant" if c["significant"] else "not significant"
+    p = f"p={c['p_value']:.3g}" if c["p_value"] > 0 else f"p<{1 / c['iterations']:.1g}"  # none flipped sign
     return (
         f"{c['b']} - {c['a']} ({c['mode']} pass@1, {c['tasks']} paired tasks): {c['diff']:+.3f} "
-        f"[{int(round(c['confidence'] * 100))}% CI {c['low']:+.3f}, {c['high']:+.3f}], p={c['p_value']:.3g}: "
+        f"[{int(round(c['confidence'] * 100))}% CI {c['low']:+.3f}, {c['high']:+.3f}], {p}: "
         f"{verdict} ({c['a']} {c['a_pass_at_1']:.3f}, {c['b']} {c['b_pass_at_1']:.3f})"
     )
 

@@ -147,3 +147,43 @@ def test_compare_cli_bad_file_is_one_line(tmp_path, capsys, content, message):
     assert main(["stage", "evaluate", "--compare", good, str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(bad) in err and message in err, err
+
+
+def test_tasks_default_to_the_held_out_split_of_a_select_output(tmp_path):
+    from components.evaluate.stage import resolve_tasks
+
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "tasks.jsonl").write_text("")
+    assert resolve_tasks(tmp_path) == tmp_path / "test"
+    assert resolve_tasks(tmp_path / "test") == tmp_path / "test"  # a task-set directory stays itself
+
+
+@pytest.mark.parametrize(
+    "policy, message",
+    [("nameonly", "expected NAME=SOURCE"), ("x=/no/such/dir", "/no/such/dir is not a checkpoint directory")],
+)
+def test_bad_policy_argument_is_one_line(synth_taskset, tmp_path, capsys, policy, message):
+    argv = [
+        "stage",
+        "evaluate",
+        "--tasks",
+        str(synth_taskset),
+        "--out",
+        str(tmp_path / "o"),
+        "--policy",
+        policy,
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_engine_that_cannot_take_weights_is_a_clear_error(fast_engine, synth_taskset, tmp_path):
+    from components.evaluate.stage import Policy, run_evaluate
+
+    engine = fast_engine()  # serves completions only: no weight endpoint
+    policy = Policy("final", checkpoint=str(synth_taskset), engine_url=engine.base_url, push_weights=True)
+    with pytest.raises(ValueError, match=f"policy 'final': the engine at {engine.base_url} did not load"):
+        run_evaluate(synth_taskset, tmp_path / "o", [policy])
+    assert not (tmp_path / "o").exists()
