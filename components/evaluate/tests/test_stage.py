@@ -182,8 +182,37 @@ def test_bad_policy_argument_is_one_line(synth_taskset, tmp_path, capsys, policy
 def test_an_engine_that_cannot_take_weights_is_a_clear_error(fast_engine, synth_taskset, tmp_path):
     from components.evaluate.stage import Policy, run_evaluate
 
-    engine = fast_engine()  # serves completions only: no weight endpoint
-    policy = Policy("final", checkpoint=str(synth_taskset), engine_url=engine.base_url, push_weights=True)
-    with pytest.raises(ValueError, match=f"policy 'final': the engine at {engine.base_url} did not load"):
+    server = fast_engine()  # serves completions only: no weight endpoint
+    policy = Policy("final", checkpoint=str(synth_taskset), engine_url=server.base_url, push_weights=True)
+    with pytest.raises(ValueError, match=f"policy 'final': the engine at {server.base_url} did not load"):
         run_evaluate(synth_taskset, tmp_path / "o", [policy])
     assert not (tmp_path / "o").exists()
+
+
+@requires_bwrap
+@pytest.mark.slow  # the tiny model behind a loopback engine server, two weight pushes, 2 rollouts: ~30 s
+def test_one_remote_engine_serves_each_policy_after_its_weights_are_pushed(
+    synth_taskset, engine, url, tmp_path
+):
+    import pyarrow.parquet as pq
+
+    from components.evaluate.stage import EvaluateConfig, Policy, run_evaluate
+    from harnessrl.tinymodel import tiny_model_dir
+
+    spec = {
+        "harness": "react",
+        "limits": {"turns": 1},
+        "options": {"max_tokens_per_turn": 8, "min_tokens_per_turn": 4},
+    }
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps(spec))
+    start = engine.policy_version
+    policies = [Policy(n, str(tiny_model_dir()), url, push_weights=True) for n in ("base", "final")]
+    config = EvaluateConfig(k=1, modes=(EvalMode.GREEDY,), max_tasks=1)
+    evaluation = run_evaluate(synth_taskset, tmp_path / "o", policies, specs, config)
+    assert engine.policy_version == 2 != start
+    for version, name in enumerate(("base", "final"), 1):
+        samples = pq.read_table(tmp_path / "o" / "runs" / name / "greedy" / "rollouts" / "samples.parquet")
+        sampled = {v for row in samples.column("policy_version").to_pylist() for v in row if v >= 0}
+        assert sampled == {version}, (name, sampled)  # every token of this policy came after its push
+    assert evaluation["results"][1]["source"].endswith(f"(weights {tiny_model_dir()} pushed)")
