@@ -32,8 +32,10 @@ COMMAND_MODULES = (
     "components.verify.cli",
     "components.estimate_difficulty.cli",
     "components.select_tasks.cli",
+    "components.build_environments.cli",
     "components.train.cli",
     "components.evaluate.cli",
+    "components.sft.cli",
 )
 
 

@@ -165,6 +165,19 @@ def ppo_token_losses(
     )
 
 
+def sft_token_losses(logprob: torch.Tensor) -> TokenLosses:
+    """Supervised fine-tuning: the per-token loss is -log π(token); which tokens count is the caller's
+    loss mask (the sampled tokens of a sample), exactly as for the policy loss."""
+    none = torch.zeros_like(logprob, dtype=torch.bool)
+    return TokenLosses(
+        pg=-logprob,
+        clipped=none,
+        dual_clipped=none,
+        is_weight=torch.ones_like(logprob),
+        approx_kl=torch.zeros_like(logprob),
+    )
+
+
 def low_var_kl(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(π‖π_ref): exp(ref-logp) - (ref-logp) - 1, clamped as verl does."""
     d = torch.clamp(ref_logprob - logprob, -20.0, 20.0)

@@ -45,6 +45,22 @@ class LossMode(StrEnum):
     ROLLOUT_TOKEN_MEAN = "rollout-token-mean"
 
 
+class Objective(StrEnum):
+    """What the per-token loss is: the PPO clipped surrogate (RL) or the negative log-likelihood of the
+    trained tokens (supervised fine-tuning on demonstrations; advantages and behavior logprobs unused)."""
+
+    PPO = "ppo"
+    SFT = "sft"
+
+
+class SftSource(StrEnum):
+    """Where the sft stage's trajectories come from (see sft.py)."""
+
+    DEMONSTRATIONS = "demonstrations"  # scripted from each task's gold fix through the real harness
+    REJECTION = "rejection"  # verified-resolved rollouts of an earlier generate/evaluate run
+    BOTH = "both"
+
+
 class Precision(StrEnum):
     FP32 = "fp32"
     BF16 = "bf16"  # autocast; master weights stay fp32

@@ -20,8 +20,14 @@ from torch.distributed.tensor import DTensor
 from harnessrl.choices import parse_choice
 from harnessrl.train import distributed as dist_mod
 from harnessrl.train.batching import MicroBatch, SeqItem, pack, pad
-from harnessrl.train.losses import PolicyLossConfig, entropy_from_logits, low_var_kl, ppo_token_losses
-from harnessrl.train.modes import LossMode, Precision
+from harnessrl.train.losses import (
+    PolicyLossConfig,
+    entropy_from_logits,
+    low_var_kl,
+    ppo_token_losses,
+    sft_token_losses,
+)
+from harnessrl.train.modes import LossMode, Objective, Precision
 
 # how a checkpoint's optimizer state is keyed: a DP run saves the full, FQN-keyed state (see state_dict)
 FULL_FQN_OPTIMIZER = "full_fqn"
@@ -53,9 +59,11 @@ class TrainerConfig:
     precision: Precision = Precision.FP32
     ppo_epochs: int = 1  # optimizer steps per batch; >1 recomputes π_old once before the first
     seed: int = 0
+    objective: Objective = Objective.PPO  # SFT: NLL of the trained tokens (the sft stage)
 
     def __post_init__(self) -> None:
         self.loss_mode = parse_choice(LossMode, self.loss_mode, "train.loss_mode")
+        self.objective = parse_choice(Objective, self.objective, "train.objective")
         self.precision = parse_choice(Precision, self.precision, "train.precision")
         if self.ppo_epochs < 1:
             raise ValueError("ppo_epochs must be ≥ 1")
@@ -204,8 +212,11 @@ class Trainer:
                 w = mb.weights.to(self.device)
                 adv = mb.advantages.to(self.device)
                 lp = token_logprobs(logits, tgt)
-                old = old_lp[i] if old_lp is not None else lp.detach()
-                tl = ppo_token_losses(lp, old, adv, cfg.policy, mb.behavior_logprobs.to(self.device))
+                if cfg.objective is Objective.SFT:
+                    tl = sft_token_losses(lp)
+                else:
+                    old = old_lp[i] if old_lp is not None else lp.detach()
+                    tl = ppo_token_losses(lp, old, adv, cfg.policy, mb.behavior_logprobs.to(self.device))
                 per_token = tl.pg
                 sel = mask > 0
                 ent_sum = float(token_entropy(logits[sel]).sum()) if bool(sel.any()) else 0.0

@@ -1,0 +1,86 @@
+"""`harnessrl stage sft`: cold-start supervised fine-tuning on resolved trajectories (scripted demonstrations
+of each task's gold fix and/or verified-resolved rollouts of an earlier run), loss only on sampled tokens."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from harnessrl.train.modes import Precision, SftSource
+
+
+def register(commands, stages) -> None:
+    p = stages.add_parser(
+        "sft",
+        help="cold start: SFT on demonstrations / resolved rollouts → new checkpoint, metrics, report",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--tasks", required=True, help="task-set directory (the training tasks)")
+    p.add_argument("--policy", help="HF model directory to start from (default: the tiny embedded model)")
+    p.add_argument("--out", required=True, help="output directory (model/, data/, demos/, train/, report.md)")
+    p.add_argument("--source", type=SftSource, choices=list(SftSource), help="default: demonstrations")
+    p.add_argument("--rollouts", help="rejection sampling: an earlier generate output (samples.parquet)")
+    p.add_argument("--verified", help="rejection sampling: that run's verify output (rewards.jsonl)")
+    p.add_argument("--specs", help="harness spec JSON for the demonstrations (react with edit + submit)")
+    p.add_argument("--config", help="JSON file with SftConfig fields (flags below override it)")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--groups-per-step", type=int, help="tasks per optimizer step (0: all)")
+    p.add_argument("--max-tasks", type=int, help="demonstrations for the first N tasks only")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--precision", choices=list(Precision))
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/train/checkpoints")
+    p.add_argument("--model-out", help="where to write the final model (default: OUT/model)")
+    p.add_argument(
+        "--allow-unsandboxed", action="store_true", help="permit specs with sandbox 'local' (debugging only)"
+    )
+    p.set_defaults(func=_run)
+
+
+def build_config(args):
+    from harnessrl.train.sft import SftConfig
+
+    base: dict = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as f:
+            base = json.load(f)
+    train = dict(base.get("train", {}))
+    optim = dict(train.get("optim", {}))
+    for flag in ("source", "epochs", "groups_per_step", "max_tasks", "device"):
+        if getattr(args, flag) is not None:
+            base[flag] = getattr(args, flag)
+    for flag in ("seed", "precision"):
+        if getattr(args, flag) is not None:
+            train[flag] = getattr(args, flag)
+    if args.lr is not None:
+        optim["lr"] = args.lr
+    if optim:
+        train["optim"] = optim
+    base["train"] = train
+    try:
+        return SftConfig.from_dict(base)
+    except TypeError as e:
+        raise ValueError(f"{args.config or 'config'}: {e}") from None
+
+
+def _run(args) -> int:
+    from harnessrl.tinymodel import tiny_model_dir
+    from harnessrl.train.sft import run_sft
+
+    summary = run_sft(
+        args.tasks,
+        args.policy or tiny_model_dir(),
+        args.out,
+        build_config(args),
+        rollouts=args.rollouts,
+        verified=args.verified,
+        specs=args.specs,
+        allow_unsandboxed=args.allow_unsandboxed,
+        resume=args.resume,
+        model_out=args.model_out,
+    )
+    keys = ("steps", "samples", "tasks", "loss_first", "loss")
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    return 0
