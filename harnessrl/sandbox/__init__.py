@@ -1,4 +1,4 @@
-"""Sandboxes: workspace materialization, per-repo Python envs, and sandbox backends (bubblewrap, Kubernetes).
+"""Sandboxes: workspace materialization, per-repo Python envs, and sandbox backends (bubblewrap, podman, Kubernetes).
 
 Stable entry points (used by the rollout and verify stages):
 
@@ -6,5 +6,6 @@ Stable entry points (used by the rollout and verify stages):
     envs.ensure_env(taskset, repo) -> Path
     base.Sandbox.run(cmd, timeout, limits=None, cwd="/workspace") -> RunResult
     bwrap.BubblewrapSandbox(workspace, env_dir, gateway_socket=None, ...)
-    kubernetes.KubernetesSandbox(...), kubernetes.render_job(...), kubernetes.render_network_policy(...)
+    backends.make_sandbox(kind, workspace, *, env_dir, image, limits, network=None) -> Sandbox
+    kubernetes.KubernetesPodSandbox(workspace, image, limits, network=None), kubernetes.render_pod(...)
 """

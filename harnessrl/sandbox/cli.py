@@ -37,7 +37,13 @@ def register(commands, stages) -> None:  # sandboxes are used by stages, not a s
     )
     k.add_argument("--out", required=True, type=Path, help="directory (e.g. manifests/sandbox)")
     k.add_argument("--namespace", default="harnessrl-sandbox")
-    k.add_argument("--image", default=None, help="sandbox image (default: the project image)")
+    k.add_argument("--image", default=None, help="image of the example pod (default: the project image)")
+    k.add_argument(
+        "--egress",
+        type=Path,
+        help="JSON list of egress allow-lists for this task set: {name, cidrs, ports, namespace, pod_labels}; "
+        "each becomes a NetworkPolicy for pods of `network: <name>`",
+    )
     k.set_defaults(func=_manifests)
     sb.set_defaults(func=lambda args: sb.print_help() or 2)
 
@@ -82,6 +88,10 @@ def _manifests(args: argparse.Namespace) -> int:
     cfg = KubernetesConfig(namespace=args.namespace)
     if args.image:
         cfg = dataclasses.replace(cfg, image=args.image)
+    if args.egress:
+        from harnessrl.sandbox.kubernetes import load_egress
+
+        cfg = dataclasses.replace(cfg, egress=load_egress(args.egress))
     for f in write_manifests(cfg, args.out):
         print(f)
     return 0
@@ -104,10 +114,10 @@ def render_manifest_files(cfg) -> dict[str, str]:
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [n for n in objects if n != "job-template.yaml"],
+        "resources": [n for n in objects if n != "pod-template.yaml"],
     }
     files["kustomization.yaml"] = (
-        HEADER + "# job-template.yaml is an example of what KubernetesSandbox submits, "
+        HEADER + "# pod-template.yaml is an example of the pod KubernetesPodSandbox creates, "
         "not a resource.\n" + yaml.safe_dump(kustomization, sort_keys=False)
     )
     return files

@@ -1,178 +1,290 @@
-"""Kubernetes sandbox backend: one locked-down Job per command, in the sandbox namespace.
+"""Kubernetes sandbox backend: one locked-down pod per rollout (or per verification) from the task's image,
+commands through the exec API.
 
-    render_job(name, argv, timeout, limits, cfg, workspace_configmap=None) -> dict   (a batch/v1 Job)
-    render_network_policies(cfg) -> [default-deny, allow-to-gateway]                 (networking.k8s.io/v1)
-    KubernetesSandbox(cfg, workspace=None, api_client=None).run(cmd, timeout, limits) -> RunResult
+    KubernetesPodSandbox(workspace, image, limits, network=None, *, cfg=None, api_client=None)
+        .run(cmd, timeout, limits=None, cwd="/workspace") -> RunResult;  .close() deletes the pod
+    render_pod(name, image, limits, cfg, network=None, uid=..., workspace_mb=...) -> dict      (a v1 Pod)
+    render_network_policies(cfg) -> [default-deny, allow-to-gateway, one per EgressAllow]      (networking/v1)
+    render_namespace_objects(cfg) -> {file name: [objects]}                                   (manifests/sandbox)
 
-The pod: non-root (uid 1000), read-only root filesystem, every capability dropped, no privilege escalation,
-seccomp RuntimeDefault, no service-account token, no service links (so no cluster env vars), CPU/memory/
-ephemeral-storage limits, `activeDeadlineSeconds` = the timeout, `backoffLimit: 0`, a TTL. The workspace is
-an emptyDir filled by an init container from a tarball (a ConfigMap for small workspaces, which is what the
-launcher Role in manifests/base allows); /tmp is a memory-backed emptyDir. The namespace's NetworkPolicies
-deny all traffic except egress to the gateway pods (and DNS to find them).
+The pod: non-root (a uid of its own per pod, so RLIMIT_NPROC counts only its processes), read-only root
+filesystem (`cfg.read_only_root`), every capability dropped, no privilege escalation, seccomp RuntimeDefault,
+no service-account token, no service links, CPU / memory / ephemeral-storage limits, an `activeDeadlineSeconds`
+that ends a pod nobody deleted; `/workspace` and `/tmp` are emptyDirs. Its container idles; each command is
+one exec of `sh -c` that sets ulimits (CPU seconds, file size, open files, processes), changes into `cwd` and
+runs the command under `timeout`.
 
-Run: create ConfigMap + Job -> poll the Job until it completes, fails or passes its deadline -> read the run
-container's log and termination state -> delete Job (+ pods) and ConfigMap. Each Job is one command, so a
-workspace does not persist across calls: agent rollouts on a cluster run bubblewrap inside the rollout pod
-(the same backend everywhere a rollout runs); Jobs are for verification and for harnesses that run whole episodes as one command.
+The workspace stays a directory on the host (the harness edits files there and the framework diffs it): before
+a command it is copied into the pod when it changed on the host (tar over the exec's stdin), after a command
+it is copied back (tar over stdout, unpacked with tarfile's `data` filter: the pod is hostile). A pod that was
+lost (OOM kill of the container, client-side deadline) is deleted; the next command gets a fresh pod from the
+host copy. Network: the namespace denies everything; a pod labelled `harnessrl.io/egress=<network>` gets what
+the NetworkPolicy of that name allows (`EgressAllow`, rendered into manifests/sandbox per task set); without a
+matching policy the label opens nothing.
 
-Over 400 lines: rendering the Job and its policies and driving it through the API are one contract, tested
-together against the Kubernetes API shapes.
+Over 400 lines: the pod, its policies and driving it through the API are one contract, tested together
+against the Kubernetes API shapes.
 """
 
 from __future__ import annotations
 
-import io
+import logging
 import math
+import os
 import re
-import tarfile
+import secrets
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from components.common import IMAGE
 from harnessrl.sandbox.base import WORKSPACE_MOUNT, Limits, Outcome, RunResult, Sandbox
+from harnessrl.sandbox.kubernetes_exec import (
+    ExecResult,
+    OutputTooLarge,
+    exec_in_pod,
+    fingerprint,
+    pack_workspace,
+    unpack_workspace,
+)
 
-MAX_CONFIGMAP_BYTES = 900 * 1024  # ConfigMaps hold at most 1 MiB in total
+logger = logging.getLogger(__name__)
 NAME_RE = re.compile(r"[^a-z0-9-]")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+CONTAINER = "sandbox"
+MiB = 1 << 20
+MAX_OUTPUT = 2 * MiB  # per stream and command, head + tail (as the bubblewrap backend)
+UID_BASE, UID_SLOTS = 1_200_000_000, 1_000_000
+ULIMIT_FAILED = 125
+ULIMIT_MARKER = "harnessrl-sandbox: setting limits failed"
+# cd, ulimits (-u is bash's process limit, -p dash's), then the command under timeout (exit 124 at the limit).
+RUN_SCRIPT = (
+    'cd "$1" || exit 126; '
+    f'{{ ulimit -t "$2" && ulimit -f "$3" && ulimit -n "$4" && {{ ulimit -u "$5" 2>/dev/null || ulimit -p "$5"; }}; }} '
+    f'|| {{ echo "{ULIMIT_MARKER}" >&2; exit {ULIMIT_FAILED}; }}; '
+    't="$6"; shift 6; exec timeout -k 2 "$t" "$@"'
+)
+PUSH_SCRIPT = (
+    'find "$1" -mindepth 1 -maxdepth 1 -exec rm -rf {} + && head -c "$2" | tar -xzf - -C "$1" --no-same-owner'
+)
+START_FAILURES = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+}
+
+
+@dataclass(frozen=True)
+class EgressAllow:
+    """A named egress allow-list: pods labelled `harnessrl.io/egress=<name>` may reach these, nothing else.
+    `cidrs` (e.g. a package-index proxy's address) and/or pods with `pod_labels` in `namespace`, on TCP
+    `ports` (every port when empty)."""
+
+    name: str
+    cidrs: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+    namespace: str | None = None
+    pod_labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not LABEL_VALUE_RE.match(self.name):
+            raise ValueError(f"egress allow-list name {self.name!r}: use lowercase letters, digits and '-'")
+        if not self.cidrs and self.namespace is None:
+            raise ValueError(f"egress allow-list {self.name!r}: give cidrs or a namespace (+ pod_labels)")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> EgressAllow:
+        allowed = {"name", "cidrs", "ports", "namespace", "pod_labels"}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+        try:
+            return cls(
+                str(d["name"]),
+                tuple(d.get("cidrs", ())),
+                tuple(int(p) for p in d.get("ports", ())),
+                d.get("namespace"),
+                dict(d.get("pod_labels", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
+def load_egress(path: Path) -> tuple[EgressAllow, ...]:
+    """A task set's allow-lists from a JSON file: a list of EgressAllow objects."""
+    import json
+
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read egress allow-lists ({e})") from None
+    if not isinstance(raw, list) or not all(isinstance(d, dict) for d in raw):
+        raise ValueError(
+            f"{path}: expected a JSON list of objects {{name, cidrs, ports, namespace, pod_labels}}"
+        )
+    return tuple(EgressAllow.from_dict(d, f"{path}[{i}]") for i, d in enumerate(raw))
 
 
 @dataclass(frozen=True)
 class KubernetesConfig:
     namespace: str = "harnessrl-sandbox"
-    image: str = IMAGE
+    image: str = IMAGE  # for the example manifest only: pods run the task's image
     service_account: str = "harnessrl-sandbox"  # has no RBAC permissions; its token is not mounted anyway
-    run_as_user: int = 1000
+    run_as_user: int | None = None  # None: a uid of its own per pod (UID_BASE + random slot)
+    read_only_root: bool = True  # images that write outside /workspace and /tmp need False
     gateway_namespace: str = "harnessrl"
     gateway_labels: dict[str, str] = field(
         default_factory=lambda: {"app.kubernetes.io/name": "harnessrl-gateway"}
     )
     gateway_port: int = 8080
-    ttl_seconds_after_finished: int = 600
+    egress: tuple[EgressAllow, ...] = ()
     cpu: str = "1"
     ephemeral_storage_mb: int = 4096
-    start_grace_s: float = 300.0  # image pull + scheduling, on top of the command's own timeout
+    pod_start_timeout_s: float = 300.0  # scheduling + image pull
+    max_pod_s: int = 6 * 3600  # activeDeadlineSeconds: a pod nobody deleted ends here
+    exec_grace_s: float = 15.0  # past the command's own timeout, the client gives up and deletes the pod
     poll_s: float = 1.0
+    idle_command: tuple[str, ...] = ("sleep", "infinity")
+
+    @classmethod
+    def from_env(cls) -> KubernetesConfig:
+        """`HARNESSRL_SANDBOX_NAMESPACE` moves the namespace (the rollout/verify pods run where RBAC lets them)."""
+        return cls(namespace=os.environ.get("HARNESSRL_SANDBOX_NAMESPACE", cls.namespace))
 
 
-def job_name(prefix: str = "sandbox") -> str:
+def pod_name(prefix: str = "sandbox") -> str:
     return f"{NAME_RE.sub('-', prefix.lower())[:40].strip('-')}-{uuid.uuid4().hex[:10]}"
 
 
-def _security_context(cfg: KubernetesConfig) -> dict[str, Any]:
+def _security_context(uid: int, read_only_root: bool) -> dict[str, Any]:
     return {
         "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
+        "readOnlyRootFilesystem": read_only_root,
         "privileged": False,
         "runAsNonRoot": True,
-        "runAsUser": cfg.run_as_user,
-        "runAsGroup": cfg.run_as_user,
+        "runAsUser": uid,
+        "runAsGroup": uid,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
-def render_job(
-    name: str,
-    argv: list[str],
-    timeout: float,
-    limits: Limits,
-    cfg: KubernetesConfig,
-    workspace_configmap: str | None = None,
-    cwd: str = WORKSPACE_MOUNT,
-) -> dict[str, Any]:
-    labels = {
+def pod_labels(name: str, network: str | None) -> dict[str, str]:
+    return {
         "app.kubernetes.io/name": "harnessrl-sandbox",
         "app.kubernetes.io/part-of": "harnessrl",
         "harnessrl.io/sandbox": name,
+        "harnessrl.io/egress": network or "none",
     }
+
+
+def render_pod(
+    name: str,
+    image: str,
+    limits: Limits,
+    cfg: KubernetesConfig,
+    network: str | None = None,
+    uid: int = UID_BASE,
+    workspace_mb: int | None = None,
+) -> dict[str, Any]:
+    """The sandbox pod. `workspace_mb`: the workspace emptyDir's size limit (default: limits.workspace_mb)."""
+    if network is not None and not LABEL_VALUE_RE.match(network):
+        raise ValueError(f"network {network!r}: an egress allow-list name is lowercase letters, digits, '-'")
     memory = f"{limits.memory_mb}Mi"
-    resources = {
-        "limits": {"cpu": cfg.cpu, "memory": memory, "ephemeral-storage": f"{cfg.ephemeral_storage_mb}Mi"},
-        "requests": {"cpu": cfg.cpu, "memory": memory},
+    ws_mb = workspace_mb or limits.workspace_mb
+    storage = f"{max(cfg.ephemeral_storage_mb, ws_mb + 64)}Mi"
+    env = {
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
     }
-    env = [
-        {"name": k, "value": v}
-        for k, v in {
-            "HOME": "/tmp",
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1",
-            "HARNESSRL_GATEWAY_URL": f"http://harnessrl-gateway.{cfg.gateway_namespace}:{cfg.gateway_port}",
-        }.items()
-    ]
-    volumes: list[dict[str, Any]] = [
-        {"name": "workspace", "emptyDir": {"sizeLimit": f"{cfg.ephemeral_storage_mb}Mi"}},
-        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmp_mb}Mi"}},
-    ]
-    init: list[dict[str, Any]] = []
-    if workspace_configmap is not None:
-        volumes.append({"name": "workspace-tar", "configMap": {"name": workspace_configmap}})
-        init.append(
-            {
-                "name": "unpack-workspace",
-                "image": cfg.image,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["tar", "-xzf", "/in/workspace.tar.gz", "-C", WORKSPACE_MOUNT],
-                "securityContext": _security_context(cfg),
-                "resources": {
-                    "limits": {"cpu": "500m", "memory": "256Mi"},
-                    "requests": {"cpu": "100m", "memory": "64Mi"},
-                },
-                "volumeMounts": [
-                    {"name": "workspace", "mountPath": WORKSPACE_MOUNT},
-                    {"name": "workspace-tar", "mountPath": "/in", "readOnly": True},
-                ],
-            }
-        )
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "serviceAccountName": cfg.service_account,
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "hostNetwork": False,
-        "hostPID": False,
-        "hostIPC": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": cfg.run_as_user,
-            "runAsGroup": cfg.run_as_user,
-            "fsGroup": cfg.run_as_user,
-            "seccompProfile": {"type": "RuntimeDefault"},
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": pod_labels(name, network)},
+        "spec": {
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": cfg.max_pod_s,
+            "serviceAccountName": cfg.service_account,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "hostNetwork": False,
+            "hostPID": False,
+            "hostIPC": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": uid,
+                "runAsGroup": uid,
+                "fsGroup": uid,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": CONTAINER,
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": list(cfg.idle_command),
+                    "workingDir": WORKSPACE_MOUNT,
+                    "env": [{"name": k, "value": v} for k, v in env.items()],
+                    "securityContext": _security_context(uid, cfg.read_only_root),
+                    "resources": {
+                        "limits": {"cpu": cfg.cpu, "memory": memory, "ephemeral-storage": storage},
+                        "requests": {"cpu": cfg.cpu, "memory": memory, "ephemeral-storage": storage},
+                    },
+                    "volumeMounts": [
+                        {"name": "workspace", "mountPath": WORKSPACE_MOUNT},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "workspace", "emptyDir": {"sizeLimit": f"{ws_mb}Mi"}},
+                {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmp_mb}Mi"}},
+            ],
         },
-        "terminationGracePeriodSeconds": 5,
-        "containers": [
+    }
+
+
+def _dns_rule() -> dict[str, Any]:
+    return {
+        "to": [
             {
-                "name": "run",
-                "image": cfg.image,
-                "imagePullPolicy": "IfNotPresent",
-                "command": argv,
-                "workingDir": cwd,
-                "env": env,
-                "securityContext": _security_context(cfg),
-                "resources": resources,
-                "volumeMounts": [
-                    {"name": "workspace", "mountPath": WORKSPACE_MOUNT},
-                    {"name": "tmp", "mountPath": "/tmp"},
-                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
             }
         ],
-        "volumes": volumes,
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
     }
-    if init:
-        pod_spec["initContainers"] = init
+
+
+def render_egress_policy(allow: EgressAllow, cfg: KubernetesConfig) -> dict[str, Any]:
+    peers: list[dict[str, Any]] = [{"ipBlock": {"cidr": c}} for c in allow.cidrs]
+    if allow.namespace is not None:
+        peers.append(
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": allow.namespace}},
+                "podSelector": {"matchLabels": dict(allow.pod_labels)},
+            }
+        )
+    rule: dict[str, Any] = {"to": peers}
+    if allow.ports:
+        rule["ports"] = [{"protocol": "TCP", "port": p} for p in allow.ports]
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels},
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"allow-egress-{allow.name}", "namespace": cfg.namespace},
         "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": max(1, math.ceil(timeout)),
-            "ttlSecondsAfterFinished": cfg.ttl_seconds_after_finished,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "podSelector": {"matchLabels": {"harnessrl.io/egress": allow.name}},
+            "policyTypes": ["Egress"],
+            "egress": [rule, _dns_rule()],
         },
     }
 
@@ -203,179 +315,258 @@ def render_network_policies(cfg: KubernetesConfig) -> list[dict[str, Any]]:
                     ],
                     "ports": [{"protocol": "TCP", "port": cfg.gateway_port}],
                 },
-                {
-                    "to": [
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
-                            },
-                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                        }
-                    ],
-                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-                },
+                _dns_rule(),
             ],
         },
     }
-    return [deny, allow]
+    return [deny, allow, *(render_egress_policy(a, cfg) for a in cfg.egress)]
 
 
-def render_workspace_configmap(name: str, workspace: Path, cfg: KubernetesConfig) -> dict[str, Any]:
-    import base64
+class KubernetesPodSandbox(Sandbox):
+    """One pod for the sandbox's lifetime; see the module docstring. Memory and storage are the pod's (fixed
+    when it starts, from `limits`); the other limits apply per command."""
 
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(workspace, arcname=".")
-    data = buf.getvalue()
-    if len(data) > MAX_CONFIGMAP_BYTES:
-        raise ValueError(
-            f"workspace {workspace} packs to {len(data)} bytes, over the {MAX_CONFIGMAP_BYTES}-byte "
-            "ConfigMap limit: run large workspaces with bubblewrap inside the step's pod"
-        )
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": cfg.namespace,
-            "labels": {"app.kubernetes.io/name": "harnessrl-sandbox", "harnessrl.io/sandbox": name},
-        },
-        "binaryData": {"workspace.tar.gz": base64.b64encode(data).decode("ascii")},
-    }
-
-
-class KubernetesSandbox(Sandbox):
     def __init__(
         self,
-        cfg: KubernetesConfig | None = None,
-        workspace: Path | None = None,
-        api_client: Any = None,
+        workspace: Path,
+        image: str,
         limits: Limits | None = None,
+        network: str | None = None,
+        *,
+        cfg: KubernetesConfig | None = None,
+        api_client: Any = None,
     ) -> None:
-        self.cfg = cfg or KubernetesConfig()
-        self.workspace = Path(workspace) if workspace is not None else None
+        self.cfg = cfg or KubernetesConfig.from_env()
+        self.workspace = Path(workspace)
+        self.image, self.network = image, network
         self.default_limits = limits or Limits()
+        if network is not None and not LABEL_VALUE_RE.match(network):
+            raise ValueError(
+                f"network {network!r}: an egress allow-list name is lowercase letters, digits, '-'"
+            )
+        known = {a.name for a in self.cfg.egress}
+        if network is not None and known and network not in known:
+            raise ValueError(f"network {network!r} is not one of the configured allow-lists {sorted(known)}")
         if api_client is None:
             from kubernetes import client, config
 
             try:
                 config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+            except config.ConfigException:  # outside a pod: $KUBECONFIG (read now) or ~/.kube/config
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
             api_client = client.ApiClient()
-        self.api_client = api_client
+        from kubernetes import client
+
+        self.core: Any = client.CoreV1Api(api_client)  # the client's return types are unions of every shape
+        self.pod: str | None = None
+        self.pods_started = 0
+        self._synced: int | None = None  # fingerprint of the host workspace as the pod has it
+        self._base_bytes = 0
+        self._oom_kills = 0
+        self._finalizer: weakref.finalize | None = None
+
+    # -- pod lifecycle ------------------------------------------------------------------------------------
+    def _start(self) -> str | None:
+        """Creates the pod and waits until it runs; returns why not (the pod is deleted again)."""
+        from kubernetes.client.exceptions import ApiException
+
+        name = pod_name()
+        self._base_bytes = sum(f.stat().st_size for f in self.workspace.rglob("*") if f.is_file())
+        ws_mb = math.ceil(self._base_bytes / MiB) + self.default_limits.workspace_mb
+        uid = self.cfg.run_as_user or UID_BASE + secrets.randbelow(UID_SLOTS)
+        manifest = render_pod(name, self.image, self.default_limits, self.cfg, self.network, uid, ws_mb)
+        try:
+            self.core.create_namespaced_pod(self.cfg.namespace, manifest)
+        except ApiException as e:
+            return f"creating pod: Kubernetes API error {e.status} {e.reason}: {(e.body or '')[:300]}"
+        self.pod, self.pods_started, self._synced, self._oom_kills = name, self.pods_started + 1, None, 0
+        self._finalizer = weakref.finalize(self, _delete_pod, self.core, name, self.cfg.namespace)
+        deadline = time.monotonic() + self.cfg.pod_start_timeout_s
+        while True:
+            try:
+                pod = self.core.read_namespaced_pod(name, self.cfg.namespace)
+            except ApiException as e:
+                why = f"reading pod {name}: Kubernetes API error {e.status} {e.reason}"
+                break
+            phase = pod.status.phase if pod.status else None
+            waiting = [
+                s.state.waiting.reason
+                for s in (pod.status.container_statuses or [] if pod.status else [])
+                if s.state and s.state.waiting and s.state.waiting.reason in START_FAILURES
+            ]
+            if phase == "Running":
+                return None
+            if waiting or phase in ("Failed", "Succeeded"):
+                why = f"pod {name} did not start: {waiting[0] if waiting else phase}"
+                break
+            if time.monotonic() > deadline:
+                why = (
+                    f"pod {name} not running after {self.cfg.pod_start_timeout_s:g} s "
+                    "(scheduling or image pull?)"
+                )
+                break
+            time.sleep(self.cfg.poll_s)
+        self._drop_pod()
+        return why
+
+    def _drop_pod(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()  # deletes the pod once
+        self.pod, self._finalizer, self._synced = None, None, None
+
+    def close(self) -> None:
+        """Deletes the pod (the host workspace stays)."""
+        self._drop_pod()
+
+    # -- commands -----------------------------------------------------------------------------------------
+    def _exec(self, argv: list[str], deadline: float, **kw: Any) -> ExecResult:
+        assert self.pod is not None
+        return exec_in_pod(
+            self.core,
+            self.pod,
+            self.cfg.namespace,
+            CONTAINER,
+            argv,
+            deadline=deadline,
+            max_output=MAX_OUTPUT,
+            **kw,
+        )
+
+    def _push(self) -> str | None:
+        data = pack_workspace(self.workspace)
+        argv = ["/bin/sh", "-c", PUSH_SCRIPT, "push", WORKSPACE_MOUNT, str(len(data))]
+        r = self._exec(argv, time.monotonic() + 60 + len(data) / MiB, stdin=data)
+        if r.exit_code != 0:
+            return f"copying the workspace into pod {self.pod}: {r.error or r.stderr.decode(errors='replace')[-300:]}"
+        self._synced = fingerprint(self.workspace)
+        return None
+
+    def _pull(self) -> tuple[Outcome, str] | None:
+        """Copies the pod's workspace back; (outcome, why) when that fails."""
+        cap = self._base_bytes + self.default_limits.workspace_mb * MiB
+        try:
+            r = self._exec(
+                ["tar", "-czf", "-", "-C", WORKSPACE_MOUNT, "."],
+                time.monotonic() + 60 + cap / (50 * MiB),
+                whole_stdout=True,
+            )
+            if r.exit_code != 0:
+                why = r.error or r.stderr.decode(errors="replace")[-300:]
+                return Outcome.SANDBOX_ERROR, f"copying the workspace out of pod {self.pod}: {why}"
+            unpack_workspace(r.stdout, self.workspace, cap)
+        except OutputTooLarge as e:
+            return (
+                Outcome.RESOURCE_LIMIT,
+                f"workspace quota: {e} (limit {self.default_limits.workspace_mb} MB growth)",
+            )
+        except Exception as e:  # tarfile's filter refused a member, a broken archive
+            return Outcome.SANDBOX_ERROR, f"workspace from pod {self.pod} refused: {type(e).__name__}: {e}"
+        self._synced = fingerprint(self.workspace)
+        return None
+
+    def _oom_killed(self) -> bool:
+        """Whether the kernel OOM-killed something in the pod since the last look (cgroup v2 memory.events),
+        or the container itself died OOMKilled."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pod = self.core.read_namespaced_pod(self.pod, self.cfg.namespace)
+            for s in (pod.status.container_statuses or []) if pod.status else []:
+                if s.state and s.state.terminated and s.state.terminated.reason == "OOMKilled":
+                    return True
+        except ApiException:
+            return False
+        r = self._exec(["cat", "/sys/fs/cgroup/memory.events"], time.monotonic() + 30)
+        counts = dict(line.split() for line in r.stdout.decode(errors="replace").splitlines() if " " in line)
+        kills = int(counts.get("oom_kill", "0") or 0)
+        seen, self._oom_kills = self._oom_kills, kills
+        return kills > seen
 
     def run(
         self, cmd: list[str] | str, timeout: float, limits: Limits | None = None, cwd: str = WORKSPACE_MOUNT
     ) -> RunResult:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
         limits = limits or self.default_limits
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        batch, core = client.BatchV1Api(self.api_client), client.CoreV1Api(self.api_client)
-        ns, name = self.cfg.namespace, job_name()
         started = time.monotonic()
-        configmap = None
-        try:
-            if self.workspace is not None:
-                configmap = name
-                core.create_namespaced_config_map(
-                    ns, render_workspace_configmap(name, self.workspace, self.cfg)
-                )
-            batch.create_namespaced_job(ns, render_job(name, argv, timeout, limits, self.cfg, configmap, cwd))
-            return self._wait(batch, core, name, timeout, started)
-        except ApiException as e:
+
+        def fail(
+            outcome: Outcome, detail: str, code: int | None = None, out: str = "", err: str = ""
+        ) -> RunResult:
+            return RunResult(outcome, code, out, err, time.monotonic() - started, detail)
+
+        if self.pod is None:
+            why = self._start()
+            if why is not None:
+                return fail(Outcome.SANDBOX_ERROR, why)
+        if self._synced != fingerprint(self.workspace):
+            why = self._push()
+            if why is not None:
+                self._drop_pod()
+                return fail(Outcome.SANDBOX_ERROR, why)
+        wrapped = [
+            "/bin/sh",
+            "-c",
+            RUN_SCRIPT,
+            "harnessrl-run",
+            cwd,
+            str(limits.cpu_s),
+            str(limits.file_size_mb * 2048),  # 512-byte blocks (POSIX sh)
+            str(limits.open_files),
+            str(limits.processes),
+            f"{max(timeout, 0.001):.3f}",
+            *argv,
+        ]
+        t0 = time.monotonic()
+        r = self._exec(wrapped, t0 + timeout + self.cfg.exec_grace_s)
+        wall = time.monotonic() - t0
+        out, err = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+        if r.timed_out:
+            self._drop_pod()
             return RunResult(
-                Outcome.SANDBOX_ERROR,
+                Outcome.TIMEOUT,
                 None,
-                "",
-                "",
-                time.monotonic() - started,
-                f"Kubernetes API error {e.status} {e.reason}: {(e.body or '')[:300]}",
+                out,
+                err,
+                wall,
+                f"no answer {self.cfg.exec_grace_s:g} s past the timeout; pod deleted",
             )
-        except ValueError as e:
-            return RunResult(Outcome.SANDBOX_ERROR, None, "", "", time.monotonic() - started, str(e))
-        finally:
-            self._cleanup(batch, core, name, configmap)
-
-    def _wait(self, batch: Any, core: Any, name: str, timeout: float, started: float) -> RunResult:
-        ns = self.cfg.namespace
-        deadline = started + timeout + self.cfg.start_grace_s
-        while True:
-            job = batch.read_namespaced_job_status(name, ns)
-            conditions = {c.type: c for c in (job.status.conditions or []) if c.status == "True"}
-            if "Complete" in conditions or "Failed" in conditions or "FailureTarget" in conditions:
-                break
-            if time.monotonic() > deadline:
+        if r.exit_code is None:  # the exec broke: find out whether the container died of memory
+            oom = self._oom_killed()
+            self._drop_pod()
+            if oom:
                 return RunResult(
-                    Outcome.SANDBOX_ERROR,
-                    None,
-                    "",
-                    "",
-                    time.monotonic() - started,
-                    f"job {name} did not finish within timeout + {self.cfg.start_grace_s:g} s "
-                    "(scheduling or image pull?)",
+                    Outcome.RESOURCE_LIMIT, None, out, err, wall, "memory limit (OOMKilled); pod replaced"
                 )
-            time.sleep(self.cfg.poll_s)
-        wall = time.monotonic() - started
-        pods = core.list_namespaced_pod(ns, label_selector=f"harnessrl.io/sandbox={name}").items
-        failed = conditions.get("Failed") or conditions.get("FailureTarget")
-        if failed is not None and failed.reason == "DeadlineExceeded":
-            log = self._log(core, pods)
-            return RunResult(
-                Outcome.TIMEOUT, None, log, "", wall, f"killed at activeDeadlineSeconds={math.ceil(timeout)}"
-            )
-        state = None
-        for pod in pods:
-            for st in pod.status.init_container_statuses or []:
-                term = st.state.terminated if st.state else None
-                if term is not None and term.exit_code != 0:
-                    return RunResult(
-                        Outcome.SANDBOX_ERROR,
-                        None,
-                        "",
-                        "",
-                        wall,
-                        f"init container {st.name} failed: {term.reason} (exit {term.exit_code})",
-                    )
-            for st in pod.status.container_statuses or []:
-                if st.name == "run" and st.state and st.state.terminated:
-                    state = st.state.terminated
-        if state is None:
-            reason = failed.reason if failed is not None else "no terminated run container"
-            return RunResult(Outcome.SANDBOX_ERROR, None, "", "", wall, f"job {name} failed: {reason}")
-        log = self._log(core, pods)
-        if state.reason == "OOMKilled":
-            return RunResult(
-                Outcome.RESOURCE_LIMIT, state.exit_code, log, "", wall, "memory limit (OOMKilled)"
-            )
-        if state.exit_code == 0:
-            return RunResult(Outcome.OK, 0, log, "", wall)
-        return RunResult(Outcome.NONZERO, state.exit_code, log, "", wall, state.reason or "")
+            return RunResult(Outcome.SANDBOX_ERROR, None, out, err, wall, r.error)
+        code = r.exit_code
+        if code == ULIMIT_FAILED and ULIMIT_MARKER in err:
+            return RunResult(Outcome.SANDBOX_ERROR, None, out, err, wall, ULIMIT_MARKER)
+        if code == 124 or (code == 137 and wall >= timeout):
+            outcome, detail = Outcome.TIMEOUT, f"killed at the {timeout:g} s timeout"
+        elif code == 137 and self._oom_killed():
+            outcome, detail = Outcome.RESOURCE_LIMIT, "memory limit (OOM kill)"
+        elif code in (128 + 24, 128 + 25):  # SIGXCPU, SIGXFSZ
+            outcome = Outcome.RESOURCE_LIMIT
+            detail = "CPU time limit (SIGXCPU)" if code == 152 else "file size limit (SIGXFSZ)"
+        else:
+            outcome, detail = (Outcome.OK, "") if code == 0 else (Outcome.NONZERO, "")
+        failed = self._pull()
+        if failed is not None:
+            if failed[0] is Outcome.SANDBOX_ERROR:
+                self._drop_pod()
+            return RunResult(failed[0], code, out, err, wall, failed[1])
+        return RunResult(outcome, code, out, err, wall, detail)
 
-    def _log(self, core: Any, pods: list[Any]) -> str:
-        from kubernetes.client.exceptions import ApiException
 
-        for pod in pods:
-            try:
-                return core.read_namespaced_pod_log(pod.metadata.name, self.cfg.namespace, container="run")
-            except ApiException:
-                continue
-        return ""
+def _delete_pod(core: Any, name: str, namespace: str) -> None:
+    from kubernetes.client.exceptions import ApiException
 
-    def _cleanup(self, batch: Any, core: Any, name: str, configmap: str | None) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            batch.delete_namespaced_job(name, self.cfg.namespace, propagation_policy="Background")
-        except ApiException:
-            pass  # never created, or already gone (the TTL controller)
-        if configmap is not None:
-            try:
-                core.delete_namespaced_config_map(configmap, self.cfg.namespace)
-            except ApiException:
-                pass
+    try:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except ApiException:
+        pass  # already gone (deadline, eviction) or never admitted
+    except Exception as e:  # at interpreter exit the API may be unreachable: activeDeadlineSeconds ends it
+        logger.warning("deleting sandbox pod %s/%s failed: %s", namespace, name, e)
 
 
 def render_namespace_objects(cfg: KubernetesConfig) -> dict[str, list[dict[str, Any]]]:
@@ -402,7 +593,7 @@ def render_namespace_objects(cfg: KubernetesConfig) -> dict[str, list[dict[str, 
         "apiVersion": "v1",
         "kind": "ResourceQuota",
         "metadata": {"name": "sandbox-quota", "namespace": cfg.namespace},
-        "spec": {"hard": {"pods": "200", "limits.memory": "800Gi", "limits.cpu": "400", "configmaps": "400"}},
+        "spec": {"hard": {"pods": "200", "limits.memory": "800Gi", "limits.cpu": "400"}},
     }
     limit_range = {
         "apiVersion": "v1",
@@ -419,31 +610,11 @@ def render_namespace_objects(cfg: KubernetesConfig) -> dict[str, list[dict[str, 
             ]
         },
     }
-    example = render_job(
-        "verify-example",
-        [
-            "python",
-            "-P",
-            "-m",
-            "pytest",
-            "-rA",
-            "-v",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "addopts=",
-            "--rootdir=/workspace",
-            "tests/test_example.py",
-        ],
-        300,
-        Limits(),
-        cfg,
-        workspace_configmap="verify-example",
-    )
+    example = render_pod("sandbox-example", cfg.image, Limits(), cfg, uid=UID_BASE)
     return {
         "namespace.yaml": [namespace],
         "serviceaccount.yaml": [service_account],
         "networkpolicy.yaml": render_network_policies(cfg),
         "quota.yaml": [quota, limit_range],
-        "job-template.yaml": [example],
+        "pod-template.yaml": [example],
     }

@@ -98,7 +98,8 @@ def test_base_renders_and_validates():
         "namespace": "kubeflow",
     }
     role = kinds[("Role", "harnessrl-sandbox-launcher")]
-    assert {"create", "delete"} <= set(next(r for r in role["rules"] if "jobs" in r["resources"])["verbs"])
+    assert {"create", "delete"} <= set(next(r for r in role["rules"] if "pods" in r["resources"])["verbs"])
+    assert "create" in next(r for r in role["rules"] if "pods/exec" in r["resources"])["verbs"]
     ray = kinds[("RayCluster", "harnessrl-ray")]
     worker = ray["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"

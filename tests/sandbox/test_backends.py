@@ -64,9 +64,10 @@ def test_podman_missing_module_is_one_line_naming_the_fix(tmp_path):
     reason="needs harnessrl/sandbox/podman.py and a podman binary",
 )
 def test_podman_is_selected_and_runs(tmp_path):
-    image = "localhost/harnessrl-base:latest"
+    from harnessrl.sandbox.images import BASE_IMAGE as image  # pyright: ignore[reportMissingImports]
+
     if subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode != 0:
-        pytest.skip(f"podman has no image {image} (build it with `make image`)")
+        pytest.skip(f"podman has no image {image} (the podman tests build it)")
     (tmp_path / "a.txt").write_text("from the host\n")
     with make_sandbox(SandboxKind.PODMAN, tmp_path, env_dir=None, image=image, limits=Limits()) as sb:
         assert type(sb).__name__ == "PodmanSandbox"
@@ -119,3 +120,80 @@ def test_verify_on_a_container_backend_without_an_image_is_an_infra_error(task):
 def test_verify_choice_refuses_a_network_without_containers():
     with pytest.raises(ValueError, match="--network needs podman or kubernetes"):
         SandboxChoice(SandboxKind.BUBBLEWRAP, "proxy")
+
+
+@pytest.fixture
+def kube_env(tmp_path, monkeypatch):
+    """A loopback Kubernetes API reached the way a workstation reaches a cluster: through $KUBECONFIG."""
+    from tests.sandbox.kube_api import KubeAPI
+
+    api = KubeAPI().start()
+    monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    yield api
+    api.stop()
+
+
+@requires_bwrap
+def test_kubernetes_is_selected_and_runs_through_the_api(kube_env, tmp_path):
+    from harnessrl.sandbox.kubernetes import KubernetesPodSandbox
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("hello\n")
+    with make_sandbox(
+        SandboxKind.KUBERNETES,
+        ws,
+        env_dir=None,
+        image="task:1",
+        limits=Limits(memory_mb=256),
+        network="proxy",
+    ) as sb:
+        assert isinstance(sb, KubernetesPodSandbox)
+        r = sb.run("cat a.txt", timeout=30)
+    assert r.outcome is Outcome.OK and r.stdout == "hello\n", r
+    (pod,) = kube_env.created
+    assert pod["metadata"]["labels"]["harnessrl.io/egress"] == "proxy"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["memory"] == "256Mi"
+    assert kube_env.deleted == [pod["metadata"]["name"]]
+
+
+@requires_bwrap
+def test_a_rollout_on_the_kubernetes_backend(kube_env, synth_taskset, fast_engine, tmp_path):
+    """generate with a kubernetes spec: one pod per rollout from the task's image_name, the harness's edit made
+    on the host reaches the pod, the pod's writes come back into the diff, the pod is deleted at the end."""
+    import json
+
+    from harnessrl.io import read_jsonl
+    from harnessrl.rollout.generate import GenerateConfig, run_generate
+    from harnessrl.rollout.model_server import ModelSource
+
+    def call(name: str, **arguments: str) -> dict:
+        return {"text": f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"}
+
+    engine = fast_engine(
+        [
+            call(
+                "str_replace_editor", command="create", path="NOTES.md", file_text="edited by the harness\n"
+            ),
+            call("bash", command="cat NOTES.md > COPY.md && echo pod-uid=$(id -u)"),
+            call("submit"),
+        ]
+    )
+    out = tmp_path / "gen"
+    run_generate(
+        synth_taskset,
+        out,
+        parse_specs({"sandbox": "kubernetes", "limits": {"turns": 4}}),
+        ModelSource(engine_url=engine.base_url),
+        GenerateConfig(group_size=1, max_tasks=1),
+    )
+    (row,) = read_jsonl(out / "rollouts.jsonl")
+    assert row["rollout_status"] == "ok" and row["finish_reason"] == "submitted", row["error"]
+    assert "+++ b/COPY.md" in row["model_patch"] and "+edited by the harness" in row["model_patch"]
+    (pod,) = kube_env.created
+    task = next(
+        t for t in read_jsonl(synth_taskset / "tasks.jsonl") if t["instance_id"] == row["instance_id"]
+    )
+    assert pod["spec"]["containers"][0]["image"] == task["image_name"]
+    assert kube_env.deleted == [pod["metadata"]["name"]] and not kube_env.pods

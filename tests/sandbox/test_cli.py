@@ -45,4 +45,4 @@ def test_manifests_command_writes_what_is_rendered(tmp_path, capsys):
     assert main(["sandbox", "manifests", "--out", str(tmp_path), "--image", "example.org/h:1"]) == 0
     expected = render_manifest_files(KubernetesConfig(image="example.org/h:1"))
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == expected
-    assert "example.org/h:1" in expected["job-template.yaml"]
+    assert "example.org/h:1" in expected["pod-template.yaml"]
