@@ -21,6 +21,7 @@ from typing import Any
 from harnessrl.choices import parse_choice
 from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from harnessrl.rollout.specs import NamedSpec
 from harnessrl.schema import Sample
 from harnessrl.train.data import assemble, load_rewards, load_samples
 from harnessrl.train.modes import LossMode, Objective, SftSource
@@ -125,7 +126,7 @@ def collect(
     *,
     rollouts: str | Path | None = None,
     verified: str | Path | None = None,
-    specs: str | Path | None = None,
+    specs: list[NamedSpec] | str | Path | None = None,
     allow_unsandboxed: bool = False,
 ) -> Trajectories:
     """Gathers the trajectories the config's source asks for; writes `out/data/`."""
@@ -188,7 +189,7 @@ def run_sft(
     *,
     rollouts: str | Path | None = None,
     verified: str | Path | None = None,
-    specs: str | Path | None = None,
+    specs: list[NamedSpec] | str | Path | None = None,
     allow_unsandboxed: bool = False,
     resume: bool = False,
     model_out: str | Path | None = None,
