@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: setup demo test lint sysdeps clean
+.PHONY: setup demo test lint sysdeps clean image image-full
 
 setup: $(STAMP) sysdeps
 
@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # bubblewrap sandboxes rollouts and verification; chromium and node show the reports as the KFP UI does
-# (tests/reports). Each is installed with apt when missing and we are root.
+# (tests/reports); podman + runc + debootstrap build and run the container images (docs/containers.md; the
+# podman settings come from manifests/image/containers.conf). Each is installed with apt when missing and we
+# are root.
 sysdeps:
 	@command -v bwrap >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -33,6 +35,22 @@ sysdeps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get install -y -q nodejs npm >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q nodejs npm >/dev/null)); \
 	  else echo "node/npm is missing: ask an admin to 'apt-get install nodejs npm'; the KFP UI report tests will be skipped."; fi; }
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -q podman runc debootstrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q podman runc debootstrap >/dev/null)); \
+	  else echo "podman/runc/debootstrap are missing: ask an admin to 'apt-get install podman runc debootstrap'; container tests will be skipped."; fi; }
+	@if [ "$$(id -u)" = 0 ] && command -v podman >/dev/null && [ ! -e /etc/containers/containers.conf ]; then \
+	  install -D -m 644 manifests/image/containers.conf /etc/containers/containers.conf; fi
+
+# The project image with podman (docs/containers.md): the Debian base once (debootstrap), a wheelhouse from
+# this venv, manifests/image/Dockerfile target cpu (image-full: target full, with torch). Skipped with the
+# reason where podman cannot run.
+image: setup
+	@if $(PY) -m harnessrl.sandbox.images check >/dev/null 2>&1; then nice $(PY) -m harnessrl.sandbox.images project; \
+	else echo "image: not built: $$($(PY) -m harnessrl.sandbox.images check)"; fi
+
+image-full: setup
+	nice $(PY) -m harnessrl.sandbox.images project --target full
 
 demo: setup
 	$(VENV)/bin/harnessrl demo
@@ -45,6 +63,12 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pyright
+
+# On a machine with a CUDA GPU: installs the [gpu] extra into .venv-gpu, starts vLLM with harnessrl's worker
+# extension, runs one trainer step and asserts vLLM samples the new weights (<= 10 min). Elsewhere: one line, exit 0.
+.PHONY: gpu-check
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info runs

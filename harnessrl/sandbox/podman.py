@@ -1,0 +1,330 @@
+"""podman sandbox: one container per rollout (or per verification) from the task's environment image.
+
+    PodmanSandbox(workspace: Path, image: str, limits: Limits, network: str | None = None,
+                  *, gateway_socket: Path | None = None, read_only_workspace: bool = False)
+        .run(cmd, timeout, limits=None, cwd="/workspace") -> RunResult
+
+The container starts once (`podman run -d --init ... sleep infinity`, main process root without any
+capability) and every command runs in it with `podman exec` as an unprivileged uid of this sandbox's own
+(identity.py: the same reserved host range bubblewrap uses, so an escape lands on a uid that owns nothing),
+with the environment cleared to a fixed list. The prepared workspace (one commit, no history) is bind-mounted
+at /workspace; the root filesystem is read-only, /tmp a size-limited tmpfs; no network (`--network none`)
+unless `network` names a podman network (an egress allow-list the operator made); the gateway's Unix socket,
+when given, is bound at GATEWAY_SOCKET_MOUNT. Memory (`--memory`, no swap) and processes (`--pids-limit`)
+are the container's cgroup, fixed at construction; CPU time, file size and open files are per command
+(`ulimit` in the exec'd shell). After a command, its leftover processes (daemons) are killed (`kill -KILL -1`
+as the sandbox uid from inside: everything but the root-owned init), so nothing outlives it, as under
+bubblewrap. close() removes the container.
+
+Outcomes follow bubblewrap's: podman's own failures (exit 125, no container) are `sandbox_error`; an OOM kill
+or refused forks seen in the container's cgroup counters are `resource_limit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+
+from harnessrl.sandbox import identity, leftovers, quota
+from harnessrl.sandbox.base import (
+    GATEWAY_SOCKET_MOUNT,
+    WORKSPACE_MOUNT,
+    Limits,
+    Outcome,
+    RunResult,
+    Sandbox,
+    SandboxError,
+)
+from harnessrl.sandbox.bwrap import QUOTA_POLL_S, _let_group_connect, _read_capped
+from harnessrl.sandbox.cgroups import Cgroup
+from harnessrl.sandbox.images import podman_problem
+
+logger = logging.getLogger(__name__)
+
+OWNER_LABEL = (
+    "org.harnessrl.sandbox-owner"  # the creating process's leftovers tag: sweep what killed runs left
+)
+AGENT_ENV = {
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONNOUSERSITE": "1",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "USER": "agent",
+    "LOGNAME": "agent",
+}
+# Runs the command, then kills what it left running (kill(-1) spares the caller and pid 1; the container's
+# main process is root's, out of the sandbox uid's reach), and exits with the command's status.
+# CPU time as bubblewrap sets it: SIGXCPU at the soft limit, SIGKILL 5 s later.
+_WRAP = (
+    'ulimit -S -t "$1" && ulimit -H -t "$(($1 + 5))" && ulimit -f "$2" && ulimit -n "$3" && ulimit -c 0 '
+    '|| { echo "harnessrl: could not set the command limits" >&2; exit 125; }; shift 3; '
+    '"$@"; rc=$?; kill -KILL -1 2>/dev/null; exit $rc'
+)
+SETUP_FAILED = "harnessrl: could not set the command limits"  # as _WRAP prints it
+PODMAN_FAILED = 125  # podman exec's own error (container gone, runtime failure) or the limits above
+_FSIZE_BLOCK = 512
+CONTAINER_NPROC = 32768  # RLIMIT_NPROC counts the uid's processes host-wide; --pids-limit is the real bound  # sh's `ulimit -f` unit
+
+
+def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+
+
+class PodmanSandbox(Sandbox):
+    def __init__(
+        self,
+        workspace: Path,
+        image: str,
+        limits: Limits,
+        network: str | None = None,
+        *,
+        gateway_socket: Path | None = None,
+        read_only_workspace: bool = False,
+    ) -> None:
+        problem = podman_problem()
+        if problem is not None:
+            raise SandboxError(f"podman sandbox: {problem}")
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise SandboxError(f"workspace {self.workspace} is not a directory")
+        if not image:
+            raise SandboxError("podman sandbox: no image (the task's image_name)")
+        self.gateway_socket = Path(gateway_socket).resolve() if gateway_socket is not None else None
+        if self.gateway_socket is not None and not self.gateway_socket.is_socket():
+            raise SandboxError(f"gateway socket {self.gateway_socket} is not a Unix socket")
+        self.image, self.limits, self.network = image, limits, network
+        self.read_only_workspace = read_only_workspace
+        self.name = f"harnessrl-sb-{uuid.uuid4().hex[:12]}"
+        _sweep_once()
+        self.identity = identity.acquire()
+        uid, gid = (self.identity.uid, self.identity.gid) if self.identity else (os.getuid(), os.getgid())
+        self.user = f"{uid}:{gid}"
+        self._finalizer = weakref.finalize(self, _remove, self.name, self.identity)
+        self._cgroup: Cgroup | None = None
+        try:
+            if self.gateway_socket is not None and self.identity is not None:
+                _let_group_connect(self.gateway_socket, gid)
+            self.baseline = self.last_usage = quota.measure(
+                self.workspace, owner=(uid, gid) if self.identity else None
+            )
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def run_args(self) -> list[str]:
+        """`podman run` options (before the image)."""
+        lim = self.limits
+        a = ["run", "-d", "--name", self.name, "--label", f"{OWNER_LABEL}={leftovers.current_tag()}"]
+        a += ["--init", "--user", "0:0", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
+        a += ["--network", self.network or "none", "--hostname", "sandbox"]
+        a += ["--read-only", "--read-only-tmpfs=false"]
+        a += ["--tmpfs", f"/tmp:rw,nosuid,nodev,size={lim.tmp_mb}m,mode=1777"]
+        a += ["--memory", f"{lim.memory_mb}m", "--memory-swap", f"{lim.memory_mb}m"]
+        a += ["--pids-limit", str(lim.processes + 8)]  # + init, sleep, the exec'd shell and its kill
+        # every rlimit podman sets is named: one --ulimit drops containers.conf's defaults for the others, and
+        # runc (no CAP_SYS_RESOURCE) cannot raise them to the host's defaults
+        a += ["--ulimit", f"nofile={lim.open_files}:{lim.open_files}", "--ulimit", "core=0:0"]
+        a += ["--ulimit", f"nproc={CONTAINER_NPROC}:{CONTAINER_NPROC}"]
+        mode = "ro" if self.read_only_workspace else "rw"
+        a += ["--mount", f"type=bind,src={self.workspace},dst={WORKSPACE_MOUNT},{mode}"]
+        if self.gateway_socket is not None:
+            a += ["--mount", f"type=bind,src={self.gateway_socket},dst={GATEWAY_SOCKET_MOUNT}"]
+        a += ["--workdir", WORKSPACE_MOUNT, "--env", "HOME=/tmp"]
+        return a
+
+    def _start(self) -> None:
+        proc = _podman(*self.run_args(), self.image, "sleep", "infinity")
+        if proc.returncode != 0:
+            raise SandboxError(f"podman run {self.image} failed: {proc.stderr.strip()[-1000:]}")
+        path = _podman("inspect", "--format", "{{.State.CgroupPath}}", self.name).stdout.strip()
+        dirs = [Path("/sys/fs/cgroup") / c / path.lstrip("/") for c in ("memory", "pids")]
+        dirs = [d for d in dirs if d.is_dir()] or [Path("/sys/fs/cgroup") / path.lstrip("/")]
+        self._cgroup = Cgroup(dirs=[d for d in dirs if d.is_dir()], version=1 if len(dirs) > 1 else 2)
+
+    def exec_args(self, argv: list[str], limits: Limits, cwd: str) -> list[str]:
+        env = dict(AGENT_ENV)
+        if self.gateway_socket is not None:
+            env["HARNESSRL_GATEWAY_SOCKET"] = GATEWAY_SOCKET_MOUNT
+        a = ["exec", "--user", self.user, "--workdir", cwd]
+        for k, v in env.items():
+            a += ["--env", f"{k}={v}"]
+        fsize = (limits.file_size_mb << 20) // _FSIZE_BLOCK
+        nofile = min(limits.open_files, self.limits.open_files)  # the container's hard limit binds
+        a += [self.name, "/bin/sh", "-c", _WRAP, "sh"]
+        return [*a, str(limits.cpu_s), str(fsize), str(nofile), *argv]
+
+    def run(
+        self,
+        cmd: list[str] | str,
+        timeout: float,
+        limits: Limits | None = None,
+        cwd: str = WORKSPACE_MOUNT,
+    ) -> RunResult:
+        if self._finalizer is None or not self._finalizer.alive:
+            raise SandboxError("this sandbox is closed")
+        limits = limits or self.limits
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv:
+            raise ValueError("empty command")
+        allowed = quota.Quota.growth(self.baseline, limits).relaxed_to(self.last_usage)
+        before = self._events()
+        tmpdir = leftovers.make_tempdir("podman")
+        started = time.monotonic()
+        try:
+            with open(tmpdir / "out", "wb") as out, open(tmpdir / "err", "wb") as err:
+                proc = subprocess.Popen(
+                    ["podman", *self.exec_args(argv, limits, cwd)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+                stopped_for = self._wait(proc, timeout, allowed)
+                if stopped_for:
+                    self._kill_commands()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            wall = time.monotonic() - started
+            stdout, stderr = _read_capped(tmpdir / "out"), _read_capped(tmpdir / "err")
+        except OSError as e:
+            return RunResult(Outcome.SANDBOX_ERROR, None, "", "", time.monotonic() - started, f"podman: {e}")
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        after = self._events()
+        events = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+        usage = quota.measure(self.workspace, stop_at=allowed)
+        violation = allowed.violation(usage)
+        self.last_usage = quota.measure(self.workspace) if violation else usage
+        stopped_for = stopped_for or violation
+        if stopped_for and stopped_for != "timeout":
+            return RunResult(Outcome.RESOURCE_LIMIT, None, stdout, stderr, wall, stopped_for, events)
+        return _classify(proc.returncode, events, stdout, stderr, wall, stopped_for == "timeout", timeout)
+
+    def _wait(self, proc: subprocess.Popen[bytes], timeout: float, allowed: quota.Quota) -> str:
+        """ "" when the command ended, "timeout", or the workspace quota it broke (polled as bubblewrap does)."""
+        deadline = time.monotonic() + timeout
+        poll = QUOTA_POLL_S
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            try:
+                proc.wait(timeout=min(poll, remaining))
+                return ""
+            except subprocess.TimeoutExpired:
+                pass
+            t0 = time.monotonic()
+            violation = allowed.violation(quota.measure(self.workspace, stop_at=allowed))
+            if violation:
+                return violation
+            poll = max(QUOTA_POLL_S, 20 * (time.monotonic() - t0))
+
+    def _kill_commands(self) -> None:
+        """SIGKILL every process of the sandbox uid in the container (setsid daemons too)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            _podman("exec", "--user", self.user, self.name, "/bin/sh", "-c", "kill -KILL -1", timeout=30)
+
+    def _events(self) -> dict[str, int]:
+        return self._cgroup.events() if self._cgroup is not None else {}
+
+    def close(self) -> None:
+        """Removes the container and releases the uid slot; the workspace is left as it is."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        elif getattr(self, "identity", None) is not None:
+            self.identity.release()  # type: ignore[union-attr]
+
+
+def _remove(name: str, ident: identity.HostIdentity | None) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        _podman("rm", "--force", "--time", "0", name, timeout=60)
+    if ident is not None:
+        ident.release()
+
+
+_swept = threading.Event()
+
+
+def _sweep_once() -> None:
+    """Removes sandbox containers whose creating process is gone (a kill -9'd run), once per process."""
+    if _swept.is_set():
+        return
+    _swept.set()
+    listed = _podman(
+        "ps",
+        "-a",
+        "--filter",
+        f"label={OWNER_LABEL}",
+        "--format",
+        f'{{{{.Names}}}} {{{{index .Labels "{OWNER_LABEL}"}}}}',
+    )
+    for line in listed.stdout.splitlines():
+        name, _, tag = line.partition(" ")
+        parts = tag.split(".")
+        if (
+            len(parts) == 3
+            and all(p.isdigit() for p in parts)
+            and leftovers.owner_gone((parts[0], parts[1], parts[2]))
+        ):
+            logger.info(
+                "removing sandbox container %s, left by a harnessrl process that no longer runs", name
+            )
+            _podman("rm", "--force", "--time", "0", name)
+
+
+def _limits_hit(events: dict[str, int]) -> str:
+    hit = []
+    if events.get("oom_kill"):
+        hit.append(f"memory limit ({events['oom_kill']} OOM kill(s))")
+    if events.get("pids_max"):
+        hit.append(f"process limit ({events['pids_max']} fork(s) refused)")
+    return "; ".join(hit)
+
+
+def _classify(
+    code: int | None,
+    events: dict[str, int],
+    stdout: str,
+    stderr: str,
+    wall: float,
+    killed_for_timeout: bool,
+    timeout: float,
+) -> RunResult:
+    if killed_for_timeout:
+        if events:
+            detail = f"{_limits_hit(events)}, then killed at the {timeout:g} s wall-clock limit"
+            return RunResult(Outcome.RESOURCE_LIMIT, None, stdout, stderr, wall, detail, events)
+        detail = f"killed after the {timeout:g} s wall-clock limit"
+        return RunResult(Outcome.TIMEOUT, None, stdout, stderr, wall, detail, events)
+    podman_failed = code == PODMAN_FAILED and (SETUP_FAILED in stderr or "\nError: " in "\n" + stderr)
+    if code is None or code < 0 or podman_failed:
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"podman exec exited {code}"
+        return RunResult(Outcome.SANDBOX_ERROR, None, stdout, stderr, wall, f"sandbox failed: {last}", events)
+    if code == 0:
+        return RunResult(Outcome.OK, 0, stdout, stderr, wall, "", events)
+    if events:
+        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, _limits_hit(events), events)
+    signum = code - 128 if code > 128 else 0
+    if signum in (signal.SIGXCPU, signal.SIGXFSZ):
+        detail = f"killed by {signal.Signals(signum).name}"
+        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, detail, events)
+    if "File too large" in stderr[-200_000:] + stdout[-200_000:]:
+        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, "file size limit", events)
+    return RunResult(Outcome.NONZERO, code, stdout, stderr, wall, "", events)
