@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harnessrl.choices import parse_choice
 from harnessrl.difficulty.selection import Split
 from harnessrl.evaluate.results import SCHEMA, EvalMode, compare, score_run
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl
@@ -73,7 +74,7 @@ class EvaluateConfig:
             raise ValueError(f"k (rollouts per task) must be >= 1, got {self.k}")
         if not self.modes:
             raise ValueError("give at least one mode (greedy, sampled)")
-        self.modes = tuple(dict.fromkeys(EvalMode(m) for m in self.modes))
+        self.modes = tuple(dict.fromkeys(parse_choice(EvalMode, m, "mode") for m in self.modes))
 
 
 def resolve_tasks(path: str | Path, split: Split = Split.TEST) -> Path:
@@ -174,10 +175,14 @@ def run_evaluate(
                 results.append(result)
         comparisons = []
         base_name = policies[0].name
-        for base in (r for r in results if r["policy"] == base_name and r["tasks_scored"]):
+        for base in (r for r in results if r["policy"] == base_name):
             for r in results:
-                if r["mode"] == base["mode"] and r["policy"] != base_name and r["tasks_scored"]:
+                if r["mode"] != base["mode"] or r["policy"] == base_name:
+                    continue
+                try:
                     comparisons.append(compare(base, r, iterations=cfg.bootstrap_iterations, seed=cfg.seed))
+                except ValueError as e:  # no task scored by both (infra errors): the results still stand
+                    logger.warning("evaluate: no comparison: %s", e)
         evaluation = {
             "schema": SCHEMA,
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

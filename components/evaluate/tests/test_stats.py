@@ -137,3 +137,10 @@ def test_compare_pairs_common_tasks():
     c = compare(a, b, iterations=2000, seed=0)
     assert (c["tasks"], c["tasks_only_a"], c["tasks_only_b"]) == (2, 1, 1)
     assert c["diff"] == pytest.approx(0.25) and c["b_only_resolved"] == ["t1"] and not c["significant"]
+
+
+def test_compare_without_common_tasks_says_so():
+    a = score_run(*_rows({"t1": [True]}), "a", EvalMode.GREEDY, 1)
+    b = score_run(*_rows({"t2": [True]}), "b", EvalMode.GREEDY, 1)
+    with pytest.raises(ValueError, match="a and b \\(greedy\\) have no scored task in common"):
+        compare(a, b)
