@@ -38,6 +38,13 @@ COMMAND_MODULES = (
     "components.sft.cli",
 )
 
+# Top-level modules of the [local] extra (torch, ...): an install without it (the cpu project image) has no
+# commands of the areas that import them, instead of no CLI at all.
+LOCAL_EXTRA_MODULES = frozenset(
+    {"torch", "transformers", "gguf", "accelerate", "safetensors", "ray", "aiohttp", "orjson", "uvloop"}
+)
+logger = logging.getLogger(__name__)
+
 
 class UserError(Exception):
     """A problem with the user's input: printed as one clear line, no traceback."""
@@ -67,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name == name:  # that area is not part of this build
+                continue
+            if (e.name or "").split(".")[0] in LOCAL_EXTRA_MODULES:  # e.g. the cpu image: no torch
+                logger.debug("`harnessrl` without %s's commands: %s is not installed", name, e.name)
                 continue
             raise
         module.register(commands, stages)

@@ -24,6 +24,7 @@ import pytest
 
 from harnessrl.io import read_jsonl, write_jsonl
 from harnessrl.sandbox import cgroups
+from harnessrl.sandbox.backends import DEFAULT_CHOICE, SandboxChoice
 from harnessrl.sandbox.base import Limits, Outcome
 from harnessrl.sandbox.bwrap import BubblewrapSandbox
 from harnessrl.sandbox.envs import ensure_env
@@ -132,7 +133,13 @@ def _build_attacks(task, root: Path, url: str) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def graded(task, tmp_path_factory):
+def attack_sandbox() -> SandboxChoice:
+    """The backend the table is graded on (tests/sandbox/test_podman_attacks.py reruns it on podman)."""
+    return DEFAULT_CHOICE
+
+
+@pytest.fixture(scope="module")
+def graded(task, tmp_path_factory, attack_sandbox):
     root = tmp_path_factory.mktemp("attacks")
     gold_ws = task.workspace(root / "gold-source")
     task.apply_gold(gold_ws)
@@ -160,6 +167,7 @@ def graded(task, tmp_path_factory):
                 workers=2,
                 timeout_s=timeout_s,
                 limits=limits,
+                sandbox=attack_sandbox,
             )
             summary["wall"] = time.monotonic() - t0
             time.sleep(0.3)
