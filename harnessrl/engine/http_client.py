@@ -9,6 +9,8 @@ freeze), loads through the harnessrl worker extension (`/collective_rpc`), flush
 (`/reset_prefix_cache`) and resumes. vLLM reports no policy version, so against vLLM `generate` streams and
 tags each token with the version this client had when the token arrived; the version moves on just before
 `/resume`, so tokens sampled before the sync and after it are tagged apart (as LocalEngine tags them).
+The weight-sync client stays in this module (which makes it ~400 lines) because the protocol it finds decides
+how `generate` tags versions.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from harnessrl.engine.completions_api import build_request, parse_response, pars
 from harnessrl.engine.vllm_worker import (
     EXTENSION,
     INFO,
+    INIT_BROADCAST,
     LOAD,
     PROTOCOL,
     RECEIVE,
+    BroadcastInit,
     LoadRequest,
     ReceiveRequest,
     TensorSpec,
@@ -321,6 +325,16 @@ class HTTPEngine:
         request = LoadRequest(str(checkpoint_dir), int(version)).to_json()
         await self._vllm_update(LOAD, request, int(version))
 
+    async def init_weight_broadcast(self, init: BroadcastInit) -> list[Any]:
+        """The workers join the trainer's NCCL group (blocks until the trainer, rank 0, joins too: run it
+        alongside `vllm_worker.BroadcastSender`). Returns the workers' answers ({"rank", "world_size"})."""
+        if not self._sync_checked:
+            await self.check_weight_sync()
+        reply = await self._call(
+            "POST", "/collective_rpc", {"method": INIT_BROADCAST, "args": [init.to_json()]}
+        )
+        return _rpc_results(reply, self.base_url)
+
     async def load_weights_broadcast(
         self, tensors: Sequence[TensorSpec], version: int, send: Callable[[], Awaitable[object]]
     ) -> None:
@@ -352,7 +366,9 @@ class HTTPEngine:
             if wrong:
                 raise EngineError(f"{self.base_url}: {method} answered {wrong[:2]!r}, not version {version}")
             # in-flight requests are preempted and recomputed, so no key/value of the old weights survives
-            await self._call("POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
+            reset = await self._call("POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
+            if isinstance(reset, dict) and reset.get("success") is False:
+                raise EngineError(f"{self.base_url}: /reset_prefix_cache answered {reset!r}")
         except EngineError as e:
             raise EngineError(
                 f"{self.base_url}: weight update to version {version} failed ({e}); the engine stays paused "

@@ -185,7 +185,8 @@ def check_loaded(model: Any, loaded: set[str] | None, source: str) -> None:
 
 
 class WeightSyncExtension:
-    """Mixed into vLLM's worker class (`--worker-extension-cls`). Every method answers a JSON-able dict."""
+    """Mixed into vLLM's worker class (`--worker-extension-cls`). Every method answers a JSON-able dict. Every
+    name is prefixed `harnessrl_`: vLLM refuses an extension whose attributes the worker already has."""
 
     model_runner: Any  # these two are the vLLM worker's (annotations only: nothing shadows them)
     device: Any
@@ -212,7 +213,7 @@ class WeightSyncExtension:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
         check_loaded(model, loaded, req.path)
-        self._synchronize()
+        self._harnessrl_synchronize()
         self._harnessrl_version = req.version
         return {"policy_version": req.version, "tensors": count}
 
@@ -245,7 +246,7 @@ class WeightSyncExtension:
             _, names = load_into(model, [(spec.name, buffer)])
             loaded = None if loaded is None or names is None else loaded | names
         check_loaded(model, loaded, "broadcast")
-        self._synchronize()
+        self._harnessrl_synchronize()
         self._harnessrl_version = req.version
         return {"policy_version": req.version, "tensors": len(req.tensors)}
 
@@ -253,7 +254,7 @@ class WeightSyncExtension:
         self._harnessrl_group = None
         return {"closed": True}
 
-    def _synchronize(self) -> None:
+    def _harnessrl_synchronize(self) -> None:
         import torch
 
         device = getattr(self, "device", None)

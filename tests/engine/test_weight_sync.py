@@ -25,7 +25,7 @@ from harnessrl.engine.vllm_worker import (
 from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
 from harnessrl.tinymodel import load_model, load_tokenizer, tiny_model_dir
 from tests.engine.support import GREEDY, RecordedServer, recorded, run
-from tests.support.fake_vllm import FakeVLLM, FakeWorker, QueueGroup
+from tests.support.fake_vllm import FakeVLLM, FakeWorker, QueueGroup, miniature_model
 
 FIX = "--worker-extension-cls harnessrl.engine.vllm_worker.WeightSyncExtension"
 
@@ -57,6 +57,15 @@ def perturbed(tmp_path_factory, base_model):
     return directory, model
 
 
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    """(model dir, checkpoint dir, model holding the checkpoint) of a 2-layer Llama: for the tests whose point
+    is the protocol, not the model (the tiny model's 540 MB costs seconds per copy on a busy machine)."""
+    model_dir = miniature_model(tmp_path_factory.mktemp("mini"), seed=0)
+    ckpt = miniature_model(tmp_path_factory.mktemp("mini-trained"), seed=1)
+    return model_dir, ckpt, load_model(ckpt).eval()
+
+
 @torch.no_grad()
 def teacher_forced(model, prompt: list[int], tokens: list[int]) -> list[float]:
     """Logprob of each token under `model` (temperature 1 / greedy: the raw distribution)."""
@@ -69,8 +78,8 @@ def close(a: list[float], b: list[float], tol: float = 2e-3) -> bool:
     return len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) < tol
 
 
-async def with_fake(go, **fake_options):
-    fake = FakeVLLM(tiny_model_dir(), **fake_options)
+async def with_fake(go, model_dir=None, **fake_options):
+    fake = FakeVLLM(model_dir or tiny_model_dir(), **fake_options)
     url = await fake.start()
     client = HTTPEngine(url)
     try:
@@ -171,19 +180,20 @@ def test_vllm_sync_changes_outputs_as_the_checkpoint_does(prompt, base_model, pe
     ]
 
 
-def test_sync_mid_request_tags_tokens_before_and_after(prompt, base_model, perturbed):
-    ckpt, new_model = perturbed
+def test_sync_mid_request_tags_tokens_before_and_after(prompt, mini):
+    model_dir, ckpt, new_model = mini
+    base_model = load_model(model_dir).eval()
     sampling = SamplingParams(temperature=1.0, seed=7)
 
     async def go(fake, client):
         await ensure_weight_sync(client, "generate")
-        pending = asyncio.ensure_future(client.generate(prompt, sampling, 12))
+        pending = asyncio.ensure_future(client.generate(prompt, sampling, 30))
         while fake.sampled < 4:
             await asyncio.sleep(0.01)
         await client.load_weights(str(ckpt), 1)
         return await pending
 
-    gen = run(with_fake(go))
+    gen = run(with_fake(go, model_dir, token_delay_s=0.05))
     split = gen.token_policy_versions.index(1)
     assert 4 <= split < len(gen.token_ids) and gen.token_policy_versions == [0] * split + [1] * (
         len(gen.token_ids) - split
@@ -195,13 +205,13 @@ def test_sync_mid_request_tags_tokens_before_and_after(prompt, base_model, pertu
     assert gen.policy_version == 1
 
 
-def test_failed_update_raises_and_keeps_the_engine_paused(prompt, perturbed):
+def test_failed_update_raises_and_keeps_the_engine_paused(prompt, mini):
     async def go(fake, client):
         with pytest.raises(EngineError, match="version 3 failed .*no \\*.safetensors.*stays paused"):
             await client.load_weights("/nonexistent/ckpt", 3)
         paused = await client._call("GET", "/is_paused")
         version = client.policy_version
-        await client.load_weights(str(perturbed[0]), 4)  # a good update resumes it
+        await client.load_weights(str(mini[1]), 4)  # a good update resumes it
         return (
             paused,
             version,
@@ -209,42 +219,15 @@ def test_failed_update_raises_and_keeps_the_engine_paused(prompt, perturbed):
             await client._call("GET", "/is_paused"),
         )
 
-    paused, version, gen, resumed = run(with_fake(go))
+    paused, version, gen, resumed = run(with_fake(go, mini[0]))
     assert paused == {"is_paused": True} and version == 0
     assert resumed == {"is_paused": False} and gen.token_policy_versions == [4, 4]
 
 
-@pytest.fixture(scope="module")
-def miniature(tmp_path_factory):
-    """(model dir, checkpoint dir, model holding the checkpoint): a 2-layer Llama with the tiny model's
-    tokenizer, so that a store round trip moves 13 MB, not the tiny model's 540 MB (a minute through moto)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = load_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model_dir = tmp_path_factory.mktemp("miniature")
-    LlamaForCausalLM(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    torch.manual_seed(1)
-    trained = LlamaForCausalLM(config).eval()
-    ckpt = tmp_path_factory.mktemp("miniature-step-2")
-    trained.save_pretrained(ckpt)
-    return model_dir, ckpt, trained
-
-
-def test_every_replica_pulls_an_s3_checkpoint(s3_env, prompt, miniature):
+def test_every_replica_pulls_an_s3_checkpoint(s3_env, prompt, mini):
     from harnessrl.store import ObjectStore
 
-    model_dir, ckpt, trained = miniature
+    model_dir, ckpt, trained = mini
     store = ObjectStore.from_env()
     store.ensure_bucket("ckpts")
     store.upload_dir(ckpt, "s3://ckpts/run/step-2")
@@ -271,9 +254,9 @@ def test_every_replica_pulls_an_s3_checkpoint(s3_env, prompt, miniature):
         assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
 
 
-def test_broadcast_path_receives_tensors_by_name_dtype_and_shape(prompt, perturbed):
+def test_broadcast_path_receives_tensors_by_name_dtype_and_shape(prompt, mini):
     """The NCCL fast path's orchestration and receive side; QueueGroup stands in for NCCL on CPU."""
-    _, new_model = perturbed
+    model_dir, _, new_model = mini
     named = [(n, p.detach()) for n, p in new_model.named_parameters()]
 
     async def go(fake, client):
@@ -284,7 +267,7 @@ def test_broadcast_path_receives_tensors_by_name_dtype_and_shape(prompt, perturb
         )
         return await client.generate(prompt, GREEDY, 4)
 
-    gen = run(with_fake(go))
+    gen = run(with_fake(go, model_dir))
     assert gen.token_policy_versions == [5] * 4
     assert close(gen.logprobs, teacher_forced(new_model, prompt, gen.token_ids))
 
@@ -306,10 +289,10 @@ def test_extension_requests_round_trip_and_name_bad_fields():
             LoadRequest.from_json(bad)
 
 
-def test_in_process_engine_syncs_through_the_same_call(perturbed, prompt):
+def test_in_process_engine_syncs_through_the_same_call(mini):
     """`sync_in_process` against an object with vLLM's LLM methods (collective_rpc, reset_prefix_cache)."""
-    ckpt, new_model = perturbed
-    worker = FakeWorker(load_model().eval())
+    model_dir, ckpt, new_model = mini
+    worker = FakeWorker(load_model(model_dir).eval())
 
     class LLMLike:
         resets = 0

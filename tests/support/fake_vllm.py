@@ -98,7 +98,8 @@ class QueueGroup:
 
 class FakeVLLM:
     """`await FakeVLLM(model_dir).start()` → its URL. `dev_mode=False`: no control endpoints (404);
-    `extension=False`: the worker lacks the extension (collective_rpc answers 500)."""
+    `extension=False`: the worker lacks the extension (collective_rpc answers 500); `token_delay_s`: a pause
+    after each sampled token."""
 
     def __init__(
         self,
@@ -107,12 +108,14 @@ class FakeVLLM:
         dev_mode: bool = True,
         extension: bool = True,
         served_model_name: str = "tiny",
+        token_delay_s: float = 0.0,
     ) -> None:
         self.hf = load_model(model_dir).eval()
         self.tokenizer = load_tokenizer(model_dir)
         self.worker = (FakeWorker if extension else PlainWorker)(self.hf)
         self.dev_mode = dev_mode
         self.name = served_model_name
+        self.token_delay_s = token_delay_s  # a slower engine: time for a sync in the middle of a request
         self.calls: list[str] = []  # control calls in order ("/pause?mode=keep", "/collective_rpc:<method>")
         self.sampled = 0  # tokens sampled so far (tests wait on it)
         self._lock: asyncio.Lock  # a forward pass and a weight update never overlap
@@ -175,7 +178,7 @@ class FakeVLLM:
         self.calls.append(f"/reset_prefix_cache?{request.query_string}")
         if request.query.get("reset_running_requests") == "true":
             self._epoch += 1
-        return web.Response(status=200)
+        return web.json_response({"success": True})  # vLLM 0.32's answer
 
     async def pause(self, request: web.Request) -> web.Response:
         self.calls.append(f"/pause?{request.query_string}")
@@ -286,6 +289,7 @@ class FakeVLLM:
             ids.append(token)
             self.sampled += 1
             yield token, lp
+            await asyncio.sleep(self.token_delay_s)
             if token in stops:
                 return
 
@@ -308,6 +312,29 @@ class FakeVLLM:
             logprobs = torch.log_softmax(masked, -1)
         token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
         return token, float(logprobs[token]), out.past_key_values
+
+
+def miniature_model(directory: Path, seed: int = 0) -> Path:
+    """A 2-layer Llama with the tiny model's tokenizer (13 MB): for tests whose point is not the model, where
+    the tiny model's 540 MB (a store round trip, an optimizer step on a busy 2-core machine) costs a minute."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 def _error(message: str, status: int) -> web.Response:
