@@ -86,6 +86,8 @@ def _file_edits(path: str, before: str, after: str) -> list[_Edit]:
     edits: list[_Edit] = []
     current = before
     while current != after:
+        if len(edits) > len(before.splitlines()) + len(after.splitlines()):  # each edit fixes a region
+            raise DemoError(f"{path}: the fix does not decompose into str_replace edits")
         cur_lines = current.splitlines(keepends=True)
         new_lines = after.splitlines(keepends=True)
         ops = [op for op in difflib.SequenceMatcher(a=cur_lines, b=new_lines, autojunk=False).get_opcodes()]
@@ -112,8 +114,9 @@ def build_demonstration(
         ws = materialize(taskset, iid, scratch / "ws")
         patch = row["patch"]
         git(["apply", *_fix_direction(ws, patch)], cwd=ws, input=patch.encode())
-        changed = git(["diff", "--name-only", "HEAD"], cwd=ws).stdout.decode().split()
-        added = git(["ls-files", "--others", "--exclude-standard"], cwd=ws).stdout.decode().split()
+        changed = git(["diff", "--name-only", "-z", "HEAD"], cwd=ws).stdout.decode().split("\0")
+        added = git(["ls-files", "-z", "--others", "--exclude-standard"], cwd=ws).stdout.decode().split("\0")
+        changed, added = [c for c in changed if c], [a for a in added if a]
         if not changed and not added:
             raise DemoError("the gold fix changes nothing")
         replies: list[str] = []

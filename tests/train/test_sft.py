@@ -102,3 +102,20 @@ def test_scripted_demonstration_resolves_through_harness_and_gateway(tmp_path, t
     # the tool results and the problem statement are context, never trained
     assert "<tool_response>" not in text and "<tool_response>" in tokenizer.decode(context)
     assert all(lp == 0.0 for lp, m in zip(sample["behavior_logprobs"], sample["loss_mask"], strict=True) if m)
+
+
+def test_fix_becomes_unique_str_replace_edits():
+    from harnessrl.train.sft_demos import _file_edits
+
+    before = "def f(x):\n    y = 1\n    return x\n\n\ndef g(x):\n    y = 1\n    return x\n"
+    after = "def f(x):\n    y = 1\n    return x\n\n\ndef g(x):\n    y = 2\n    z = 3\n    return x\n"
+    edits = _file_edits("m.py", before, after)
+    text = before
+    for e in edits:
+        assert text.count(e.old) == 1  # "    y = 1\n" alone occurs twice: widened to a unique region
+        text = text.replace(e.old, e.new, 1)
+    assert text == after and len(edits) == 1 and "def g" in edits[0].old
+
+    removed_line = "a = 1\nb = 2\nc = 3\n"
+    edits = _file_edits("n.py", removed_line, "a = 1\nc = 3\n")
+    assert [(e.old, e.new) for e in edits] == [("b = 2\n", "")]
