@@ -37,9 +37,23 @@ def register(commands, stages) -> None:
     imp.add_argument("data", type=Path, help=".jsonl, .json, .parquet, or a HF `save_to_disk` directory")
     imp.add_argument(
         "--repos",
-        required=True,
-        help="directory of <owner>__<name>.bundle files, or a git base URL "
-        "(https://github.com) / URL template (https://host/{repo}.git) to clone from",
+        default=None,
+        help="directory of <owner>__<name>.bundle files (SWE-bench rows: also <owner>__<name>.git clones or "
+        "mirrors), or for SWE-smith rows a git base URL (https://github.com) / URL template "
+        "(https://host/{repo}.git) to clone from",
+    )
+    imp.add_argument(
+        "--repo-dir",
+        action="append",
+        default=[],
+        metavar="OWNER/NAME=PATH",
+        help="SWE-bench rows: a local clone, mirror or bundle of one repo (repeatable)",
+    )
+    imp.add_argument(
+        "--format",
+        default="auto",
+        choices=[str(f) for f in _row_formats()],
+        help="row format (default auto: swebench when the rows carry a test_patch)",
     )
     imp.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
     imp.add_argument(
@@ -73,6 +87,26 @@ def register(commands, stages) -> None:
     )
     val.add_argument("--no-fail", action="store_true", help="exit 0 even when the suite fails")
     val.set_defaults(func=_validate)
+
+
+def _row_formats():
+    from dataprep.load import RowFormat
+
+    return list(RowFormat)
+
+
+def _repo_dirs(values: list[str]) -> dict[str, Path]:
+    from harnessrl.cli import UserError
+
+    out = {}
+    for v in values:
+        repo, sep, path = v.partition("=")
+        if not sep or repo.count("/") != 1 or not path:
+            raise UserError(
+                f"--repo-dir {v!r}: expected OWNER/NAME=PATH, e.g. django/django=/data/django.git"
+            )
+        out[repo] = Path(path)
+    return out
 
 
 def _git_errors_as_user_errors(func):
@@ -114,10 +148,20 @@ def _synthesize(args: argparse.Namespace) -> int:
 
 @_git_errors_as_user_errors
 def _import(args: argparse.Namespace) -> int:
-    from dataprep.load import import_taskset
+    from dataprep.load import RowFormat, import_taskset
 
-    ts = import_taskset(args.data, args.repos, args.out, allow_extra=args.allow_extra_fields)
+    repo_dirs = _repo_dirs(args.repo_dir)
+    ts = import_taskset(
+        args.data,
+        args.repos,
+        args.out,
+        allow_extra=args.allow_extra_fields,
+        repo_dirs=repo_dirs,
+        fmt=RowFormat(args.format),
+    )
     info = ts.manifest["import"]
+    if info.get("format") == RowFormat.SWEBENCH:
+        return _report_swebench_import(ts)
     print(f"{ts.manifest['tasks']} rows, {len(ts.manifest['repos'])} repo bundle(s) -> {ts.root}")
     for repo, why in info["missing_repos"].items():
         print(
@@ -125,6 +169,20 @@ def _import(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _report_swebench_import(ts) -> int:
+    from dataprep.swebench import reject_lines
+
+    info = ts.manifest["import"]
+    print(f"{info['converted']} SWE-bench rows converted, {info['rejected']} rejected -> {ts.root}")
+    for repo, why in info["missing_repos"].items():
+        print(f"  missing repo {repo}: {why}", file=sys.stderr)
+    for line in reject_lines(ts):
+        print(f"  rejected {line}", file=sys.stderr)
+    if info["rejected"]:
+        print(f"  every rejected row with its reason: {ts.root / 'rejects.jsonl'}", file=sys.stderr)
+    return 0 if info["converted"] else 1
 
 
 def _clean(args: argparse.Namespace) -> int:

@@ -11,7 +11,8 @@ import datetime as dt
 import json
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ def _read_hf_dir(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
             yield from _read_arrow_table(table, str(arrow))
 
 
-def _raw_rows(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
+def raw_rows(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
     if path.is_dir():
         if (path / "tasks.jsonl").is_file():
             return _read_json_lines(path / "tasks.jsonl", problems)
@@ -232,7 +233,7 @@ def load_rows(path: str | Path, *, allow_extra: bool = False) -> list[dict]:
         raise DataError([f"{path}: no such file or directory"])
     problems: list[str] = []
     try:
-        rows = normalize_rows(_raw_rows(path, problems), problems, allow_extra)
+        rows = normalize_rows(raw_rows(path, problems), problems, allow_extra)
     except UnicodeDecodeError as e:
         raise DataError([f"{path}: not UTF-8 text ({e.reason} at byte {e.start})"], path) from None
     if not problems and not rows:
@@ -262,10 +263,43 @@ def repo_url(repos: str, repo: str) -> str:
     return f"{repos.rstrip('/')}/{repo}.git"
 
 
-def import_taskset(data: Path, repos: str | Path, out: Path, *, allow_extra: bool = False) -> TaskSet:
-    """Turns downloaded SWE-smith rows + their repos (a dir of `<owner>__<name>.bundle` files, or a git base
-    URL / `{repo}` URL template to clone from) into a task-set directory. Repos that cannot be found are
-    listed in the manifest (`missing_repos`); their rows stay, and the clean stage rejects them."""
+class RowFormat(StrEnum):
+    AUTO = "auto"  # SWE-bench when the first row carries a non-empty test_patch, else SWE-smith
+    SWESMITH = "swesmith"
+    SWEBENCH = "swebench"
+
+
+def detect_format(data: Path) -> RowFormat:
+    if not Path(data).exists():
+        return RowFormat.SWESMITH  # load_rows reports the missing file
+    from dataprep.swebench import is_swebench_row
+
+    first = next((raw for _, raw in raw_rows(Path(data), [])), None)
+    return RowFormat.SWEBENCH if is_swebench_row(first) else RowFormat.SWESMITH
+
+
+def import_taskset(
+    data: Path,
+    repos: str | Path | None,
+    out: Path,
+    *,
+    allow_extra: bool = False,
+    repo_dirs: Mapping[str, Path] | None = None,
+    fmt: RowFormat = RowFormat.AUTO,
+) -> TaskSet:
+    """Turns downloaded rows + their repos into a task-set directory.
+
+    SWE-bench rows (`dataprep.swebench`): `repos` is a directory of local clones/mirrors/bundles and/or
+    `repo_dirs` maps `owner/name` to one; every row that cannot be converted goes to `rejects.jsonl` with its
+    reason. SWE-smith rows: `repos` is a dir of `<owner>__<name>.bundle` files, or a git base URL / `{repo}` URL
+    template to clone from; repos that cannot be found are listed in the manifest (`missing_repos`), their
+    rows stay, and the clean stage rejects them."""
+    if fmt is RowFormat.AUTO:
+        fmt = detect_format(data)
+    if fmt is RowFormat.SWEBENCH:
+        return _import_swebench(data, repos, out, allow_extra, repo_dirs or {})
+    if repos is None:
+        raise DataError([f"{data}: SWE-smith rows need --repos (a directory of .bundle files or a git URL)"])
     rows = load_rows(data, allow_extra=allow_extra)
     dupes = _duplicate_ids(rows)  # kept on purpose: duplicates are a cleaning rule with a recorded reason
     needed = sorted({r["repo"] for r in rows})
@@ -310,6 +344,33 @@ def import_taskset(data: Path, repos: str | Path, out: Path, *, allow_extra: boo
                 }
             },
         )
+
+
+def _import_swebench(
+    data: Path, repos: str | Path | None, out: Path, allow_extra: bool, repo_dirs: Mapping[str, Path]
+) -> TaskSet:
+    from dataprep.swebench import import_swebench
+
+    data = Path(data)
+    if not data.exists():
+        raise DataError([f"{data}: no such file or directory"])
+    if repos is not None and not Path(repos).is_dir():
+        raise DataError(
+            [f"--repos {repos}: not a directory (SWE-bench rows take local clones, mirrors or bundles)"]
+        )
+    for repo, path in repo_dirs.items():
+        if not Path(path).exists():
+            raise DataError([f"--repo-dir {repo}={path}: no such file or directory"])
+    problems: list[str] = []
+    return import_swebench(
+        data,
+        raw_rows(data, problems),
+        problems,
+        out,
+        repos_dir=Path(repos) if repos is not None else None,
+        repo_dirs=repo_dirs,
+        allow_extra=allow_extra,
+    )
 
 
 def _duplicate_ids(rows: list[dict]) -> list[str]:

@@ -4,8 +4,12 @@
     <dir>/repos/<name>.bundle git bundle per distinct `repo` value (name = repo with "/" -> "__")
     <dir>/manifest.json      source, counts, tool version
 
-Repos follow the SWE-smith layout: branch `main` = one squashed "Initial commit"; branch `<instance_id>` =
-"Bug Patch" then "Remove F2P Tests" commits on top of main.
+Two task layouts share the directory (`TaskLayout`, read off each row by `task_layout`):
+- SWE-smith (no `test_patch`): branch `main` = one squashed "Initial commit"; branch `<instance_id>` =
+  "Bug Patch" then "Remove F2P Tests" commits on top of main. `patch` introduces the bug.
+- SWE-bench (a non-empty `test_patch`): branch `<instance_id>` = one parentless commit holding the tree of
+  `base_commit`; `patch` is the fix and `test_patch` the tests, applied only at grading time (the bundle never
+  holds them).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,15 @@ from harnessrl.io import atomic_output, read_jsonl, write_jsonl
 
 TASK_FIELDS_REQUIRED = ("instance_id", "repo", "patch", "FAIL_TO_PASS", "PASS_TO_PASS", "problem_statement")
 TASK_FIELDS_OPTIONAL = ("image_name", "created_at", "base_commit", "test_patch")
+
+
+class TaskLayout(StrEnum):
+    SWESMITH = "swesmith"  # tests present at the bug commit (branch tip~1); `patch` introduces the bug
+    SWEBENCH = "swebench"  # tests come from `test_patch` at grading time; `patch` is the fix
+
+
+def task_layout(row: dict) -> TaskLayout:
+    return TaskLayout.SWEBENCH if (row.get("test_patch") or "").strip() else TaskLayout.SWESMITH
 
 
 def bundle_name(repo: str) -> str:
@@ -68,13 +82,17 @@ def write_taskset(
     bundles: dict[str, Path],
     source: str,
     extra_manifest: dict[str, Any] | None = None,
+    rejects: list[dict] | None = None,
 ) -> TaskSet:
-    """Writes a task-set directory atomically (replacing any previous one). `bundles` maps repo -> bundle file."""
+    """Writes a task-set directory atomically (replacing any previous one). `bundles` maps repo -> bundle file;
+    `rejects` (rows an import could not convert, each with its reason) go to `rejects.jsonl`."""
     out = Path(out)
     rows = list(rows)
     with atomic_output(out) as tmp:
         (tmp / "repos").mkdir(parents=True)
         write_jsonl(tmp / "tasks.jsonl", rows)
+        if rejects is not None:
+            write_jsonl(tmp / "rejects.jsonl", rejects)
         for repo, src in bundles.items():
             shutil.copyfile(src, tmp / "repos" / bundle_name(repo))
         manifest = {

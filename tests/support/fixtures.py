@@ -18,6 +18,8 @@ from tests.support.fast_engine import FINAL_REPLY, TOOL_REPLY, FastEngineServer
 requires_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) not installed")
 
 MINIREPO = Path(__file__).parents[1] / "fixtures" / "minirepo"
+# SWE-bench rows + their upstream mirror, made from parse 1.22.4 by dataprep/swebench_example.py (README there)
+SWEBENCH_EXAMPLE = Path(__file__).parents[1] / "fixtures" / "swebench"
 
 
 # --- task sets ------------------------------------------------------------------------------------------
@@ -29,6 +31,18 @@ def synth_taskset(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "minirepo-tasks"
     ts = synthesize_taskset(MINIREPO, out, max_tasks=4, seed=0)
     assert len(ts.rows()) >= 3, f"minirepo synthesis produced too few tasks; see {out}/manifest.json"
+    return out
+
+
+@pytest.fixture(scope="session")
+def swebench_taskset(tmp_path_factory) -> Path:
+    """tests/fixtures/swebench imported (once per session) as a task set: SWE-bench layout, 3 parse tasks."""
+    from dataprep.load import RowFormat, import_taskset
+
+    out = tmp_path_factory.mktemp("swebench") / "tasks"
+    rows = SWEBENCH_EXAMPLE / "rows.jsonl"
+    ts = import_taskset(rows, SWEBENCH_EXAMPLE / "mirrors", out, fmt=RowFormat.SWEBENCH)
+    assert ts.manifest["import"]["rejected"] == 0, (out / "rejects.jsonl").read_text()
     return out
 
 
