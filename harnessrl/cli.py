@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "components.train.cli",
     "components.evaluate.cli",
     "components.sft.cli",
+    "components.rl_loop.cli",
 )
 
 # Top-level modules of the [local] extra (torch, ...): an install without it (the cpu project image) has no

@@ -1,0 +1,102 @@
+"""`harnessrl stage rl`: the RL loop on local files (same code the KFP component `rl_loop` runs).
+
+One process runs the engine(s), the gateway, rollout workers, verifiers and the trainer for --steps
+optimizer steps. Prints one line per step (`rl step=… reward_mean=… …`) and, at the end, one JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from harnessrl.rl.admission import StalePolicy
+from harnessrl.rl.config import RLMode, WorkloadKind
+
+
+def register(commands, stages) -> None:
+    p = stages.add_parser(
+        "rl",
+        help="the RL loop: generate, verify, train and sync weights for N steps (sync / colocated / separate)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--tasks", required=True, help="task-set directory (swe) or prompt JSONL (--workload prompt)"
+    )
+    p.add_argument("--out", required=True, help="output directory (model/, checkpoints/, steps.jsonl, ...)")
+    p.add_argument("--workload", choices=list(WorkloadKind), default=WorkloadKind.SWE)
+    p.add_argument("--policy", help="HF model directory or s3:// URI (default: the tiny embedded model)")
+    p.add_argument("--specs", help="harness spec JSON file (swe workload)")
+    p.add_argument(
+        "--engine-url", action="append", default=[], help="remote engine (repeat for several replicas)"
+    )
+    p.add_argument("--config", help="JSON file with RLConfig fields (flags below override it)")
+    p.add_argument("--mode", choices=list(RLMode))
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-groups", type=int)
+    p.add_argument("--group-size", type=int)
+    p.add_argument("--max-staleness", type=int)
+    p.add_argument("--stale-policy", choices=list(StalePolicy))
+    p.add_argument("--concurrency", type=int, help="rollouts in flight (default: by mode)")
+    p.add_argument("--save-every", type=int)
+    p.add_argument("--replicas", type=int, help="local engine replicas behind the router")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT")
+    p.add_argument("--model-out", help="where to write the final model (default: OUT/model)")
+    p.add_argument("--upload-to", help="s3://bucket/prefix for checkpoints and the final model")
+    p.add_argument("--allow-unsandboxed", action="store_true", help="permit specs with sandbox 'local'")
+    p.set_defaults(func=_run)
+
+
+def build_config(args: argparse.Namespace):
+    from harnessrl.rl.config import RLConfig
+
+    base: dict = {}
+    if args.config:
+        base = json.loads(Path(args.config).read_text())
+    for key in (
+        "mode",
+        "steps",
+        "batch_groups",
+        "group_size",
+        "max_staleness",
+        "stale_policy",
+        "concurrency",
+        "save_every",
+        "replicas",
+        "seed",
+    ):
+        if getattr(args, key) is not None:
+            base[key] = getattr(args, key)
+    if args.allow_unsandboxed:
+        base["allow_unsandboxed"] = True
+    if args.lr is not None:
+        base.setdefault("train", {}).setdefault("train", {}).setdefault("optim", {})["lr"] = args.lr
+    return RLConfig.from_dict(base)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from harnessrl.cli import UserError
+    from harnessrl.engine.base import EngineError
+    from harnessrl.rl.loop import RLInputs, run_rl
+
+    cfg = build_config(args)
+    inputs = RLInputs(
+        WorkloadKind(args.workload),
+        Path(args.tasks),
+        Path(args.out),
+        policy=args.policy,
+        specs=args.specs,
+        engine_urls=list(args.engine_url),
+        resume=args.resume,
+        model_out=Path(args.model_out) if args.model_out else None,
+        upload_to=args.upload_to,
+    )
+    try:
+        summary = run_rl(cfg, inputs, echo=lambda line: print(line, flush=True))
+    except EngineError as e:  # e.g. WeightSyncUnsupported: one line naming the engine and the fix
+        raise UserError(str(e)) from None
+    print(json.dumps(summary))
+    return 0

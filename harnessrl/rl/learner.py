@@ -1,0 +1,132 @@
+"""The trainer's side of the loop: one optimizer step on finished groups, weight sync into the engine(s),
+checkpoints. The step reuses the train stage's code path (data.assemble → round.plan_round →
+round.step_items → Trainer.step), so advantages, loss aggregation, PPO clip and TIS on the behaviour
+log-probs are the train stage's, not a second copy."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Coroutine
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harnessrl.rl.config import RLConfig
+from harnessrl.rl.groups import Group
+from harnessrl.train.checkpoint import save_checkpoint, save_model, upload_dir
+from harnessrl.train.data import RewardRow, assemble
+from harnessrl.train.round import plan_round, step_items
+from harnessrl.train.summary import stats
+
+if TYPE_CHECKING:
+    from harnessrl.train.fingerprint import RunIdentity
+    from harnessrl.train.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+def run_on(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, Any]) -> Any:
+    """Runs an engine coroutine on the gateway's event loop (an HTTP engine's connections live there)."""
+    if loop is None:
+        return asyncio.run(coro)
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+class Learner:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        trainer: Trainer,
+        cfg: RLConfig,
+        out: Path,
+        identity: RunIdentity,
+        engine: Any,
+        *,
+        upload_to: str | None = None,
+    ):
+        self.model, self.tokenizer, self.trainer, self.cfg = model, tokenizer, trainer, cfg
+        self.out, self.identity, self.engine, self.upload_to = out, identity, engine, upload_to
+        self.loop: asyncio.AbstractEventLoop | None = None  # set once the gateway runs
+        # one optimizer step per call, on exactly the groups given; the loop did dynamic sampling
+        self.plan_cfg = replace(cfg.train, groups_per_step=0, epochs=1, history=None, record_round=None)
+        self._sync_dir: Path | None = None
+
+    def train(self, groups: list[Group], version: int) -> dict[str, Any] | None:
+        """One optimizer step on `groups`; None when none of them has a trainable rollout."""
+        samples, rewards = [], {}
+        for g in groups:
+            samples += g.samples
+            rewards.update({r.rollout_id: RewardRow(r.reward, r.status) for r in g.rollouts})
+        cfg = self.plan_cfg
+        prepared = assemble(
+            samples,
+            rewards,
+            nonok=cfg.nonok,
+            mask_reward=cfg.mask_reward,
+            ok_statuses=frozenset(cfg.ok_statuses),
+        )
+        plan = plan_round(prepared, cfg)
+        if not plan.steps:
+            return None
+        items, members = step_items(plan, plan.steps[0], cfg)
+        t0 = time.perf_counter()
+        self.model.train()
+        m: dict[str, Any] = dict(self.trainer.step(items))
+        m["train_s"] = time.perf_counter() - t0
+        rewards_step = [r.reward for r in members]
+        staleness = [version - g.oldest_version() for g in groups]
+        m.update(
+            reward_mean=stats(rewards_step)["mean"],
+            reward_std=stats(rewards_step)["std"],
+            rollouts_trained=len(members),
+            groups_trained=len(plan.steps[0]),
+            staleness_mean=sum(staleness) / len(staleness),
+            staleness_max=max(staleness),
+            partial_rollouts=sum(g.partial_rollouts() for g in groups),
+            excluded=sum(prepared.excluded.values()),
+        )
+        m.pop("step", None)  # the trainer's own counter; the loop's step is the row's
+        return m
+
+    def sync_weights(self, version: int) -> float:
+        """Writes the weights where every engine can read them and loads them there as `version`."""
+        t0 = time.perf_counter()
+        dest = self.out / "work" / "sync" / f"v{version:06d}"
+        save_model(self.model, None, dest, self.identity.digest)
+        run_on(self.loop, self.engine.load_weights(str(dest), version))
+        if self._sync_dir is not None:
+            shutil.rmtree(self._sync_dir, ignore_errors=True)
+        self._sync_dir = dest
+        return time.perf_counter() - t0
+
+    def checkpoint(self, step: int, meta: dict[str, Any]) -> Path:
+        ckpt = save_checkpoint(
+            self.out / "checkpoints",
+            step,
+            self.model,
+            self.tokenizer,
+            self.trainer.state_dict(),
+            {**self.identity.to_meta(), **meta, "config": self.cfg.to_dict()},
+            keep=self.cfg.keep_checkpoints,
+        )
+        if self.upload_to:
+            upload_dir(ckpt, f"{self.upload_to.rstrip('/')}/checkpoints/{ckpt.name}")
+        return ckpt
+
+    def save_final(self, model_out: Path, meta: dict[str, Any]) -> Path:
+        path = save_model(
+            self.model,
+            self.tokenizer,
+            model_out,
+            self.identity.digest,
+            extra_json={
+                "harnessrl_rl.json": {**self.identity.to_meta(), **meta, "config": self.cfg.to_dict()}
+            },
+        )
+        if self.upload_to:
+            upload_dir(path, f"{self.upload_to.rstrip('/')}/model")
+        return path

@@ -1,0 +1,67 @@
+"""Per-step metrics of the RL loop: one JSONL row per step (`steps.jsonl`, rewritten atomically so a resumed
+run continues the same file), TensorBoard event files (`tensorboard/`), and a callback for the one-line
+stdout echo the CLI prints (the KFP UI shows pod logs live)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harnessrl.io import write_jsonl
+from harnessrl.train.summary import strict_json
+
+logger = logging.getLogger(__name__)
+
+# the columns of the one-line echo, in order
+ECHO_KEYS = (
+    "step",
+    "version",
+    "outcome",
+    "reward_mean",
+    "loss",
+    "groups_trained",
+    "staleness_mean",
+    "partial_rollouts",
+    "engine_idle_frac",
+    "step_s",
+    "wall_s",
+)
+
+
+def echo_line(row: dict[str, Any]) -> str:
+    parts = []
+    for key in ECHO_KEYS:
+        value = row.get(key)
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        parts.append(f"{key}={value}")
+    return "rl " + " ".join(parts)
+
+
+class MetricsSink:
+    def __init__(self, out: Path, history: list[dict[str, Any]], echo: Callable[[str], None] | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = out / "steps.jsonl"
+        self.rows = list(history)
+        self.echo = echo
+        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"), purge_step=len(history) + 1)
+
+    def add(self, row: dict[str, Any]) -> None:
+        row = strict_json(row)
+        self.rows.append(row)
+        write_jsonl(self.path, self.rows)
+        for key, value in row.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                self.writer.add_scalar(f"rl/{key}", value, global_step=int(row["step"]))
+        self.writer.flush()
+        line = echo_line(row)
+        logger.info("%s", line)
+        if self.echo is not None:
+            self.echo(line)
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,78 @@
+"""The RL stage's report: a summary table, curves (reward, loss, staleness, throughput, engine idle time) and
+the per-step table; `report.md` embeds `curves.png` so the KFP Markdown viewer shows it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from harnessrl.io import atomic_write_bytes, atomic_write_text
+from harnessrl.reports import code, embed_png, figure_png, new_figure
+from harnessrl.train.report import spaced_rows
+
+CURVES = (
+    ("reward_mean", "reward (trained groups)"),
+    ("reward_all_mean", "reward (all finished rollouts)"),
+    ("loss", "loss"),
+    ("staleness_mean", "staleness (versions)"),
+    ("gen_tokens_per_s", "generated tokens/s"),
+    ("engine_idle_frac", "engine idle fraction"),
+)
+TABLE_KEYS = (
+    "step",
+    "outcome",
+    "version",
+    "reward_mean",
+    "loss",
+    "groups_trained",
+    "staleness_mean",
+    "step_s",
+)
+
+
+def plot_curves(rows: list[dict[str, Any]], png: Path) -> bytes:
+    fig, axes = new_figure(4.8, 2, 3)
+    steps = [r["step"] for r in rows]
+    marker = "o" if len(rows) <= 60 else None
+    for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
+        values = [math.nan if r.get(key) is None else float(r[key]) for r in rows]
+        ax.plot(steps, values, marker=marker, ms=3)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    data = figure_png(fig)
+    atomic_write_bytes(png, data)
+    return data
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def render(summary: dict[str, Any], rows: list[dict[str, Any]], cfg: Any, png: bytes | None) -> str:
+    lines = [
+        "# RL stage",
+        "",
+        f"Mode {code(cfg.mode)}: {summary['steps']} steps ({summary['steps_trained']} trained), "
+        f"{cfg.batch_groups} groups × {cfg.group_size} rollouts per step, max staleness {cfg.max_staleness}, "
+        f"final policy version {summary['version']}, {_fmt(summary['wall_s'])} s.",
+        "",
+        "| metric | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {code(k)} | {_fmt(v)} |" for k, v in summary.items() if k != "mode"]
+    lines.append("")
+    if png is not None:
+        lines += [embed_png(png, "rl curves"), ""]
+    lines += ["| " + " | ".join(TABLE_KEYS) + " |", "|" + "---|" * len(TABLE_KEYS)]
+    for r in spaced_rows(rows, 30):
+        lines.append("| " + " | ".join(_fmt(r.get(k)) for k in TABLE_KEYS) + " |")
+    lines += ["", "Every step's metrics: `steps.jsonl`; TensorBoard event files: `tensorboard/`."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]], cfg: Any) -> Path:
+    png = plot_curves(rows, out / "curves.png") if rows else None
+    return atomic_write_text(out / "report.md", render(summary, rows, cfg, png))

@@ -1,0 +1,220 @@
+"""What the RL loop samples and how each rollout is rewarded.
+
+A workload turns one planned rollout (task, group, index, seed) into a finished rollout with a reward; the
+model is reached only through a gateway session, so the trainer's samples come from the gateway journal
+whatever the workload is.
+
+- `SWEWorkload`: a task set. Each rollout is the generate stage's `run_rollout` (workspace, sandbox, the
+  sample's harness spec, gateway session, diff) followed by the verify stage's `verify_rollout` (fresh tree,
+  tests, SWE-bench grading); the reward is the one the sample's spec names (`swebench` or `f2p_fraction`).
+- `PromptWorkload`: single-turn prompts with a verifiable answer word (JSONL rows `{task_id, prompt,
+  answer}`); reward 1 when the reply contains the answer as a word. Small enough for tests and for the
+  mode benchmark, where the tiny model can learn it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from harnessrl.harness.base import RolloutStatus
+from harnessrl.io import read_jsonl
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    rollout_id: str
+    group_id: str
+    task_id: str
+    index: int  # k-th rollout of its group
+    group_index: int  # position in the run's data order
+    seed: int
+
+
+@dataclass
+class Finished:
+    rollout_id: str
+    group_id: str
+    task_id: str
+    reward: float | None
+    status: RolloutStatus
+    detail: str = ""
+    wall_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class GatewayAccess:
+    url: str
+    admin_token: str
+
+
+class Workload(Protocol):
+    def task_ids(self) -> list[str]: ...
+
+    def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished: ...
+
+
+def contains_word(reply: str, word: str) -> bool:
+    return re.search(rf"\b{re.escape(word.lower())}\b", reply.lower()) is not None
+
+
+class PromptWorkload:
+    def __init__(self, path: str | Path, max_tokens: int = 64, temperature: float = 1.0):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(
+                f"{self.path}: no prompt tasks file (JSONL rows {{task_id, prompt, answer}})"
+            )
+        self.tasks: dict[str, dict] = {}
+        for lineno, row in enumerate(read_jsonl(self.path), 1):
+            for key in ("task_id", "prompt", "answer"):
+                if not isinstance(row.get(key), str) or not row[key]:
+                    raise ValueError(f"{self.path}: row {lineno}: {key!r} must be a non-empty string")
+            if row["task_id"] in self.tasks:
+                raise ValueError(f"{self.path}: row {lineno}: duplicate task_id {row['task_id']!r}")
+            self.tasks[row["task_id"]] = row
+        if not self.tasks:
+            raise ValueError(f"{self.path}: no tasks")
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+
+    def task_ids(self) -> list[str]:
+        return list(self.tasks)
+
+    def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished:
+        from harnessrl.gateway import GatewayAdmin
+
+        t0 = time.monotonic()
+        task = self.tasks[plan.task_id]
+        admin = GatewayAdmin(gateway.url, gateway.admin_token)
+        session = admin.create_session(rollout_id=plan.rollout_id, group_id=plan.group_id)
+        body = {
+            "model": "policy",
+            "messages": [{"role": "user", "content": task["prompt"]}],
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "seed": plan.seed,
+        }
+        try:
+            reply = chat(session.openai_base_url, session.api_key, body)
+        except Exception as e:  # the rollout is kept with why; never a silent reward 0
+            admin.end_session(session.session_id, "failed", str(e)[:500])
+            return Finished(
+                plan.rollout_id, plan.group_id, plan.task_id, None, RolloutStatus.INFRA_ERROR, str(e)[:500]
+            )
+        admin.end_session(session.session_id, "ok", None)
+        reward = float(contains_word(reply, task["answer"]))
+        return Finished(
+            plan.rollout_id,
+            plan.group_id,
+            plan.task_id,
+            reward,
+            RolloutStatus.OK,
+            wall_s=time.monotonic() - t0,
+        )
+
+
+def chat(base_url: str, api_key: str, body: dict[str, Any], timeout_s: float = 600.0) -> str:
+    """One chat completion; a paused gateway (429) is waited out, so a weight sync is just a slow call."""
+    data = json.dumps(body).encode()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        request = urllib.request.Request(
+            f"{base_url}/chat/completions",
+            data=data,
+            headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                reply = json.loads(response.read())
+            return str(reply["choices"][0]["message"].get("content") or "")
+        except urllib.error.HTTPError as e:
+            if e.code != 429 or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway answered {e.code}: {e.read()[:300]!r}") from None
+            time.sleep(min(float(e.headers.get("Retry-After") or 1), 0.2))
+
+
+class SWEWorkload:
+    def __init__(
+        self,
+        tasks: str | Path,
+        specs: Any = None,
+        group_size: int = 4,
+        *,
+        allow_unsandboxed: bool = False,
+        verify_timeout_s: float = 120.0,
+        work: str | Path | None = None,
+    ):
+        from harnessrl.rollout.generate import _import_harnesses
+        from harnessrl.rollout.specs import load_specs
+        from harnessrl.taskset import TaskSet
+
+        self.taskset = TaskSet.open(tasks)
+        self.rows = {r["instance_id"]: r for r in self.taskset.rows()}
+        if not self.rows:
+            raise ValueError(f"{self.taskset.tasks_path}: no tasks")
+        self.specs = specs if isinstance(specs, list) else load_specs(specs)
+        self.order = list(self.rows)
+        self.group_size = group_size
+        self.allow_unsandboxed = allow_unsandboxed
+        self.verify_timeout_s = verify_timeout_s
+        self.work = str(work) if work else None
+        _import_harnesses({s.spec.harness for s in self.specs})
+
+    def task_ids(self) -> list[str]:
+        return list(self.order)
+
+    def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished:
+        from harnessrl.rollout.generate import RolloutContext, RolloutRow, run_rollout
+        from harnessrl.rollout.specs import assign
+        from harnessrl.schema import RewardName
+        from harnessrl.verify.grading import GRADED
+        from harnessrl.verify.rollouts import verify_rollout
+
+        t0 = time.monotonic()
+        task = self.rows[plan.task_id]
+        spec = assign(self.specs, self.order.index(plan.task_id), plan.index, self.group_size)
+        row = RolloutRow(
+            plan.rollout_id,
+            plan.group_id,
+            plan.task_id,
+            task["repo"],
+            plan.index,
+            spec.name,
+            spec.spec.harness,
+            spec.spec.sandbox,
+            spec.spec.reward,
+            spec=spec.to_row(),
+        )
+        ctx = RolloutContext(
+            str(self.taskset.root.resolve()),
+            gateway.url,
+            gateway.admin_token,
+            self.allow_unsandboxed,
+            self.work,
+            False,
+        )
+        row = run_rollout(ctx, row, spec, task, plan.seed).row
+        rollout = asdict(row)
+        result = verify_rollout(self.taskset, self.rows, rollout, Path("."), self.verify_timeout_s, None)
+        status = row.rollout_status
+        reward: float | None = None
+        if result.status in GRADED:
+            reward = result.f2p_fraction if spec.spec.reward is RewardName.F2P_FRACTION else result.reward
+            if status is RolloutStatus.PATCH_TOO_LARGE:
+                status = RolloutStatus.OK  # scored 0 by verify, the agent's doing
+        elif status is RolloutStatus.OK:
+            status = RolloutStatus.INFRA_ERROR
+        detail = row.error or result.detail
+        return Finished(
+            plan.rollout_id, plan.group_id, plan.task_id, reward, status, detail[:500], time.monotonic() - t0
+        )

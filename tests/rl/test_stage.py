@@ -1,0 +1,161 @@
+"""`harnessrl stage rl` end to end (real engine, gateway, trainer; a 4-layer cut of the tiny model on prompt
+tasks): each mode, the refusal of an engine that cannot take weights, kill -9 and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from harnessrl.io import read_jsonl
+from harnessrl.rl.config import RLMode
+from harnessrl.rl.groups import DataOrder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def rl_command(tasks: Path, policy: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "harnessrl.cli",
+        "--no-progress",
+        "stage",
+        "rl",
+        "--workload",
+        "prompt",
+        "--tasks",
+        str(tasks),
+        "--policy",
+        str(policy),
+        "--out",
+        str(out),
+        "--batch-groups",
+        "2",
+        "--group-size",
+        "4",
+        "--lr",
+        "1e-4",
+        *extra,
+    ]
+
+
+def _config(tmp_path: Path, **extra: object) -> str:
+    path = tmp_path / "rl.json"
+    path.write_text(json.dumps({"prompt_max_tokens": 8, "engine_threads": 1, **extra}))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(RLMode))
+def test_stage_rl_runs_each_mode(mode: RLMode, rl_policy: Path, prompt_tasks: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    cmd = rl_command(
+        prompt_tasks, rl_policy, out, "--mode", mode, "--steps", "2", "--config", _config(tmp_path)
+    )
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("rl ")] == ["step=1", "step=2"]
+    summary = json.loads(lines[-1])
+    assert summary["mode"] == mode and summary["steps"] == 2
+    rows = list(read_jsonl(out / "steps.jsonl"))
+    assert [r["step"] for r in rows] == [1, 2]
+    trained = [r for r in rows if r["outcome"] == "trained"]
+    assert trained, "no step trained: the small policy's groups had no reward variance"
+    assert summary["version"] == len(trained)
+    for r in trained:
+        assert r["groups_trained"] == 2 and r["loss"] is not None and r["weight_sync_s"] > 0
+    assert (out / "model" / "model.safetensors").is_file()
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert "# RL stage" in (out / "report.md").read_text()
+    if mode is RLMode.SYNC:
+        assert all(r["staleness_max"] == 0 for r in trained)
+
+
+class _NoWeightsHandler(BaseHTTPRequestHandler):
+    """An engine server that lists its model but has no weight endpoint (GET /load_weights: 404)."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"data": [{"id": "policy", "owned_by": "harnessrl"}]}).encode()
+        found = self.path == "/v1/models"
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body) if found else 0))
+        self.end_headers()
+        if found:
+            self.wfile.write(body)
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_stage_refuses_an_engine_that_cannot_take_weights(
+    rl_policy: Path, prompt_tasks: Path, tmp_path: Path
+):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoWeightsHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        cmd = rl_command(prompt_tasks, rl_policy, tmp_path / "out", "--steps", "1", "--engine-url", url)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("harnessrl: error:")]
+    assert len(errors) == 1 and url in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "steps.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_continues_the_same_data_order(
+    rl_policy: Path, prompt_tasks: Path, tmp_path: Path
+):
+    out = tmp_path / "out"
+    cmd = rl_command(
+        prompt_tasks, rl_policy, out, "--mode", "sync", "--steps", "5", "--save-every", "1",
+        "--config", _config(tmp_path, keep_checkpoints=3),
+    )  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 600
+    while not (out / "checkpoints" / "step-000002").is_dir():
+        assert proc.poll() is None and time.monotonic() < deadline, "no second checkpoint"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = list(read_jsonl(out / "steps.jsonl"))
+    assert len(before) in (2, 3)  # killed in step 3 (or just after its row was written)
+
+    done = subprocess.run([*cmd, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(read_jsonl(out / "steps.jsonl"))
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[:2] == before[:2]  # restored from the checkpoint, not redone
+    assert [line.split()[1] for line in done.stdout.splitlines() if line.startswith("rl ")] == [
+        "step=3",
+        "step=4",
+        "step=5",
+    ]
+    # every group the run used, in step order, is the next position of one seeded stream: no position
+    # repeated or skipped across the kill, each the task the stream has there
+    used = [g for r in rows for g in sorted(r["groups_discarded"] + r["groups"], key=_position)]
+    positions = [_position(g) for g in used]
+    assert positions == list(range(len(positions)))
+    order = DataOrder([f"say-{a}" for a in ("and", "the", "of", "I")], seed=0)
+    assert [g.split("@")[0] for g in used] == [order.task_at(p) for p in positions]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == 5
+
+
+def _position(group_id: str) -> int:
+    return int(group_id.rsplit("@g", 1)[1])
