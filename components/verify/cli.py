@@ -102,12 +102,32 @@ def _verify_one(args: argparse.Namespace) -> int:
     return 0
 
 
+def _field_ok(row: dict, key: str) -> bool:
+    """`repo` is a non-empty string; the test lists are lists or JSON strings of lists (SWE-bench rows)."""
+    value = row.get(key)
+    if key == "repo":
+        return isinstance(value, str) and bool(value)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return False
+    return isinstance(value, list)
+
+
 def _check_task_repo(taskset: TaskSet, row: dict) -> None:
     """The task's bundle and its branches exist: otherwise one line naming the file or branch and the fix."""
     from harnessrl.cli import UserError
     from harnessrl.sandbox.workspace import RepoCache, WorkspaceError
 
-    iid, repo = row["instance_id"], row.get("repo", "")
+    iid, repo = row["instance_id"], row.get("repo")
+    for key in ("repo", "FAIL_TO_PASS", "PASS_TO_PASS"):
+        if not _field_ok(row, key):
+            raise UserError(
+                f"{taskset.tasks_path}: task {iid!r}: field {key!r} is missing or malformed "
+                f"({str(row.get(key))[:60]!r}); fix the row or drop it with `harnessrl stage clean`"
+            )
+    assert isinstance(repo, str)
     bundle = taskset.bundle(repo)
     if not bundle.is_file():
         raise UserError(

@@ -33,7 +33,7 @@ def _assert_one_line_error(p: subprocess.CompletedProcess[str], *names: str) -> 
     assert len(lines) == 1 and lines[0].startswith("harnessrl: error: "), p.stderr
     for name in names:
         assert name in lines[0], lines[0]
-    assert "harnessrl tasks import" in lines[0]  # the fix
+    assert "harnessrl tasks import" in lines[0] or "harnessrl stage clean" in lines[0]  # the fix
 
 
 @requires_bwrap
@@ -67,3 +67,15 @@ def test_corrupt_bundle_is_one_line(synth_taskset, tmp_path):
     bundle.write_bytes(b"not a git bundle\n" * 3)
     iid = next(read_jsonl(tasks / "tasks.jsonl"))["instance_id"]
     _assert_one_line_error(_verify(tasks, iid, tmp_path, "patch"), str(bundle), "cannot unpack")
+
+
+@requires_bwrap
+@pytest.mark.parametrize("field, value", [("repo", None), ("FAIL_TO_PASS", "not json [")])
+def test_malformed_task_row_is_one_line(synth_taskset, tmp_path, field, value):
+    tasks = tmp_path / "tasks"
+    shutil.copytree(synth_taskset, tasks)
+    rows = list(read_jsonl(tasks / "tasks.jsonl"))
+    rows[0][field] = value
+    write_jsonl(tasks / "tasks.jsonl", rows)
+    p = _verify(tasks, rows[0]["instance_id"], tmp_path, "patch")
+    _assert_one_line_error(p, str(tasks / "tasks.jsonl"), f"field {field!r}", "harnessrl stage clean")
