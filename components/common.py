@@ -7,14 +7,15 @@ stage's plain-Python `run` code. The image is the project image (it has harnessr
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from kfp import dsl
 from kfp.dsl.python_component import PythonComponent
 
-IMAGE = os.environ.get("HARNESSRL_IMAGE", "ghcr.io/harnessrl/harnessrl:0.1.0")
+from harnessrl.cluster import IMAGE  # env HARNESSRL_IMAGE; defined without kfp for library code
+
+__all__ = ["IMAGE", "component"]
 
 
 def component(func: Callable[..., Any]) -> PythonComponent:

@@ -5,22 +5,29 @@ Only names of Secrets/ConfigMaps go into the compiled YAML; their values stay in
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 
 from kfp import dsl, kubernetes
 
-GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}  # label set by NVIDIA GPU feature discovery
-GPU_TOLERATIONS: tuple[dict, ...] = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+from harnessrl.cluster import (  # defined without kfp: library code run inside steps uses them too
+    GPU_NODE_SELECTOR,
+    GPU_TOLERATIONS,
+    S3_SECRET_KEYS,
+    S3_SECRET_NAME,
+    STORE_CONFIG_KEYS,
+    STORE_CONFIG_MAP,
+)
 
-S3_SECRET_NAME = os.environ.get("HARNESSRL_S3_SECRET", "harnessrl-s3")
-S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
-STORE_CONFIG_MAP = os.environ.get("HARNESSRL_STORE_CONFIGMAP", "harnessrl-store")
-STORE_CONFIG_KEYS = {
-    "HARNESSRL_S3_ENDPOINT": "HARNESSRL_S3_ENDPOINT",
-    "HARNESSRL_S3_BUCKET": "HARNESSRL_S3_BUCKET",
-    "HARNESSRL_S3_REGION": "HARNESSRL_S3_REGION",
-}
+__all__ = [
+    "GPU_NODE_SELECTOR",
+    "GPU_TOLERATIONS",
+    "S3_SECRET_KEYS",
+    "S3_SECRET_NAME",
+    "STORE_CONFIG_KEYS",
+    "STORE_CONFIG_MAP",
+    "gpu_step",
+    "use_s3_credentials",
+]
 
 
 def gpu_step(

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import IMAGE
+from harnessrl.cluster import IMAGE
 from harnessrl.sandbox.base import WORKSPACE_MOUNT, Limits, Outcome, RunResult, Sandbox
 from harnessrl.sandbox.kubernetes_exec import (
     ExecResult,
