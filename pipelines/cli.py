@@ -11,6 +11,8 @@ from harnessrl.cli import UserError
 
 
 def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersAction) -> None:
+    from pipelines.local_run import Runner
+
     p = commands.add_parser("pipelines", help="list the pipelines and whether this checkout can build them")
     p.set_defaults(func=cmd_pipelines)
 
@@ -55,6 +57,13 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
     p.add_argument("--run-dir", default=None, help="default: runs/<pipeline>-<UTC time>")
     p.add_argument("--arg", action="append", default=[], metavar="K=V", help="pipeline argument (repeatable)")
     p.add_argument("--no-cache", action="store_true", help="re-execute every step (no kfp.local cache)")
+    p.add_argument(
+        "--runner",
+        choices=list(Runner),
+        default=Runner.SUBPROCESS,
+        help="subprocess: steps in this Python env; container: each step in the project image via podman "
+        "(`make image` first; docs/containers.md)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = commands.add_parser(
@@ -146,10 +155,12 @@ def print_run_summary(result) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.local_run import LocalRunError, run_local
+    from pipelines.local_run import LocalRunError, Runner, run_local
 
     try:
-        result = run_local(args.pipeline, args.arg, args.run_dir, cache=not args.no_cache)
+        result = run_local(
+            args.pipeline, args.arg, args.run_dir, cache=not args.no_cache, runner=Runner(args.runner)
+        )
     except LocalRunError as e:
         raise UserError(str(e)) from None
     except KeyboardInterrupt as e:

@@ -40,11 +40,16 @@ from pipelines.run_outputs import task_entries, write_reports
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["LocalRunError", "RunResult", "RunStatus", "default_run_dir", "run_local"]
+__all__ = ["LocalRunError", "RunResult", "RunStatus", "Runner", "default_run_dir", "run_local"]
 
 logger = logging.getLogger(__name__)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 EXCEPTION_LINE_RE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failed|Interrupt)\b.*:")
+
+
+class Runner(StrEnum):
+    SUBPROCESS = "subprocess"  # every step a process of this Python env (make demo)
+    CONTAINER = "container"  # every step in the project image via podman (pipelines/container_runner.py)
 
 
 class RunStatus(StrEnum):
@@ -165,6 +170,7 @@ def run_local(
     *,
     cache: bool = True,
     console: Console | None = None,
+    runner: Runner = Runner.SUBPROCESS,
 ) -> RunResult:
     """Runs `pipeline` (name or compiled YAML) with kfp.local; always writes run.json, even on failure.
 
@@ -187,13 +193,24 @@ def run_local(
     compiler.Compiler().compile(runnable, str(run_dir / "pipeline.yaml"))
     spec = next(yaml.safe_load_all((run_dir / "pipeline.yaml").read_text()))
     cache_root = run_dir.parent / ".kfp-cache"
-    local.init(
-        runner=local.SubprocessRunner(use_venv=False),
-        pipeline_root=str(artifacts),
-        raise_on_error=True,
-        enable_caching=cache,
-        cache_root=str(cache_root) if cache else None,
-    )
+    steps_runner = contextlib.ExitStack()  # the container runner's podman service, up for the whole run
+    try:
+        if runner is Runner.CONTAINER:
+            from pipelines.container_runner import container_steps
+
+            kfp_runner = steps_runner.enter_context(container_steps(args))
+        else:
+            kfp_runner = local.SubprocessRunner(use_venv=False)
+        local.init(
+            runner=kfp_runner,
+            pipeline_root=str(artifacts),
+            raise_on_error=True,
+            enable_caching=cache,
+            cache_root=str(cache_root) if cache else None,
+        )
+    except BaseException:
+        steps_runner.close()
+        raise
     started = dt.datetime.now(dt.UTC)
     if not quiet:
         console.print(f"[bold]{name}[/]: running locally in {run_dir}", highlight=False)
@@ -201,6 +218,7 @@ def run_local(
     watcher = TaskWatcher(steps)
     status, error = RunStatus.SUCCEEDED, None
     with (
+        steps_runner,
         open(run_dir / "run.log", "a", encoding="utf-8") as log,
         watcher,
         steps or contextlib.nullcontext(),
@@ -248,6 +266,7 @@ def run_local(
             "log": str(run_dir / "run.log"),
             "reports": [str(p) for p in reports],
             "tasks": tasks,
+            "runner": str(runner),
             "python": sys.executable,
             "cwd": os.getcwd(),
         },
