@@ -5,7 +5,10 @@ step (one KubeRay RayJob running `harnessrl stage rl ...`, its driver log stream
     @dsl.pipeline
     def full(...):
         ...
-        add_rl_on_ray(["--tasks", tasks_uri, "--mode", "colocated", "--steps", "200"], workers=4, gpus_per_worker=8)
+        add_rl_on_ray(
+            ["--tasks", "/data/tasks", "--out", "/data/rl/run-1", "--mode", "colocated", "--steps", "200"],
+            workers=4, gpus_per_worker=8, data_pvc="harnessrl-data",
+        )
 
 The launcher's ServiceAccount (KFP's pipeline-runner) may create / get / delete RayJobs and read pod logs in the
 RayJob namespace (manifests/base/rayjob-launcher-rbac.yaml). The launcher itself needs no GPU.
@@ -33,6 +36,7 @@ def add_rl_on_ray(
     image: str = "",
     gpu_image: str = "",
     timeout_s: float = 0.0,
+    data_pvc: str = "",
     run_id: str = dsl.PIPELINE_JOB_ID_PLACEHOLDER,
 ) -> dsl.PipelineTask:
     """`rl_args`: the arguments of `harnessrl stage rl`, as a list or a JSON string (e.g. a pipeline parameter).
@@ -53,6 +57,7 @@ def add_rl_on_ray(
             worker_cpu=worker_cpu,
             worker_memory=worker_memory,
             timeout_s=timeout_s,
+            data_pvc=data_pvc,
         )
         launch.set_caching_options(False).set_display_name("rl-on-ray")
     return launch

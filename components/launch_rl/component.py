@@ -24,10 +24,11 @@ def launch_rl(
     worker_memory: str = "64Gi",
     timeout_s: float = 0.0,
     poll_s: float = 5.0,
+    data_pvc: str = "",
 ):
     """`harnessrl stage rl <rl_args>` as a RayJob: `workers` GPU workers with `gpus_per_worker` GPUs each,
     the driver (trainer) on `driver_gpus` of them. image "" = the project image; timeout_s 0 = the RayJob's
-    own deadline."""
+    own deadline; data_pvc: a PersistentVolumeClaim mounted at /data on every Ray pod (task sets, outputs)."""
     import json
 
     from harnessrl.cluster import IMAGE
@@ -47,6 +48,7 @@ def launch_rl(
         workers=(group,),
         driver_gpus=driver_gpus,
         image=image or IMAGE,
+        data_pvc=data_pvc or None,
     )
     print(f"RayJob {namespace}/{spec.name}: {spec.entrypoint}", flush=True)
     result = run_rayjob(

@@ -118,6 +118,8 @@ class RayJobSpec:
     )  # runtime env vars (no secrets: those come from s3_secret)
     s3_secret: str | None = S3_SECRET_NAME
     store_config_map: str | None = STORE_CONFIG_MAP
+    data_pvc: str | None = None  # a PersistentVolumeClaim (task sets, outputs) mounted on every Ray pod
+    data_mount: str = "/data"
     active_deadline_s: int = 48 * 3600
     ttl_after_finished_s: int = 600
     ray_version: str = RAY_VERSION
@@ -162,6 +164,17 @@ def _container(
     return c
 
 
+def _with_data(pod: dict[str, Any], spec: RayJobSpec) -> dict[str, Any]:
+    if spec.data_pvc:
+        pod.setdefault("volumes", []).append(
+            {"name": "data", "persistentVolumeClaim": {"claimName": spec.data_pvc}}
+        )
+        pod["containers"][0].setdefault("volumeMounts", []).append(
+            {"name": "data", "mountPath": spec.data_mount}
+        )
+    return pod
+
+
 def render_rayjob(spec: RayJobSpec) -> dict[str, Any]:
     head = _container(
         "ray-head",
@@ -195,7 +208,7 @@ def render_rayjob(spec: RayJobSpec) -> dict[str, Any]:
                 "minReplicas": g.replicas,
                 "maxReplicas": g.replicas,
                 "rayStartParams": {"num-gpus": str(g.gpus)},
-                "template": {"spec": pod},
+                "template": {"spec": _with_data(pod, spec)},
             }
         )
     body: dict[str, Any] = {
@@ -209,7 +222,7 @@ def render_rayjob(spec: RayJobSpec) -> dict[str, Any]:
             "headGroupSpec": {
                 "serviceType": "ClusterIP",
                 "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
-                "template": {"spec": {"containers": [head]}},
+                "template": {"spec": _with_data({"containers": [head]}, spec)},
             },
             "workerGroupSpecs": groups,
         },

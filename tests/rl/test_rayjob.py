@@ -86,6 +86,7 @@ def test_rendered_rayjob_validates_against_the_kuberay_crd():
             driver_gpus=8,
             env={"HARNESSRL_LOG": "info"},
             gpu_image="example.org/harnessrl:1-cu128",
+            data_pvc="harnessrl-data",
         )
     )
     validate_rayjob(doc)
@@ -105,6 +106,10 @@ def test_rendered_rayjob_validates_against_the_kuberay_crd():
         pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     )
+    head = body["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    for p in (head, pod):
+        assert {"name": "data", "persistentVolumeClaim": {"claimName": "harnessrl-data"}} in p["volumes"]
+        assert {"name": "data", "mountPath": "/data"} in p["containers"][0]["volumeMounts"]
     env = {e["name"]: e["valueFrom"] for e in pod["containers"][0]["env"]}
     assert env["AWS_SECRET_ACCESS_KEY"] == {
         "secretKeyRef": {"name": "harnessrl-s3", "key": "AWS_SECRET_ACCESS_KEY"}

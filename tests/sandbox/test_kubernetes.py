@@ -261,3 +261,19 @@ def test_verify_runs_in_a_fresh_pod_of_the_task_image(kube, tmp_path, monkeypatc
     assert r.status == "resolved" and r.reward == 1.0, (r.detail, r.test_log[-2000:])
     assert [p["spec"]["containers"][0]["image"] for p in kube.created] == ["swesmith.x86_64.minicalc"]
     assert not kube.pods  # deleted after the run
+
+
+def test_importable_inside_a_pipeline_step():
+    """Steps import kfp's minimal runtime (`_KFP_RUNTIME=true`), where importing the pipeline SDK (as
+    `components.common` does) breaks: the verify step on the kubernetes backend must not pull it in."""
+    import subprocess
+    import sys
+
+    code = "import kfp.dsl.executor_main, harnessrl.sandbox.kubernetes, harnessrl.verify.rollouts, harnessrl.rl.rayjob"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "_KFP_RUNTIME": "true"},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
