@@ -4,17 +4,21 @@
 
 1. overhead: the full verification of one rollout (framework diff, filter, fresh bug-commit tree, apply, new
    bubblewrap sandbox, grade) vs. `python -m pytest <same args> <same test files>` run bare on a prepared tree;
-   also the sandbox alone (same command in bubblewrap on the same tree). Runs are interleaved so load on the
-   shared host hits both sides alike; medians are compared.
+   also the sandbox alone (same command in bubblewrap on the same tree). With podman here, the same two
+   measurements on the podman backend (a fresh container of the repo's environment image per verification):
+   overhead_ratio_podman, podman_sandbox_ratio. Runs are interleaved so load on the shared host hits every
+   side alike; medians are compared.
 2. throughput: N gold-fix rollouts through the verify stage with 1 worker and with 2 workers.
 
-The last line printed is one JSON object: overhead_ratio, sandbox_ratio, verifications_per_min, ...
+The last line printed is one JSON object: overhead_ratio, sandbox_ratio, overhead_ratio_podman,
+verifications_per_min, load_avg, ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,9 +43,14 @@ def main() -> None:
 
     from dataprep.synthesize import synthesize_taskset
     from harnessrl.io import write_jsonl
+    from harnessrl.sandbox.backends import SandboxChoice
+    from harnessrl.sandbox.base import Limits
     from harnessrl.sandbox.bwrap import BubblewrapSandbox
     from harnessrl.sandbox.envs import ensure_env
+    from harnessrl.sandbox.images import ensure_env_image, podman_problem
+    from harnessrl.sandbox.podman import PodmanSandbox
     from harnessrl.sandbox.workspace import RepoCache, materialize
+    from harnessrl.schema import SandboxKind
     from harnessrl.taskset import TaskSet
     from harnessrl.verify.rollouts import run_verify
     from harnessrl.verify.verifier import PYTEST_ARGS, verify_workspace
@@ -53,6 +62,14 @@ def main() -> None:
         row = ts.rows()[0]
         iid = row["instance_id"]
         env = ensure_env(ts, row["repo"])
+        podman = podman_problem() is None
+        image, podman_row = "", row
+        if podman:
+            print("building the repo's environment image (cached after the first run) ...", flush=True)
+            image = ensure_env_image(ts, row["repo"])
+            podman_row = {**row, "image_name": image}
+        else:
+            print(f"podman backend not measured: {podman_problem()}", flush=True)
         cache = RepoCache.for_repo(ts, row["repo"])
         test_files = sorted({t.split("::")[0] for t in row["FAIL_TO_PASS"] + row["PASS_TO_PASS"]})
 
@@ -81,7 +98,8 @@ def main() -> None:
         bare_args = [a.replace("/workspace", str(bare_tree)) for a in PYTEST_ARGS]
         bare_cmd = [str(env / "bin" / "python"), "-P", "-m", "pytest", *bare_args, *test_files]
 
-        bare, sandboxed, full = [], [], []
+        bare, sandboxed, full, pod_sandboxed, pod_full = [], [], [], [], []
+        loads = [os.getloadavg()[0]]
         for i in range(args.repeats):
             t0 = time.perf_counter()
             p = subprocess.run(
@@ -102,8 +120,22 @@ def main() -> None:
             v = verify_workspace(ts, row, ws)
             full.append(time.perf_counter() - t0)
             assert v.resolved, v.detail
+            podman_line = ""
+            if podman:
+                t0 = time.perf_counter()
+                with PodmanSandbox(bare_tree, image, Limits()) as sb:
+                    r = sb.run(["python", "-P", "-m", "pytest", *PYTEST_ARGS, *test_files], timeout=300)
+                pod_sandboxed.append(time.perf_counter() - t0)
+                assert r.ok, r.stdout[-2000:] + r.stderr[-2000:]
+                t0 = time.perf_counter()
+                v = verify_workspace(ts, podman_row, ws, sandbox=SandboxChoice(SandboxKind.PODMAN))
+                pod_full.append(time.perf_counter() - t0)
+                assert v.resolved, v.detail
+                podman_line = f" | podman {pod_sandboxed[-1]:.2f} s | podman verify {pod_full[-1]:.2f} s"
+            loads.append(os.getloadavg()[0])
             print(
-                f"  run {i + 1}: bare {bare[-1]:.2f} s | sandbox {sandboxed[-1]:.2f} s | full verify {full[-1]:.2f} s",
+                f"  run {i + 1}: bare {bare[-1]:.2f} s | sandbox {sandboxed[-1]:.2f} s | full verify {full[-1]:.2f} s"
+                f"{podman_line} | load {loads[-1]:.1f}",
                 flush=True,
             )
 
@@ -143,12 +175,27 @@ def main() -> None:
         "verifications_per_min_1_worker": throughput[1],
         "parallel_speedup": round(throughput[2] / throughput[1], 3),
         "parallel_rollouts": args.parallel,
+        "load_avg": [round(x, 2) for x in (min(loads), statistics.median(loads), max(loads))],
     }
+    if pod_full:
+        result |= {
+            "podman_sandbox_s": round(min(pod_sandboxed), 3),
+            "podman_verify_s": round(min(pod_full), 3),
+            "podman_sandbox_ratio": round(min(pod_sandboxed) / b, 3),
+            "overhead_ratio_podman": round(min(pod_full) / b, 3),
+            "overhead_ratio_podman_median": round(statistics.median(pod_full) / med["bare"], 3),
+        }
     print(
         f"overhead: full verify / bare pytest = {result['overhead_ratio']}x fastest-run, "
         f"{result['overhead_ratio_median']}x median (target <= 1.5x); "
         f"sandbox alone = {result['sandbox_ratio']}x; 2 workers vs 1 = {result['parallel_speedup']}x"
     )
+    if pod_full:
+        print(
+            f"podman: full verify / bare pytest = {result['overhead_ratio_podman']}x fastest-run, "
+            f"{result['overhead_ratio_podman_median']}x median (target <= 2.0x); "
+            f"container alone = {result['podman_sandbox_ratio']}x"
+        )
     print(json.dumps(result))
 
 
