@@ -541,7 +541,7 @@ class KubernetesPodSandbox(Sandbox):
         code = r.exit_code
         if code == ULIMIT_FAILED and ULIMIT_MARKER in err:
             return RunResult(Outcome.SANDBOX_ERROR, None, out, err, wall, ULIMIT_MARKER)
-        if code == 124 or (code == 137 and wall >= timeout):
+        if code in (124, 137) and wall >= timeout:  # `timeout` fired (a command's own 124 is quicker)
             outcome, detail = Outcome.TIMEOUT, f"killed at the {timeout:g} s timeout"
         elif code == 137 and self._oom_killed():
             outcome, detail = Outcome.RESOURCE_LIMIT, "memory limit (OOM kill)"

@@ -181,6 +181,11 @@ def test_a_rollout_runs_in_one_pod_through_exec(kube, tmp_path):
     assert r.stdout.split() == ["64", "7"], r
     r = sb.run("sleep 20", timeout=0.5)
     assert r.outcome is Outcome.TIMEOUT and r.wall_s < 5, r
+    r = sb.run("exit 124", timeout=30)  # a command's own 124 is not our timeout
+    assert (r.outcome, r.exit_code) == (Outcome.NONZERO, 124)
+    r = sb.run(["sh", "-c", "head -c 3000000 /dev/zero > big.bin"], timeout=30, limits=Limits(file_size_mb=1))
+    assert r.outcome is Outcome.RESOURCE_LIMIT and "SIGXFSZ" in r.detail, r
+    assert (ws / "big.bin").stat().st_size == 1 << 20
     r = sb.run("no-such-program", timeout=30)
     assert (r.outcome, r.exit_code) == (Outcome.NONZERO, 127)
     assert sb.pods_started == 1 and len(kube.created) == 1
