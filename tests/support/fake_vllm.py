@@ -297,12 +297,12 @@ class FakeVLLM:
     def _step(
         self, feed: list[int], cache: Any, temperature: float, top_p: float, generator: torch.Generator
     ) -> tuple[int, float, Any]:
-        out = self.hf(input_ids=torch.tensor([feed]), past_key_values=cache, use_cache=True)
+        out = self.hf(input_ids=torch.tensor([feed]), cache=cache, use_cache=True)
         logits = out.logits[0, -1].float()
         if temperature == 0:
             logprobs = torch.log_softmax(logits, -1)
             token = int(torch.argmax(logprobs))
-            return token, float(logprobs[token]), out.past_key_values
+            return token, float(logprobs[token]), out.cache
         logprobs = torch.log_softmax(logits / temperature, -1)
         if top_p < 1.0:
             sorted_lp, order = torch.sort(logprobs, descending=True)
@@ -311,7 +311,7 @@ class FakeVLLM:
             masked[order[keep]] = logprobs[order[keep]]
             logprobs = torch.log_softmax(masked, -1)
         token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
-        return token, float(logprobs[token]), out.past_key_values
+        return token, float(logprobs[token]), out.cache
 
 
 def miniature_model(directory: Path, seed: int = 0) -> Path:
