@@ -32,6 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from harnessrl.sandbox.bwrap import MAX_OUTPUT_BYTES
+from harnessrl.schema import RewardName
 
 
 class VerifyStatus(StrEnum):
@@ -349,3 +350,16 @@ def judge(
         return replace(g, status=VerifyStatus.UNRESOLVED, reward=0.0, detail=detail)
     why = f"stopped: {w.stopped}" if w.stopped is not None else wg.detail
     return replace(g, detail=f"{g.detail}; the unpatched tree's run fails too ({why}): the environment")
+
+
+def reward_for(
+    name: RewardName, status: VerifyStatus, resolved: bool, f2p_fraction: float | None
+) -> float | None:
+    """The reward a harness spec names for a verdict: `swebench` 1/0 (resolved or not); `f2p_fraction` the share
+    of FAIL_TO_PASS tests that pass when the tests ran to a verdict (resolved/unresolved), 0 for a diff that does
+    not apply or tests that hung or blew their limits. None (never trained as 0) for an infra error."""
+    if status is VerifyStatus.INFRA_ERROR:
+        return None
+    if name is RewardName.F2P_FRACTION and status in (VerifyStatus.RESOLVED, VerifyStatus.UNRESOLVED):
+        return float(resolved) if f2p_fraction is None else f2p_fraction
+    return float(resolved)

@@ -6,7 +6,8 @@
 `{rollout_id, instance_id, workspace}` (a directory; relative paths are resolved against the file's folder),
 or `{..., model_patch}` (a diff the framework computed against the task tip, as the generate stage writes it),
 or `{..., patch}` (any patch, applied to a fresh tip first). A row whose `rollout_status` is `infra_error` is not
-graded (its reward stays null).
+graded (its reward stays null). Each row's reward is the one its harness spec names (`reward_fn`, as generate
+records it, else `spec.reward`; default swebench): two rollouts with the same verdict may get different rewards.
 
 Output directory (replaced atomically, so reruns are idempotent):
     rewards.jsonl   one row per rollout: rollout_id, instance_id, reward (1/0/null), status (what the trainer
@@ -28,17 +29,20 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from harnessrl.choices import parse_choice
 from harnessrl.harness.base import SCORED_STATUSES, RolloutStatus
 from harnessrl.io import atomic_output, read_jsonl, write_jsonl
 from harnessrl.progress import ProgressBar
 from harnessrl.sandbox.backends import DEFAULT_CHOICE, SandboxChoice
 from harnessrl.sandbox.base import Limits
 from harnessrl.sandbox.workspace import safe_name
+from harnessrl.schema import RewardName
 from harnessrl.taskset import TaskSet
 from harnessrl.verify.grading import GRADED, VerifyStatus
 from harnessrl.verify.verifier import (
     DEFAULT_TIMEOUT_S,
     VerifyResult,
+    apply_reward,
     verify_diff,
     verify_patch,
     verify_workspace,
@@ -62,6 +66,7 @@ def load_rollouts(rollouts: Path) -> tuple[list[dict], Path]:
         if row["rollout_id"] in seen:
             raise ValueError(f"{path}: row {i}: duplicate rollout_id {row['rollout_id']!r}")
         seen.add(row["rollout_id"])
+        rollout_reward(row, f"{path}: row {i} ({row['rollout_id']})")
         if row.get("rollout_status") != "infra_error" and not any(
             k in row for k in ("workspace", "model_patch", "patch")
         ):
@@ -71,7 +76,28 @@ def load_rollouts(rollouts: Path) -> tuple[list[dict], Path]:
     return rows, path.parent
 
 
+def rollout_reward(rollout: dict, where: str = "rollout") -> RewardName:
+    """The reward the rollout's harness spec names: `reward_fn` (generate's column), else `spec.reward`."""
+    spec = rollout.get("spec")
+    name = rollout.get("reward_fn") or (spec.get("reward") if isinstance(spec, dict) else None)
+    return parse_choice(RewardName, name or RewardName.SWEBENCH, f"{where}: reward_fn")
+
+
 def verify_rollout(
+    taskset: TaskSet,
+    tasks: dict[str, dict],
+    rollout: dict,
+    base: Path,
+    timeout_s: float,
+    limits: Limits | None,
+    sandbox: SandboxChoice = DEFAULT_CHOICE,
+) -> VerifyResult:
+    """The verdict on one rollout, with the reward its spec names."""
+    result = _verdict(taskset, tasks, rollout, base, timeout_s, limits, sandbox)
+    return apply_reward(result, rollout_reward(rollout))
+
+
+def _verdict(
     taskset: TaskSet,
     tasks: dict[str, dict],
     rollout: dict,

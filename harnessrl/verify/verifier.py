@@ -5,8 +5,11 @@
 
 1. diff the workspace against the task tip with a throwaway index (the workspace's `.git` is never read);
 2. drop test/config/start-up-hook changes (filtering.py) and record them;
-3. export the bug commit ("Bug Patch", tip~1: tests present) into a **new** tree, apply the filtered diff
-   (`git apply`, then `git apply --3way`, then `patch --fuzz`), then restore the F2P+P2P test files again;
+3. export the tree the diff was taken against into a **new** tree (SWE-smith: the bug commit, "Bug Patch",
+   tip~1, tests present; SWE-bench: the task tip = `base_commit`), apply the filtered diff (`git apply`, then
+   `git apply --3way`, then `patch --fuzz`), then put the task's tests in (`TestSource`): the F2P+P2P test
+   files restored from that commit; for a SWE-bench row also the files `test_patch` touches, then
+   `test_patch` applied on top (as SWE-bench's evaluation does; the agent never saw it);
 4. run only those test files in a **new** sandbox (`sandbox=`: bubblewrap with the repo's env read-only by
    default; podman / kubernetes: a fresh container / pod of the task's `image_name`), a cleared environment
    and a timeout;
@@ -17,6 +20,7 @@
 Statuses (`VerifyStatus`): resolved / unresolved (reward 1 / 0), timeout / resource_limit (the code under test
 hung or blew its limits: reward 0), apply_failed (the agent's diff does not apply: reward 0), infra_error
 (reward None: the sandbox broke, the task data is bad, or the test log is inconsistent — never trained as 0).
+`apply_reward` turns a result into the reward a rollout's harness spec names (`RewardName`).
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from harnessrl.sandbox.backends import DEFAULT_CHOICE, SandboxChoice, needs_env
 from harnessrl.sandbox.base import Limits, Outcome, RunResult
 from harnessrl.sandbox.envs import ensure_env
 from harnessrl.sandbox.workspace import RepoCache, git, init_single_commit
-from harnessrl.taskset import TaskSet
-from harnessrl.verify.filtering import filter_diff, test_files_of
-from harnessrl.verify.grading import PytestRun, VerifyStatus, judge
+from harnessrl.schema import RewardName
+from harnessrl.taskset import TaskLayout, TaskSet, task_layout
+from harnessrl.verify.filtering import filter_diff, split_diff, test_files_of
+from harnessrl.verify.grading import PytestRun, VerifyStatus, judge, reward_for
 
 DEFAULT_TIMEOUT_S = 300.0
 MAX_LOG_CHARS = 200_000
@@ -72,6 +77,7 @@ class VerifyResult:
     exit_code: int | None = None
     detail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    reward_fn: RewardName = RewardName.SWEBENCH  # which reward `reward` is
 
     @property
     def infra_error(self) -> bool:
@@ -139,6 +145,47 @@ def apply_patch(tree: Path, patch: str) -> tuple[str, str]:
         Path(pf).unlink(missing_ok=True)
 
 
+def apply_reward(result: VerifyResult, name: RewardName) -> VerifyResult:
+    """`result` with the reward `name` gives it (the rollout's spec decides; the verdict itself is unchanged)."""
+    result.reward = reward_for(name, result.status, result.resolved, result.f2p_fraction)
+    result.reward_fn = name
+    return result
+
+
+@dataclass(frozen=True)
+class TestSource:
+    """Where a task's graded tests come from: SWE-smith, the bug commit (tip~1, tests present); SWE-bench, the
+    task tip (`base_commit`) with the row's `test_patch` applied at grading time only."""
+
+    __test__ = False  # not a pytest test class
+
+    rev: str
+    test_patch: str = ""
+
+    @classmethod
+    def of(cls, cache: RepoCache, row: dict) -> TestSource:
+        iid = row["instance_id"]
+        if task_layout(row) is TaskLayout.SWEBENCH:
+            return cls(cache.task_tip(iid), row["test_patch"])
+        return cls(cache.bug_commit(iid))
+
+    def add_tests(self, cache: RepoCache, tree: Path, test_files: list[str]) -> str:
+        """Puts the tests into `tree` (the agent's changes already applied); '' or what is wrong with the task."""
+        touched = [f.path for f in split_diff(self.test_patch)] if self.test_patch else []
+        missing = cache.restore_paths(self.rev, tree, sorted(set(test_files) | set(touched)))
+        if self.test_patch:
+            proc = git(
+                ["-C", str(tree), "apply", "--whitespace=nowarn", "-"],
+                input=self.test_patch.encode(),
+                check=False,
+            )
+            if proc.returncode != 0:
+                return f"the task's test_patch does not apply: {proc.stderr.decode(errors='replace').strip()[:500]}"
+            missing = [p for p in test_files if not (tree / p).is_file()]
+        where = "after its test_patch" if self.test_patch else "at the bug commit"
+        return f"task test file(s) missing {where}: {missing}" if missing else ""
+
+
 _witnesses: dict[tuple, PytestRun] = {}  # one run of each unpatched tree per process (the latest few)
 _witness_lock = threading.Lock()
 MAX_WITNESSES = 64
@@ -160,7 +207,7 @@ def _run_tests(
 
 def _witness(
     cache: RepoCache,
-    bug: str,
+    src: TestSource,
     env_dir: Path | None,
     test_files: list[str],
     timeout_s: float,
@@ -169,14 +216,16 @@ def _witness(
     image: str | None = None,
 ) -> PytestRun:
     """The same tests on the unpatched bug tree, in a new sandbox (a sandbox failure is not cached)."""
-    key = (str(cache.path), bug, tuple(test_files), timeout_s, limits, choice, image)
+    key = (str(cache.path), src, tuple(test_files), timeout_s, limits, choice, image)
     with _witness_lock:
         known = _witnesses.get(key)
     if known is not None:
         return known
     with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("witness")) as tmp:
         tree = Path(tmp) / "tree"
-        cache.export(bug, tree)
+        cache.export(src.rev, tree)
+        if src.add_tests(cache, tree, test_files):
+            return PytestRun("", None)
         run = _run_tests(choice, tree, env_dir, image, test_files, timeout_s, limits)
     if run.outcome is Outcome.SANDBOX_ERROR:
         return PytestRun("", None)
@@ -219,10 +268,10 @@ def verify_diff(
     cache = RepoCache.for_repo(taskset, row["repo"])
     env_dir = ensure_env(taskset, row["repo"]) if needs_env(sandbox.kind) else None
     image = row.get("image_name") or None
-    bug = cache.bug_commit(iid)
+    src = TestSource.of(cache, row)
     with tempfile.TemporaryDirectory(prefix=leftovers.temp_prefix("verify")) as tmp:
         tree = Path(tmp) / "tree"
-        cache.export(bug, tree)
+        cache.export(src.rev, tree)
         init_single_commit(tree)
         method, error = apply_patch(tree, filtered.patch)
         result.apply_method = method
@@ -232,9 +281,9 @@ def verify_diff(
             result.detail = f"the diff does not apply: {error}"
             result.timings = timings
             return result
-        missing = cache.restore_paths(bug, tree, test_files)
-        if missing:
-            result.detail = f"task test file(s) missing at the bug commit: {missing}"
+        problem = src.add_tests(cache, tree, test_files)
+        if problem:
+            result.detail = problem
             return result
         shutil.rmtree(tree / ".git", ignore_errors=True)
         t1 = time.monotonic()
@@ -255,7 +304,7 @@ def verify_diff(
     def witness() -> PytestRun:
         t2 = time.monotonic()
         try:
-            return _witness(cache, bug, env_dir, test_files, timeout_s, limits, sandbox, image)
+            return _witness(cache, src, env_dir, test_files, timeout_s, limits, sandbox, image)
         finally:
             timings["witness_s"] = time.monotonic() - t2
 
