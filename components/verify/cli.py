@@ -141,7 +141,10 @@ def _check_task_repo(taskset: TaskSet, row: dict) -> None:
             f"{bundle}: cannot unpack the bundle ({' '.join(str(e).split())[:300]}); replace it or rebuild "
             "the task set with `harnessrl tasks import` / `harnessrl tasks synthesize`"
         ) from None
-    for rev, what in ((iid, "task tip"), (f"{iid}~1", "bug commit")):
+    from harnessrl.taskset import TaskLayout, task_layout
+
+    revs = [(iid, "task tip"), (f"{iid}~1", "bug commit")]
+    for rev, what in revs[:1] if task_layout(row) is TaskLayout.SWEBENCH else revs:  # tests: in test_patch
         try:
             cache.rev(f"refs/heads/{rev}")
         except WorkspaceError:

@@ -99,6 +99,21 @@ def test_gold_patch_resolves_and_an_empty_patch_does_not(swebench_taskset):
     assert all(empty.tests[t]["ok"] for t in row["PASS_TO_PASS"])
 
 
+def test_harnessrl_verify_cli_grades_a_swebench_task(swebench_taskset, tmp_path, capsys):
+    """Before: the CLI demanded a SWE-smith bug commit (<id>~1) and refused every SWE-bench task."""
+    from harnessrl.cli import main
+
+    row = TaskSet.open(swebench_taskset).rows()[1]
+    fix = tmp_path / "fix.diff"
+    fix.write_text(row["patch"])
+    rc = main(
+        ["verify", "--tasks", str(swebench_taskset), "--instance", row["instance_id"], "--patch", str(fix)]
+    )
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert json.loads(out.out)["status"] == "resolved"
+
+
 @requires_bwrap
 def test_a_rollout_on_a_swebench_task_runs_and_is_graded(swebench_taskset, fast_engine, tokenizer, tmp_path):
     ts = TaskSet.open(swebench_taskset)
