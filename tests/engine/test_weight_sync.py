@@ -205,6 +205,21 @@ def test_sync_mid_request_tags_tokens_before_and_after(prompt, mini):
     assert gen.policy_version == 1
 
 
+def test_requests_before_the_first_sync_are_plain_and_tagged_with_the_version_at_their_start(prompt, mini):
+    model_dir, ckpt, new_model = mini
+
+    async def go(fake, client):
+        plain = await client.generate(prompt, GREEDY, 3)  # the protocol is not known yet: one plain reply
+        await client.load_weights(str(ckpt), 1)
+        return plain, await client.generate(prompt, GREEDY, 3)  # streamed from now on
+
+    plain, streamed = run(with_fake(go, model_dir))
+    assert plain.token_policy_versions == [0] * 3
+    assert close(plain.logprobs, teacher_forced(load_model(model_dir).eval(), prompt, plain.token_ids))
+    assert streamed.token_policy_versions == [1] * 3
+    assert close(streamed.logprobs, teacher_forced(new_model, prompt, streamed.token_ids))
+
+
 def test_failed_update_raises_and_keeps_the_engine_paused(prompt, mini):
     async def go(fake, client):
         with pytest.raises(EngineError, match="version 3 failed .*no \\*.safetensors.*stays paused"):
