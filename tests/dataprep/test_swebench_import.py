@@ -125,3 +125,25 @@ def test_no_mirror_at_all_converts_nothing_and_says_how_to_supply_one(tmp_path, 
     assert "missing repo harnessrl-examples/parse: no local mirror" in err
     assert "--repo-dir harnessrl-examples/parse=PATH" in err
     assert len(list(read_jsonl(tmp_path / "out" / "rejects.jsonl"))) == 3
+
+
+def test_swe_gym_parquet_with_list_columns_imports(tmp_path):
+    """SWE-Gym's shape: FAIL_TO_PASS / PASS_TO_PASS as list columns, no environment_setup_commit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataprep.load import import_taskset
+
+    rows = [
+        {
+            **{k: v for k, v in r.items() if k != "environment_setup_commit"},
+            "FAIL_TO_PASS": json.loads(r["FAIL_TO_PASS"]),
+            "PASS_TO_PASS": json.loads(r["PASS_TO_PASS"]),
+        }
+        for r in fixture_rows()
+    ]
+    data = tmp_path / "swe_gym.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    ts = import_taskset(data, MIRRORS, tmp_path / "tasks")
+    assert ts.manifest["import"]["format"] == "swebench" and ts.manifest["import"]["converted"] == 3
+    assert [r["FAIL_TO_PASS"] for r in ts.rows()] == [r["FAIL_TO_PASS"] for r in rows]
