@@ -43,7 +43,7 @@ sysdeps:
 	  install -D -m 644 manifests/image/containers.conf /etc/containers/containers.conf; fi
 
 # The project image with podman (docs/containers.md): the Debian base once (debootstrap), a wheelhouse from
-# this venv, manifests/image/Dockerfile target cpu (image-full: target full, with torch). Skipped with the
+# this venv, manifests/image/Dockerfile variant cpu (image-full: variant full, with torch). Skipped with the
 # reason where podman cannot run.
 image: setup
 	@if $(PY) -m harnessrl.sandbox.images check >/dev/null 2>&1; then nice $(PY) -m harnessrl.sandbox.images project; \

@@ -56,8 +56,8 @@ WORKSPACE_PTH = "zz-harnessrl-workspace.pth"
 
 
 class ImageTarget(StrEnum):
-    CPU = "cpu"  # core deps + pytest: data prep, verify, reports (what the tests build)
-    FULL = "full"  # + the [local] extra: torch (CPU), transformers, ray; generate and train
+    CPU = "cpu"  # core deps + pytest: data prep, verify, reports (what the tests build); stage deps-cpu
+    FULL = "full"  # + the [local] extra: torch (CPU), transformers, ray; generate and train; deps-full
 
 
 class ImageError(RuntimeError):
@@ -229,15 +229,23 @@ def build_project(target: ImageTarget = ImageTarget.CPU, no_cache: bool = False)
     targets = (ImageTarget.CPU,) if target is ImageTarget.CPU else (ImageTarget.CPU, ImageTarget.FULL)
     build_wheelhouse(targets)
     tags = [project_tag(target)] + ([IMAGE] if target is ImageTarget.CPU else [])
-    args = ["build", "--network", "none", "--layers", "--ignorefile", str(IGNOREFILE), "--target", target]
-    args += ["--build-arg", f"BASE={BASE_IMAGE}", "-f", str(DOCKERFILE)]
+    args = ["build", "--network", "none", "--layers", "--ignorefile", str(IGNOREFILE), "--target", "app"]
+    args += ["--build-arg", f"BASE={BASE_IMAGE}", "--build-arg", f"DEPS=deps-{target}", "-f", str(DOCKERFILE)]
     if no_cache:
         args.append("--no-cache")
     for tag in tags:
         args += ["-t", tag]
     with _locked(f"project-{target}"):
+        before = _image_id(tags[0])
         podman(*args, str(REPO_ROOT))
+        if before and before != _image_id(tags[0]):  # the previous build, now untagged: drop it
+            podman("rmi", before, check=False)
     return tags[0]
+
+
+def _image_id(name: str) -> str | None:
+    proc = podman("image", "inspect", "--format", "{{.Id}}", name, check=False)
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
 # -- environment images for task repos -----------------------------------------------------------------

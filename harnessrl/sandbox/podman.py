@@ -151,10 +151,15 @@ class PodmanSandbox(Sandbox):
         proc = _podman(*self.run_args(), self.image, "sleep", "infinity")
         if proc.returncode != 0:
             raise SandboxError(f"podman run {self.image} failed: {proc.stderr.strip()[-1000:]}")
-        path = _podman("inspect", "--format", "{{.State.CgroupPath}}", self.name).stdout.strip()
-        dirs = [Path("/sys/fs/cgroup") / c / path.lstrip("/") for c in ("memory", "pids")]
-        dirs = [d for d in dirs if d.is_dir()] or [Path("/sys/fs/cgroup") / path.lstrip("/")]
-        self._cgroup = Cgroup(dirs=[d for d in dirs if d.is_dir()], version=1 if len(dirs) > 1 else 2)
+        # the container's cgroup (v1: one per controller; v2: one) holds the OOM-kill and pids.max counters
+        path = _podman("inspect", "--format", "{{.State.CgroupPath}}", self.name).stdout.strip().lstrip("/")
+        if not path:
+            logger.warning("%s: no cgroup path from podman; limit hits will not be told apart", self.name)
+            return
+        root = Path("/sys/fs/cgroup")
+        v1 = [root / c / path for c in ("memory", "pids") if (root / c / path).is_dir()]
+        dirs = v1 or [d for d in (root / path,) if d.is_dir()]
+        self._cgroup = Cgroup(dirs=dirs, version=1 if v1 else 2)
 
     def exec_args(self, argv: list[str], limits: Limits, cwd: str) -> list[str]:
         env = dict(AGENT_ENV)
