@@ -281,7 +281,8 @@ class HTTPEngine:
         if status >= 400:
             raise WeightSyncUnsupported(
                 f"{self.base_url} (vLLM) cannot take new weights: {INFO} failed with HTTP {status} "
-                f"({_error_message(text)[:160]}), so the worker extension is not loaded: {VLLM_FIX}"
+                f"({' '.join(_error_message(text).split())[:160]}), so the worker extension is not loaded: "
+                f"{VLLM_FIX}"
             )
         try:
             answers = _rpc_results(json.loads(text), self.base_url)

@@ -167,10 +167,13 @@ class FakeVLLM:
         results = []
         async with self._lock:
             try:
-                function = getattr(self.worker, method)
+                function = getattr(self.worker, method, None)
+                if function is None:  # vLLM's run_method
+                    raise NotImplementedError(f"Method {method!r} is not implemented.")
                 results.append(await asyncio.to_thread(function, *args, **kwargs))
-            except Exception as e:  # vLLM: the worker's exception fails the call with HTTP 500
-                return _error(f"{type(e).__name__}: {e}", 500)
+            except Exception as e:  # vLLM 0.32: the engine core re-raises a plain Exception -> HTTP 500
+                message = f"Worker failed with error '{type(e).__name__}: {e}', please check the stack trace"
+                return _error(message, 500)
         answers = [r if r is None or isinstance(r, dict | list) else str(r) for r in results]
         return web.json_response({"results": answers})
 
