@@ -9,7 +9,7 @@ spec[g % len(specs)], so a list of two specs mixes them inside every group.
               refuses) | podman (one container from the task's image_name) | kubernetes (one pod from the
               task's image_name, commands via exec) | local (no isolation: only with allow_unsandboxed)
     network   podman / kubernetes only: a named egress allow-list (e.g. a package-index proxy); default none
-    reward    RewardName: swebench | f2p_fraction
+    reward    RewardName: swebench | f2p_fraction (recorded as the rollout's reward_fn; verify scores with it)
     limits    turns, tokens, wall_s (harness);  memory_mb, processes, cpu_s, file_size_mb, tmp_mb (sandbox);
               tool_timeout_s (per command)
 """
