@@ -26,6 +26,11 @@ context plus its remaining decode budget, and at most `max_seqs` sequences. Requ
 queue, oldest group first (priority scheduling, so a stale-prone old group is not starved); a request goes
 to the replica holding its session's prefix when that replica has room, else to the one with most free KV.
 
+Session slots: an engine takes at most `kv_tokens / mean context held` sessions in flight (generating,
+queued or in a tool call; `session_slots`), as a tuned deployment caps rollout concurrency so that a
+session's prefix can stay cached between turns; a group is admitted only when `can_admit` allows it and
+its G sessions fit the slots of the engines serving now (lent engines add theirs).
+
 Prefill: `prefill_tokens_per_s` per replica (~16 GFLOP/token at ~40% MFU), serial with decode on that replica
 (chunked prefill packs both in one step; the total time is the same). A session's next turn prefills only
 its new tokens when its prefix is still cached on the replica it lands on; the whole context otherwise.
@@ -62,9 +67,10 @@ Workloads (lengths lognormal, seeded per group; all G rollouts of a group are in
   of median `tool_s_mean`-derived seconds (lognormal sigma 1.0, cap 300 s: running tests, installs) whose
   result adds median 600 tokens; a session stops at the 32k context cap. The engine is free during tool time.
   G=8, 32 groups per step.
-- Both lengthen during training (`length_growth`: response length / turn count scale linearly from 1x at
-  the first version to that factor at the last), the drift the seeds give as the reason a fixed split
-  becomes misaligned. The fixed split is the one a user would pick by profiling the start of the run: the
+- Both lengthen during training (`length_growth`: response length / turn count scale linearly from 1x for
+  the first group generated to that factor for the last one trained), the drift the seeds give as the
+  reason a fixed split becomes misaligned. Group n is the same draw in every mode, so every mode trains
+  the same task stream. The fixed split is the one a user would pick by profiling the start of the run: the
   best fixed-split throughput with growth off, over a few steps. The table also shows every split, so the
   best split in hindsight is visible too.
 
@@ -203,10 +209,24 @@ def draw_rollout(rng: random.Random, wl: Workload, scale: float) -> list[Turn]:
     return turns
 
 
+def session_slots(wl: Workload, cm: CostModel) -> int:
+    """Sessions (rollouts in flight, tool time included) per engine: as many as its KV cache holds at the
+    mean context a session has over its turns, so prefixes can stay cached between turns."""
+    rng = random.Random(12345)
+    held = []
+    for _ in range(2000):
+        context, contexts = 0, []
+        for t in draw_rollout(rng, wl, 1.0):
+            context += t.new_tokens + t.decode_tokens
+            contexts.append(context)
+        held.append(statistics.fmean(contexts))
+    return max(wl.group_size, min(cm.max_seqs, int(cm.kv_tokens // statistics.fmean(held))))
+
+
 @dataclass
 class Group:
     gid: int
-    version: int  # trainer version when admitted (sets the workload's length scale)
+    version: int  # trainer version when admitted
     rollouts: list[Rollout] = field(default_factory=list)
     done: int = 0
 
@@ -413,6 +433,7 @@ class Result:
     lends: int
     preemptions: int
     trained_ids: list[int]
+    trained_groups: list[Group]
     admitted: int
     staleness_list: list[int]
 
@@ -468,6 +489,8 @@ class Sim:
         self.switch_started = 0.0
         self.switch_out_s = 0.0
         self.lends = 0
+        self.sessions = 0  # rollouts admitted and not finished (generating, queued or in a tool call)
+        self.slots_per_replica = session_slots(wl, cm)
         self.preemptions = 0
         self.done = False
 
@@ -502,29 +525,34 @@ class Sim:
             lends=self.lends,
             preemptions=self.preemptions,
             trained_ids=self.trained,
+            trained_groups=self.trained_groups,
             admitted=self.next_gid,
             staleness_list=self.stale,
         )
 
     # rollouts
-    def scale(self, version: int) -> float:
-        if not self.growth or self.steps <= 1:
+    def scale(self, gid: int) -> float:
+        """Length scale of the gid-th group: the same task stream in every mode (seeded per gid)."""
+        last = self.steps * self.wl.batch_groups - 1
+        if not self.growth or last <= 0:
             return 1.0
-        return 1.0 + (self.wl.length_growth - 1.0) * min(1.0, version / (self.steps - 1))
+        return 1.0 + (self.wl.length_growth - 1.0) * min(1.0, gid / last)
 
     def admit(self) -> None:
         if self.colocated and not self.generating:
             return
         b = self.wl.batch_groups
-        while can_admit(self.accepted, self.running, self.version, self.max_staleness, b):
+        g = self.wl.group_size
+        while can_admit(self.accepted, self.running, self.version, self.max_staleness, b) and (
+            self.sessions + g <= self.slots_per_replica * len(self.replicas + self.lent)
+        ):
             group = Group(self.next_gid, self.version)
             rng = random.Random(self.seed * 1_000_003 + self.next_gid)
             self.next_gid += 1
             self.running += 1
+            self.sessions += g
             for i in range(self.wl.group_size):
-                group.rollouts.append(
-                    Rollout(group, i, draw_rollout(rng, self.wl, self.scale(group.version)))
-                )
+                group.rollouts.append(Rollout(group, i, draw_rollout(rng, self.wl, self.scale(group.gid))))
             for ro in group.rollouts:
                 ro.decode_left = ro.turns[0].decode_tokens
                 ro.pending_new = ro.turns[0].new_tokens
@@ -572,6 +600,7 @@ class Sim:
             self.at(self.now + tool, self._tool_done, ro)
             return
         ro.decode_left = 0
+        self.sessions -= 1
         group = ro.group
         group.done += 1
         if group.done == len(group.rollouts):
@@ -580,6 +609,8 @@ class Sim:
             self.ready.append(group)
             self.completions.append(self.now)
             self.on_ready()
+        else:
+            self.admit()
 
     def _tool_done(self, ro: Rollout) -> None:
         self.submit(ro)
@@ -699,7 +730,7 @@ class Sim:
         if len(self.ready) >= self.wl.batch_groups:
             self.hand_back()
             return
-        self.dispatch()
+        self.admit()  # the lent engines bring their session slots
 
     def hand_back(self) -> None:
         resumed = []
@@ -810,6 +841,10 @@ def run_workload(wl: Workload, cm: CostModel, setup: Setup) -> dict:
             "dropped_groups": r.dropped,
             "preemptions": r.preemptions,
             "lends": r.lends,
+            "trained_decode_tok_s_per_device": round(
+                sum(t.decode_tokens for g in r.trained_groups for ro in g.rollouts for t in ro.turns)
+                / r.device_s
+            ),
         }
     sweep = {str(mode): {k: round(r.groups_per_hour, 1) for k, r in rows_} for mode, rows_ in profile.items()}
     return {"rows": rows, "profile_groups_per_hour": sweep, "split_fixed": k_fixed, "split_switch": k_switch}
@@ -828,6 +863,7 @@ COLUMNS = (
     ("dropped_groups", "dropped"),
     ("preemptions", "preempt"),
     ("lends", "lends"),
+    ("trained_decode_tok_s_per_device", "trained decode tok/s/dev"),
 )
 
 
