@@ -210,7 +210,7 @@ class KubeAPI:
         ready = threading.Event()
 
         async def boot() -> None:
-            self._runner = web.AppRunner(app)
+            self._runner = web.AppRunner(app, shutdown_timeout=1.0)
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)
             await site.start()
@@ -232,7 +232,7 @@ class KubeAPI:
             if self._runner is not None:
                 await self._runner.cleanup()
 
-        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(down(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         shutil.rmtree(self._tmp, ignore_errors=True)
 

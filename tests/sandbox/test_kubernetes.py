@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import os
 import tarfile
@@ -155,7 +156,7 @@ def _client(api: KubeAPI) -> client.ApiClient:
     return client.ApiClient(conf)
 
 
-FAST = KubernetesConfig(poll_s=0.01, pod_start_timeout_s=0.5, exec_grace_s=3.0)
+FAST = KubernetesConfig(poll_s=0.01, pod_start_timeout_s=10.0, exec_grace_s=3.0)
 
 
 @requires_bwrap
@@ -232,7 +233,8 @@ def test_oom_kill_reports_resource_limit_and_a_fresh_pod_takes_over(kube, tmp_pa
 )
 def test_pods_that_do_not_start_are_sandbox_errors_and_deleted(kube, tmp_path, scenario, detail):
     kube.scenario = scenario
-    sb = KubernetesPodSandbox(tmp_path, "img", cfg=FAST, api_client=_client(kube))
+    cfg = dataclasses.replace(FAST, pod_start_timeout_s=0.5)
+    sb = KubernetesPodSandbox(tmp_path, "img", cfg=cfg, api_client=_client(kube))
     r = sb.run("true", timeout=5)
     assert r.outcome is Outcome.SANDBOX_ERROR and detail in r.detail, r.detail
     assert not kube.pods and kube.execs == []
