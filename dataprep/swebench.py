@@ -14,6 +14,7 @@ detail; nothing is dropped silently.
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -41,6 +42,7 @@ SWEBENCH_REQUIRED = (
     "PASS_TO_PASS",
 )
 MAX_PRINTED = 20
+_SHA = re.compile(r"[0-9a-fA-F]{7,64}")
 
 
 class ImportReject(StrEnum):
@@ -169,8 +171,9 @@ def _check_row(raw: Any, where: str, allow_extra: bool) -> tuple[dict | None, Re
     if row is None:
         detail = "; ".join(p.removeprefix(f"{where}: ") for p in problems)
         return None, Reject(where, iid, ImportReject.BAD_FIELD, detail)
-    if not isinstance(row["base_commit"], str) or not row["base_commit"].strip():
-        return None, Reject(where, iid, ImportReject.BAD_FIELD, "base_commit: expected a commit sha")
+    if not isinstance(row["base_commit"], str) or not _SHA.fullmatch(row["base_commit"]):
+        detail = f"base_commit: expected a hex commit sha, got {row['base_commit']!r:.60}"
+        return None, Reject(where, iid, ImportReject.BAD_FIELD, detail)
     if not row["test_patch"].strip():
         return None, Reject(where, iid, ImportReject.BAD_FIELD, "test_patch: empty (no tests to grade with)")
     return row, None
