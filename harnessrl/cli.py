@@ -113,11 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.quiet or args.no_progress:
             env[PROGRESS_ENV] = "0"
         with _exported(env):
-            return int(func(args) or 0)
+            code = int(func(args) or 0)
+            sys.stdout.flush()  # here, so that a closed pipe is caught below and not at interpreter exit
+            return code
     except (UserError, FileNotFoundError, ValueError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"harnessrl: error: {msg}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`harnessrl ... | head`): no traceback, as other CLIs
+        # Python flushes stdout again at exit, which would raise once more into the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
 
 
 if __name__ == "__main__":
