@@ -111,6 +111,27 @@ def test_stage_refuses_a_server_without_a_weight_endpoint():
     assert "GET /load_weights answered HTTP 405" in message and FIX in message
 
 
+def test_a_router_names_its_first_replica_that_cannot_and_counts_the_others(url):
+    servers = [RecordedServer(recorded("vllm_0_11_completion_token_ids.json")) for _ in range(2)]
+
+    async def go():
+        urls = [await s.start() for s in servers]
+        clients = [HTTPEngine(u) for u in [url, *urls]]  # ours can, the two others cannot
+        try:
+            with pytest.raises(WeightSyncUnsupported) as caught:
+                await ensure_weight_sync(Router(clients), "generate")
+            return urls, str(caught.value)
+        finally:
+            for c in clients:
+                await c.close()
+            for s in servers:
+                await s.stop()
+
+    urls, message = run(go())
+    assert message.startswith(f"generate: router replica {urls[0]} cannot take new weights")
+    assert message.endswith("(and 1 more of 3 replicas)") and "\n" not in message
+
+
 def test_local_engine_our_server_and_a_router_of_them_pass(engine, url):
     async def go():
         client = HTTPEngine(url)
