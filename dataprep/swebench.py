@@ -129,19 +129,22 @@ class _Mirror:
         except WorkspaceError:
             return None
 
-    def applies(self, tree: str, patch: str, scratch: Path) -> str:
-        """'' when `patch` applies to `tree`, else git's first error line."""
+    def apply_errors(self, tree: str, patches: list[str], scratch: Path) -> list[str]:
+        """Per patch: '' when it applies to `tree` (checked against one index of it), else git's first error line."""
         index = scratch / "index"
         index.unlink(missing_ok=True)
         env = git_env(GIT_INDEX_FILE=str(index))
-        try:
-            self.run("read-tree", tree, env=env)
-            self.run(
-                "apply", "--cached", "--check", "--whitespace=nowarn", "-", input=patch.encode(), env=env
-            )
-        except WorkspaceError as e:
-            return (str(e).split("failed: ", 1)[-1].splitlines() or ["(no message)"])[0][:300]
-        return ""
+        self.run("read-tree", tree, env=env)
+        errors = []
+        for patch in patches:
+            try:
+                self.run(
+                    "apply", "--cached", "--check", "--whitespace=nowarn", "-", input=patch.encode(), env=env
+                )
+                errors.append("")
+            except WorkspaceError as e:
+                errors.append((str(e).split("failed: ", 1)[-1].splitlines() or ["(no message)"])[0][:300])
+        return errors
 
     def add_task(self, instance_id: str, tree: str, base_commit: str) -> None:
         sha = self.run("commit-tree", tree, "-m", f"{instance_id} at base_commit {base_commit}").strip()
@@ -273,11 +276,12 @@ def _add_task(mirror: _Mirror, row: dict, where: str, source: Path, work: Path) 
             "update the mirror (git fetch) or check the row"
         )
         return Reject(where, iid, ImportReject.BASE_COMMIT_NOT_FOUND, detail)
-    for field, reason in (
+    checks = (
         ("patch", ImportReject.PATCH_DOES_NOT_APPLY),
         ("test_patch", ImportReject.TEST_PATCH_DOES_NOT_APPLY),
-    ):
-        error = mirror.applies(tree, row[field], work)
+    )
+    errors = mirror.apply_errors(tree, [row[field] for field, _ in checks], work)
+    for (field, reason), error in zip(checks, errors, strict=True):
         if error:
             return Reject(where, iid, reason, f"{field} does not apply at base_commit {base[:12]}: {error}")
     mirror.add_task(iid, tree, base)
