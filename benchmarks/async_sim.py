@@ -20,11 +20,14 @@ modes give `rollout_devices` to inference and the rest to the trainer (FSDP over
 Decode (continuous batching, fluid): every running sequence advances one token per engine step; a step
 takes `decode_step_s` (reading 16 GB of weights at ~60% of HBM bandwidth plus launch overhead) +
 per sequence `decode_token_s` (its FLOPs) + `decode_kv_s_per_ktoken` per 1,000 context tokens (reading its KV
-cache: 128 KB/token for an 8B GQA model at ~60% of HBM bandwidth). A replica runs a sequence only while its
-KV cache (`kv_tokens`, the ~58 GB left after weights and activations) holds every running sequence's
-context plus its remaining decode budget, and at most `max_seqs` sequences. Requests wait in one router
-queue, oldest group first (priority scheduling, so a stale-prone old group is not starved); a request goes
-to the replica holding its session's prefix when that replica has room, else to the one with most free KV.
+cache: 128 KB/token for an 8B GQA model at ~60% of HBM bandwidth). KV (`kv_tokens`, the ~58 GB left after
+weights and activations) is allocated as tokens are made: a request starts only while `kv_watermark` of
+the cache stays free and the replica runs fewer than `max_seqs`; when the cache fills, the lowest-priority
+sequence (newest group) is preempted, keeps its tokens and re-prefills its context when it resumes
+(recompute preemption, as vLLM does). Requests wait in one router queue, oldest group first (priority
+scheduling, so a stale-prone old group is not starved); a request goes to the replica holding its
+session's prefix when that replica has room, else to the rollout replica with most free KV (lent replicas
+take only what the rollout replicas have no room for).
 
 Session slots: an engine takes at most `kv_tokens / mean context held` sessions in flight (generating,
 queued or in a tool call; `session_slots`), as a tuned deployment caps rollout concurrency so that a
@@ -64,7 +67,7 @@ Workloads (lengths lognormal, seeded per group; all G rollouts of a group are in
   16,384 (a DAPO-style math/code setup); G=8, 64 groups per step.
 - agentic: SWE-style ReAct sessions: 2,000-token prompt (system + tools + issue), turns median 12, sigma 0.6
   (long tail to the cap of 40), each turn decodes median 250 tokens (sigma 0.8, cap 2,048), then a tool call
-  of median `tool_s_mean`-derived seconds (lognormal sigma 1.0, cap 300 s: running tests, installs) whose
+  of median 6 s (lognormal sigma 1.0: mean ~10 s; cap 300 s: running tests, installs) whose
   result adds median 600 tokens; a session stops at the 32k context cap. The engine is free during tool time.
   G=8, 32 groups per step.
 - Both lengthen during training (`length_growth`: response length / turn count scale linearly from 1x for
