@@ -1,11 +1,13 @@
 """Invariants of the discrete-event simulator of the RL schedules (benchmarks/async_sim.py), on small
 configurations: they hold by design, and each would fail on a bookkeeping bug in the event loop."""
 
+import json
+import math
 from dataclasses import replace
 
 import pytest
 
-from benchmarks.async_sim import AGENTIC, REASONING, CostModel, Mode, Result, Sim, Workload
+from benchmarks.async_sim import AGENTIC, REASONING, CostModel, Mode, Result, Sim, Workload, calibrate
 from harnessrl.rl.admission import StalePolicy
 
 DEVICES, STEPS, STALENESS = 4, 3, 1
@@ -97,3 +99,45 @@ def test_free_role_switching_does_not_lose_to_the_fixed_split(workload):
     # one split may come out a little behind; on average lending must win.
     assert min(gains) >= 0.97, gains
     assert sum(gains) / len(gains) > 1.02, gains
+
+
+def _ratio(wl: Workload, slow: Mode, fast: Mode) -> float:
+    runs = {
+        m: Sim(m, wl, CostModel(), devices=4, rollout_devices=2, steps=4, max_staleness=2, seed=0).run()
+        for m in (slow, fast)
+    }
+    return runs[slow].wall_s / runs[fast].wall_s
+
+
+def test_colocated_gain_comes_from_the_long_tail():
+    # equal response lengths leave sync no bubble to fill: colocated gains little; a long tail, a lot
+    no_tail = replace(REASONING, batch_groups=16, decode_sigma=0.0, length_growth=1.0)
+    tail = replace(no_tail, decode_sigma=0.9)
+    assert _ratio(no_tail, Mode.SYNC, Mode.COLOCATED) < 1.1
+    assert _ratio(tail, Mode.SYNC, Mode.COLOCATED) > 1.3
+
+
+def test_async_gain_grows_with_tool_time():
+    # engines are free while a session waits on a tool: sync idles, async serves other sessions
+    gains = [
+        _ratio(
+            replace(AGENTIC, batch_groups=8, tool_s_median=tool, length_growth=1.0), Mode.SYNC, Mode.COLOCATED
+        )
+        for tool in (0.0, 6.0, 20.0)
+    ]
+    assert gains == sorted(gains) and gains[-1] > gains[0] * 1.5, gains
+
+
+def test_calibration_replaces_the_cost_model(tmp_path):
+    path = tmp_path / "rl_modes.json"
+    path.write_text(
+        json.dumps({"decode_tokens_per_s": 1000, "train_tokens_per_s": 50, "tool_s_mean": 3.0, "other": 1})
+    )
+    cm, agentic, used = calibrate(CostModel(), AGENTIC, path)
+    assert used == ["decode_tokens_per_s", "train_tokens_per_s", "tool_s_mean"]
+    assert cm.full_replica_tokens_per_s() == pytest.approx(1000)
+    assert cm.train_tokens_per_s == 50
+    assert agentic.tool_s_median * math.exp(agentic.tool_s_sigma**2 / 2) == pytest.approx(3.0)
+    path.write_text(json.dumps({"weight_sync_s": -1}))
+    with pytest.raises(SystemExit, match="weight_sync_s must be a number > 0"):
+        calibrate(CostModel(), AGENTIC, path)
