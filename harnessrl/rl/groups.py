@@ -171,6 +171,7 @@ class RolloutPool:
         self.low, self.high = dynamic_low, dynamic_high
         self.version = version
         self.counts = PoolCounts()
+        self.skipped: list[str] = []  # group ids (positions) dynamic sampling skipped, in order
         self.cond = threading.Condition()
         self.ready: deque[Group] = deque()
         self.running_rollouts = 0
@@ -195,6 +196,7 @@ class RolloutPool:
             if task in worth:
                 return position, task
             self.counts.groups_skipped_dynamic += 1
+            self.skipped.append(f"{task}@g{position}")
             self.order.consume(position)
 
     def start_group(self) -> Group:

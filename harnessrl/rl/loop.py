@@ -257,6 +257,7 @@ def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None =
                 version=version,
                 weight_sync_s=sync_s,
                 groups_skipped_dynamic=pool.counts.groups_skipped_dynamic - skipped_prev,
+                groups_skipped=pool.skipped[skipped_prev:],
                 dynamic_sampling_exhausted=pool.counts.dynamic_sampling_exhausted,
                 engine_idle_frac=None
                 if busy is None or busy_prev is None
@@ -271,6 +272,7 @@ def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None =
                 learner.checkpoint(step, _loop_meta(sink.rows, version, order, pass_rates))
         driver.stop()
         summary = summarize(sink.rows, cfg, pool, time.perf_counter() - started)
+        summary.update(engine_rates(replicas))
         learner.save_final(model_out, {"steps": step, "version": version})
         atomic_write_json(out / "metrics.json", summary)
         write_report(out, summary, sink.rows, cfg)
@@ -308,6 +310,25 @@ def _loop_meta(rows: list[dict], version: int, order: DataOrder, pass_rates: Pas
     }
 
 
+def engine_rates(replicas: list[Any]) -> dict[str, float | None]:
+    """Measured engine speeds over the run (local engines): forward-pass tokens per second of decode rows and
+    of prompt tokens (what benchmarks/async_sim.py calibrates from)."""
+    sums = {"decode_tokens": 0.0, "decode_s": 0.0, "prefill_tokens": 0.0, "prefill_s": 0.0}
+    for e in replicas:
+        stats = getattr(e, "stats", None)
+        s = stats() if callable(stats) else None
+        if not isinstance(s, dict):
+            return {"decode_tokens_per_s": None, "prefill_tokens_per_s": None}
+        sums["decode_tokens"] += float(s.get("decode_row_tokens", 0))
+        sums["decode_s"] += float(s.get("decode_forward_s", 0.0))
+        sums["prefill_tokens"] += float(s.get("prefill_forward_tokens", 0))
+        sums["prefill_s"] += float(s.get("prefill_forward_s", 0.0))
+    return {
+        "decode_tokens_per_s": sums["decode_tokens"] / sums["decode_s"] if sums["decode_s"] else None,
+        "prefill_tokens_per_s": sums["prefill_tokens"] / sums["prefill_s"] if sums["prefill_s"] else None,
+    }
+
+
 def summarize(rows: list[dict], cfg: RLConfig, pool: RolloutPool, wall_s: float) -> dict[str, Any]:
     from harnessrl.train.summary import stats, strict_json
 
@@ -338,6 +359,7 @@ def summarize(rows: list[dict], cfg: RLConfig, pool: RolloutPool, wall_s: float)
             "engine_idle_frac": mean("engine_idle_frac", rows),
             "weight_sync_s": mean("weight_sync_s", trained),
             "train_s": mean("train_s", trained),
+            "train_tokens_per_s": mean("tokens_per_s", trained),
             "role_switches": sum(int(r.get("role_switches") or 0) for r in rows),
             "wall_s": last.get("wall_s", wall_s),
             "this_attempt_s": wall_s,

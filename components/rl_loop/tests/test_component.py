@@ -11,12 +11,13 @@ from harnessrl.rl.config import RLMode
 
 def test_component_interface():
     spec = rl_loop.component_spec
-    inputs = {name: i.type for name, i in spec.inputs.items()}
+    assert spec.inputs is not None and spec.outputs is not None
+    inputs = {name: str(i.type) for name, i in spec.inputs.items()}
     assert inputs["tasks"].startswith("system.Dataset") and inputs["policy"].startswith("system.Model")
     for name in ("mode", "steps", "batch_groups", "group_size", "max_staleness", "save_every", "engine_url"):
         assert name in inputs
     assert {"specs_json", "config_json", "seed"} <= set(inputs)
-    outputs = {name: o.type for name, o in spec.outputs.items()}
+    outputs = {name: str(o.type) for name, o in spec.outputs.items()}
     assert outputs == {
         "model": "system.Model@0.0.1",
         "checkpoints": "system.Artifact@0.0.1",
