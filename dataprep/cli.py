@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from harnessrl.taskset import TaskLayout
+
 
 def register(commands, stages) -> None:
     tasks = commands.add_parser(
@@ -52,7 +54,7 @@ def register(commands, stages) -> None:
     imp.add_argument(
         "--format",
         default="auto",
-        choices=[str(f) for f in _row_formats()],
+        choices=["auto", *TaskLayout],
         help="row format (default auto: swebench when the rows carry a test_patch)",
     )
     imp.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
@@ -87,12 +89,6 @@ def register(commands, stages) -> None:
     )
     val.add_argument("--no-fail", action="store_true", help="exit 0 even when the suite fails")
     val.set_defaults(func=_validate)
-
-
-def _row_formats():
-    from dataprep.load import RowFormat
-
-    return list(RowFormat)
 
 
 def _repo_dirs(values: list[str]) -> dict[str, Path]:
@@ -148,7 +144,7 @@ def _synthesize(args: argparse.Namespace) -> int:
 
 @_git_errors_as_user_errors
 def _import(args: argparse.Namespace) -> int:
-    from dataprep.load import RowFormat, import_taskset
+    from dataprep.load import import_taskset
 
     repo_dirs = _repo_dirs(args.repo_dir)
     ts = import_taskset(
@@ -157,10 +153,10 @@ def _import(args: argparse.Namespace) -> int:
         args.out,
         allow_extra=args.allow_extra_fields,
         repo_dirs=repo_dirs,
-        fmt=RowFormat(args.format),
+        layout=None if args.format == "auto" else TaskLayout(args.format),
     )
     info = ts.manifest["import"]
-    if info.get("format") == RowFormat.SWEBENCH:
+    if info.get("format") == TaskLayout.SWEBENCH:
         return _report_swebench_import(ts)
     print(f"{ts.manifest['tasks']} rows, {len(ts.manifest['repos'])} repo bundle(s) -> {ts.root}")
     for repo, why in info["missing_repos"].items():

@@ -12,13 +12,19 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from dataprep.gitrepo import GitError, git
 from harnessrl.progress import track
-from harnessrl.taskset import TASK_FIELDS_OPTIONAL, TASK_FIELDS_REQUIRED, TaskSet, bundle_name, write_taskset
+from harnessrl.taskset import (
+    TASK_FIELDS_OPTIONAL,
+    TASK_FIELDS_REQUIRED,
+    TaskLayout,
+    TaskSet,
+    bundle_name,
+    write_taskset,
+)
 
 # Columns of SWE-bench (and its Verified split) that carry no task semantics here but are kept verbatim.
 KNOWN_EXTRA_FIELDS = ("hints_text", "version", "environment_setup_commit", "difficulty")
@@ -263,19 +269,14 @@ def repo_url(repos: str, repo: str) -> str:
     return f"{repos.rstrip('/')}/{repo}.git"
 
 
-class RowFormat(StrEnum):
-    AUTO = "auto"  # SWE-bench when the first row carries a non-empty test_patch, else SWE-smith
-    SWESMITH = "swesmith"
-    SWEBENCH = "swebench"
-
-
-def detect_format(data: Path) -> RowFormat:
+def detect_layout(data: Path) -> TaskLayout:
+    """SWE-bench when the first row carries a non-empty test_patch, else SWE-smith."""
     if not Path(data).exists():
-        return RowFormat.SWESMITH  # load_rows reports the missing file
+        return TaskLayout.SWESMITH  # load_rows reports the missing file
     from dataprep.swebench import is_swebench_row
 
     first = next((raw for _, raw in raw_rows(Path(data), [])), None)
-    return RowFormat.SWEBENCH if is_swebench_row(first) else RowFormat.SWESMITH
+    return TaskLayout.SWEBENCH if is_swebench_row(first) else TaskLayout.SWESMITH
 
 
 def import_taskset(
@@ -285,7 +286,7 @@ def import_taskset(
     *,
     allow_extra: bool = False,
     repo_dirs: Mapping[str, Path] | None = None,
-    fmt: RowFormat = RowFormat.AUTO,
+    layout: TaskLayout | None = None,
 ) -> TaskSet:
     """Turns downloaded rows + their repos into a task-set directory.
 
@@ -294,9 +295,7 @@ def import_taskset(
     reason. SWE-smith rows: `repos` is a dir of `<owner>__<name>.bundle` files, or a git base URL / `{repo}` URL
     template to clone from; repos that cannot be found are listed in the manifest (`missing_repos`), their
     rows stay, and the clean stage rejects them."""
-    if fmt is RowFormat.AUTO:
-        fmt = detect_format(data)
-    if fmt is RowFormat.SWEBENCH:
+    if (layout or detect_layout(data)) is TaskLayout.SWEBENCH:
         return _import_swebench(data, repos, out, allow_extra, repo_dirs or {})
     if repos is None:
         raise DataError([f"{data}: SWE-smith rows need --repos (a directory of .bundle files or a git URL)"])

@@ -27,7 +27,7 @@ from dataprep.load import normalize_row
 from harnessrl.io import read_jsonl
 from harnessrl.progress import track
 from harnessrl.sandbox.workspace import WorkspaceError, git, git_env
-from harnessrl.taskset import TaskSet, bundle_name, write_taskset
+from harnessrl.taskset import TaskLayout, TaskSet, bundle_name, write_taskset
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ def import_swebench(
             source=f"import:{data}",
             extra_manifest={
                 "import": {
-                    "format": "swebench",
+                    "format": str(TaskLayout.SWEBENCH),
                     "data": str(data),
                     "repos": str(repos_dir) if repos_dir else None,
                     "repo_dirs": {k: str(v) for k, v in sorted(repo_dirs.items())},

@@ -40,7 +40,7 @@ from dataprep.pytest_runner import TestRun, run_pytest
 from dataprep.source import is_test_path
 from dataprep.synthesize import synthesize_taskset
 from harnessrl.io import atomic_output, write_jsonl
-from harnessrl.taskset import TaskSet
+from harnessrl.taskset import TaskLayout, TaskSet
 
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 _MAX_MESSAGE = 200
@@ -337,10 +337,10 @@ def _build_rows(
 
 def example_taskset(source: Path, out: Path, **kw) -> Path:
     """`build_example_set` into `<out>/example`, imported as a task set at `<out>/tasks`; returns the latter."""
-    from dataprep.load import RowFormat, import_taskset
+    from dataprep.load import import_taskset
 
     ex = build_example_set(source, Path(out) / "example", **kw)
-    ts = import_taskset(ex.rows_path, ex.mirrors, Path(out) / "tasks", fmt=RowFormat.SWEBENCH)
+    ts = import_taskset(ex.rows_path, ex.mirrors, Path(out) / "tasks", layout=TaskLayout.SWEBENCH)
     return ts.root
 
 
@@ -369,9 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{len(ex.rows)} SWE-bench rows -> {ex.rows_path}; mirror in {ex.mirrors}")
     if args.taskset is not None:
-        from dataprep.load import RowFormat, import_taskset
+        from dataprep.load import import_taskset
 
-        ts = import_taskset(ex.rows_path, ex.mirrors, args.taskset, fmt=RowFormat.SWEBENCH)
+        ts = import_taskset(ex.rows_path, ex.mirrors, args.taskset, layout=TaskLayout.SWEBENCH)
         print(f"task set: {ts.root} ({ts.manifest['tasks']} tasks)")
     return 0 if ex.rows else 1
 

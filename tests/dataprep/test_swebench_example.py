@@ -9,9 +9,10 @@ import subprocess
 
 import pytest
 
-from dataprep.load import RowFormat, import_taskset
+from dataprep.load import import_taskset
 from dataprep.swebench_example import ProblemTier, build_example_set, enclosing_function
 from harnessrl.io import read_jsonl
+from harnessrl.taskset import TaskLayout
 from tests.support.fixtures import MINIREPO
 
 
@@ -42,7 +43,7 @@ def test_example_set_from_a_real_package_is_swebench_shaped_and_reproducible(tmp
         path = re.search(r"^\+\+\+ b/(\S+)", r["patch"], flags=re.M)
         assert path and f"in `{path[1]}`" in r["problem_statement"]
         assert re.search(r"^Bug in `\w+` in `", r["problem_statement"])  # names the function
-    ts = import_taskset(a.rows_path, a.mirrors, tmp_path / "tasks", fmt=RowFormat.SWEBENCH)
+    ts = import_taskset(a.rows_path, a.mirrors, tmp_path / "tasks", layout=TaskLayout.SWEBENCH)
     assert ts.manifest["import"]["converted"] == 2
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.taskset import TaskSet
+from harnessrl.taskset import TaskLayout, TaskSet
 from tests.support.fast_engine import FINAL_REPLY, TOOL_REPLY, FastEngineServer
 
 requires_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) not installed")
@@ -37,11 +37,11 @@ def synth_taskset(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def swebench_taskset(tmp_path_factory) -> Path:
     """tests/fixtures/swebench imported (once per session) as a task set: SWE-bench layout, 3 parse tasks."""
-    from dataprep.load import RowFormat, import_taskset
+    from dataprep.load import import_taskset
 
     out = tmp_path_factory.mktemp("swebench") / "tasks"
     rows = SWEBENCH_EXAMPLE / "rows.jsonl"
-    ts = import_taskset(rows, SWEBENCH_EXAMPLE / "mirrors", out, fmt=RowFormat.SWEBENCH)
+    ts = import_taskset(rows, SWEBENCH_EXAMPLE / "mirrors", out, layout=TaskLayout.SWEBENCH)
     assert ts.manifest["import"]["rejected"] == 0, (out / "rejects.jsonl").read_text()
     return out
 

@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from dataprep.load import RowFormat, import_taskset
+from dataprep.load import import_taskset
 from harnessrl.io import read_jsonl, write_jsonl
 from harnessrl.rollout.generate import GenerateConfig, run_generate
 from harnessrl.rollout.model_server import ModelSource
@@ -62,7 +62,7 @@ def test_the_agent_never_sees_test_patch_or_the_fix(tmp_path):
     row = first_row()
     data = tmp_path / "rows.jsonl"
     write_jsonl(data, [row])
-    ts = import_taskset(data, SWEBENCH_EXAMPLE / "mirrors", tmp_path / "tasks", fmt=RowFormat.SWEBENCH)
+    ts = import_taskset(data, SWEBENCH_EXAMPLE / "mirrors", tmp_path / "tasks", layout=TaskLayout.SWEBENCH)
     [task] = ts.rows()
     assert task_layout(task) is TaskLayout.SWEBENCH
     hidden = secrets(row)
