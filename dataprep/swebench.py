@@ -43,6 +43,7 @@ SWEBENCH_REQUIRED = (
 )
 MAX_PRINTED = 20
 _SHA = re.compile(r"[0-9a-fA-F]{7,64}")
+_PYTEST_ID = re.compile(r"[^:\s]+\.py::\S")
 
 
 class ImportReject(StrEnum):
@@ -52,6 +53,7 @@ class ImportReject(StrEnum):
     MISSING_FIELD = "missing_field"
     BAD_FIELD = "bad_field"  # wrong type, FAIL_TO_PASS not a JSON list, unknown column
     BAD_INSTANCE_ID = "bad_instance_id"  # not usable as a git branch name
+    UNSUPPORTED_TEST_IDS = "unsupported_test_ids"  # not pytest node ids: verify runs pytest only
     DUPLICATE_INSTANCE_ID = "duplicate_instance_id"
     UNKNOWN_REPO = "unknown_repo"  # no local mirror given for the row's repo
     BASE_COMMIT_NOT_FOUND = "base_commit_not_found"
@@ -179,6 +181,15 @@ def _check_row(raw: Any, where: str, allow_extra: bool) -> tuple[dict | None, Re
         return None, Reject(where, iid, ImportReject.BAD_FIELD, detail)
     if not row["test_patch"].strip():
         return None, Reject(where, iid, ImportReject.BAD_FIELD, "test_patch: empty (no tests to grade with)")
+    odd = next((t for t in row["FAIL_TO_PASS"] + row["PASS_TO_PASS"] if not _PYTEST_ID.match(t)), None)
+    if odd is not None or not row["FAIL_TO_PASS"]:
+        detail = (
+            f"test id {odd!r:.80} is not a pytest node id (<file>.py::<name>); verify runs pytest, so repos "
+            "graded by their own runner (django's runtests, sympy's bin/test) cannot be graded here"
+            if odd is not None
+            else "FAIL_TO_PASS is empty: nothing to grade"
+        )
+        return None, Reject(where, iid, ImportReject.UNSUPPORTED_TEST_IDS, detail)
     return row, None
 
 

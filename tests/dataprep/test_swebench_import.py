@@ -82,9 +82,10 @@ def test_every_unconvertible_row_is_rejected_with_a_one_line_reason(tmp_path, ca
         "patch": good["patch"].replace("number_start", "nope_start"),
     }
     duplicate = dict(good)
+    django_ids = {**other, "instance_id": "x__y-4", "FAIL_TO_PASS": '["test_x (admin.tests.AdminTests)"]'}
     data = write_rows(
         tmp_path / "rows.jsonl",
-        [good, missing_field, bad_json, unknown_repo, no_base, bad_patch, duplicate, "{oops"],
+        [good, missing_field, bad_json, unknown_repo, no_base, bad_patch, duplicate, "{oops", django_ids],
     )
     # the mirror as a plain clone given with --repo-dir
     clone = tmp_path / "clone"
@@ -96,7 +97,7 @@ def test_every_unconvertible_row_is_rejected_with_a_one_line_reason(tmp_path, ca
         ["tasks", "import", str(data), "--repo-dir", f"harnessrl-examples/parse={clone}", "--out", str(out)]
     )
     captured = capsys.readouterr()
-    assert rc == 0 and "1 SWE-bench rows converted, 7 rejected" in captured.out
+    assert rc == 0 and "1 SWE-bench rows converted, 8 rejected" in captured.out
     assert [r["instance_id"] for r in TaskSet.open(out).rows()] == [good["instance_id"]]
     rejects = {(r["where"], r["reason"]) for r in read_jsonl(out / "rejects.jsonl")}
     assert rejects == {
@@ -107,12 +108,13 @@ def test_every_unconvertible_row_is_rejected_with_a_one_line_reason(tmp_path, ca
         (f"{data}:6", "patch_does_not_apply"),
         (f"{data}:7", "duplicate_instance_id"),
         (f"{data}:8", "malformed_row"),
+        (f"{data}:9", "unsupported_test_ids"),
     }
     err = captured.err.splitlines()
     assert "Traceback" not in captured.err
     assert any("missing repo someone/else" in e and "--repo-dir someone/else=PATH" in e for e in err)
     lines = [e for e in err if e.startswith("  rejected ")]
-    assert len(lines) == 7
+    assert len(lines) == 8
     assert any(f"{data}:2 " in e and "missing field(s) test_patch" in e for e in lines)
     assert any(f"{data}:3 " in e and "FAIL_TO_PASS: a string that is not a JSON list" in e for e in lines)
     assert any("base_commit 0123456789" in e and "is not in the mirror" in e for e in lines)
