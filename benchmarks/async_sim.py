@@ -5,7 +5,8 @@ One file on purpose (a benchmark script): the event loop, the engine model, the 
 report belong together and are read together; the policies themselves are the real ones from
 `harnessrl.rl.admission` (`can_admit`, `keep_group`) and `harnessrl.rl.role_switch` (`RoleSwitch`).
 
-    .venv/bin/python benchmarks/async_sim.py [--calibration rl_modes.json] [--seed 0] [--small]
+    .venv/bin/python benchmarks/async_sim.py [--calibration FILE] [--max-staleness 2]
+        [--stale-policy keep|drop] [--steps 16] [--seed 0] [--small]
 
 Last line: one JSON object with `colocated_time_ratio_vs_sync` (reasoning workload, where Uni-Agent reports
 its -35.4% wall-clock), `separate_switch_throughput_vs_sync` and `separate_switch_throughput_vs_fixed_async`
@@ -73,13 +74,14 @@ Workloads (lengths lognormal, seeded per group; all G rollouts of a group are in
 - Both lengthen during training (`length_growth`: response length / turn count scale linearly from 1x for
   the first group generated to that factor for the last one trained), the drift the seeds give as the
   reason a fixed split becomes misaligned. Group n is the same draw in every mode, so every mode trains
-  the same task stream. The fixed split is the one a user would pick by profiling the start of the run: the
-  best fixed-split throughput with growth off, over a few steps. The table also shows every split, so the
-  best split in hindsight is visible too.
+  the same task stream.
+- Splits: each split mode runs at the split a user would pick by profiling the start of the run (its best
+  throughput over the first `profile_steps` steps with growth off, every split tried); role switching also
+  runs at the fixed mode's split (the mechanism alone). The profile of every split is printed.
 
 Calibration: `--calibration FILE` (the JSON `benchmarks/rl_modes.py` writes, or any with these keys) replaces
 the GPU cost model's numbers by measured ones: `decode_tokens_per_s` (scales every decode cost so a full
-replica decodes that many tokens/s), `prefill_tokens_per_s`, `train_tokens_per_s`, `weight_sync_s` (both
+replica decodes that many tokens/s at 4,096-token contexts), `prefill_tokens_per_s`, `train_tokens_per_s`, `weight_sync_s` (both
 sync costs), `tool_s_mean` (scales the agentic tool-time distribution to that mean). Other keys are ignored;
 the keys used are printed.
 """
