@@ -99,6 +99,20 @@ def test_gold_patch_resolves_and_an_empty_patch_does_not(swebench_taskset):
     assert all(empty.tests[t]["ok"] for t in row["PASS_TO_PASS"])
 
 
+def test_a_crash_is_judged_against_base_plus_test_patch(swebench_taskset, tmp_path):
+    """The witness for an abnormal run is base_commit + test_patch: it completes, so the patch caused the crash."""
+    from harnessrl.verify.verifier import verify_workspace
+
+    ts = TaskSet.open(swebench_taskset)
+    row = ts.rows()[2]
+    ws = materialize(ts, row["instance_id"], tmp_path / "ws")
+    module = ws / "parse" / "__init__.py"
+    module.write_text(module.read_text() + "\nimport os\n\nos._exit(0)\n")  # at import: no summary
+    r = verify_workspace(ts, row, ws, timeout_s=120)
+    assert (r.status, r.reward) == (VerifyStatus.UNRESOLVED, 0.0), r.detail
+    assert "the unpatched tree's run completes" in r.detail
+
+
 def test_harnessrl_verify_cli_grades_a_swebench_task(swebench_taskset, tmp_path, capsys):
     """Before: the CLI demanded a SWE-smith bug commit (<id>~1) and refused every SWE-bench task."""
     from harnessrl.cli import main
