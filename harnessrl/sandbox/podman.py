@@ -14,7 +14,8 @@ when given, is bound at GATEWAY_SOCKET_MOUNT. Memory (`--memory`, no swap) and p
 are the container's cgroup, fixed at construction; CPU time, file size and open files are per command
 (`ulimit` in the exec'd shell). After a command, its leftover processes (daemons) are killed (`kill -KILL -1`
 as the sandbox uid from inside: everything but the root-owned init), so nothing outlives it, as under
-bubblewrap. close() removes the container.
+bubblewrap. close() kills the container's init (every process goes with it) and podman removes the
+container (`--rm`) in the background.
 
 Outcomes follow bubblewrap's: podman's own failures (exit 125, no container) are `sandbox_error`; an OOM kill
 or refused forks seen in the container's cgroup counters are `resource_limit`.
@@ -113,7 +114,8 @@ class PodmanSandbox(Sandbox):
         self.identity = identity.acquire()
         uid, gid = (self.identity.uid, self.identity.gid) if self.identity else (os.getuid(), os.getgid())
         self.user = f"{uid}:{gid}"
-        self._finalizer = weakref.finalize(self, _remove, self.name, self.identity)
+        self._init: list[int] = []  # a pidfd of the container's init, once started
+        self._finalizer = weakref.finalize(self, _remove, self.name, self._init, self.identity)
         self._cgroup: Cgroup | None = None
         try:
             if self.gateway_socket is not None and self.identity is not None:
@@ -129,7 +131,7 @@ class PodmanSandbox(Sandbox):
     def run_args(self) -> list[str]:
         """`podman run` options (before the image)."""
         lim = self.limits
-        a = ["run", "-d", "--name", self.name, "--label", f"{OWNER_LABEL}={leftovers.current_tag()}"]
+        a = ["run", "-d", "--rm", "--name", self.name, "--label", f"{OWNER_LABEL}={leftovers.current_tag()}"]
         a += ["--init", "--user", "0:0", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
         a += ["--network", self.network or "none", "--hostname", "sandbox"]
         a += ["--read-only", "--read-only-tmpfs=false"]
@@ -151,8 +153,14 @@ class PodmanSandbox(Sandbox):
         proc = _podman(*self.run_args(), self.image, "sleep", "infinity")
         if proc.returncode != 0:
             raise SandboxError(f"podman run {self.image} failed: {proc.stderr.strip()[-1000:]}")
-        # the container's cgroup (v1: one per controller; v2: one) holds the OOM-kill and pids.max counters
-        path = _podman("inspect", "--format", "{{.State.CgroupPath}}", self.name).stdout.strip().lstrip("/")
+        # the container's init (killed at close) and its cgroup (v1: one per controller; v2: one), which holds
+        # the OOM-kill and pids.max counters
+        state = _podman(
+            "inspect", "--format", "{{.State.Pid}} {{.State.CgroupPath}}", self.name
+        ).stdout.split()
+        with contextlib.suppress(ValueError, IndexError, OSError):
+            self._init.append(os.pidfd_open(int(state[0])))
+        path = state[1].lstrip("/") if len(state) > 1 else ""
         if not path:
             logger.warning("%s: no cgroup path from podman; limit hits will not be told apart", self.name)
             return
@@ -257,11 +265,24 @@ class PodmanSandbox(Sandbox):
             self.identity.release()  # type: ignore[union-attr]
 
 
-def _remove(name: str, ident: identity.HostIdentity | None) -> None:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        _podman("rm", "--force", "--time", "0", name, timeout=60)
-    if ident is not None:
-        ident.release()
+def _remove(name: str, init: list[int], ident: identity.HostIdentity | None) -> None:
+    """SIGKILL to the container's init: the kernel ends every process of its pid namespace at once, and podman
+    (`--rm`) removes the container in the background (a second or so; the sweep catches what it misses).
+    Without a pidfd, `podman rm --force` waits for it."""
+    try:
+        if init:
+            signal.pidfd_send_signal(init[0], signal.SIGKILL)
+        else:
+            _podman("rm", "--force", "--time", "0", name, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            _podman("rm", "--force", "--time", "0", name, timeout=60)
+    finally:
+        for fd in init:
+            os.close(fd)
+        init.clear()
+        if ident is not None:
+            ident.release()
 
 
 _swept = threading.Event()

@@ -8,6 +8,7 @@ import socketserver
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,20 @@ def _container_exists(name: str) -> bool:
     return subprocess.run(["podman", "container", "exists", name]).returncode == 0
 
 
+def _containers() -> set[str]:
+    return set(subprocess.run(["podman", "ps", "-aq"], capture_output=True, text=True).stdout.split())
+
+
+def _back_to(before: set[str], within_s: float = 30.0) -> bool:
+    """close() kills the container's init at once; podman removes the container (--rm) in the background."""
+    deadline = time.monotonic() + within_s
+    while _containers() - before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def test_a_rollout_runs_its_commands_in_one_container(podman_task, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
     ws = podman_task.workspace(tmp_path / "ws")
@@ -43,7 +58,7 @@ def test_a_rollout_runs_its_commands_in_one_container(podman_task, tmp_path, mon
         after = sb.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' '", timeout=30)
         name = sb.name
         assert _container_exists(name)
-    assert not _container_exists(name)  # torn down at close
+    assert _back_to(_containers() - {name})  # torn down at close
     assert first.outcome is Outcome.OK, first.stderr
     uid = int(first.stdout.split()[0])
     assert uid != 0 and "host-secret" not in first.stdout and "AWS_SECRET" not in first.stdout
@@ -61,18 +76,17 @@ def test_verification_in_a_fresh_container(podman_task, tmp_path):
     gold = podman_task.workspace(tmp_path / "gold")
     podman_task.apply_gold(gold)
     untouched = podman_task.workspace(tmp_path / "untouched")
-    before = subprocess.run(["podman", "ps", "-aq"], capture_output=True, text=True).stdout.split()
+    before = _containers()
     resolved = verify_workspace(podman_task.taskset, podman_task.row, gold, timeout_s=120, sandbox=PODMAN)
     unresolved = verify_workspace(
         podman_task.taskset, podman_task.row, untouched, timeout_s=120, sandbox=PODMAN
     )
-    after = subprocess.run(["podman", "ps", "-aq"], capture_output=True, text=True).stdout.split()
     assert resolved.status == "resolved" and resolved.reward == 1.0, (
         resolved.detail,
         resolved.test_log[-2000:],
     )
     assert unresolved.status == "unresolved" and unresolved.reward == 0.0, unresolved.detail
-    assert set(after) <= set(before)  # each verification's container is gone
+    assert _back_to(before)  # each verification's container is gone
 
 
 def test_a_missing_image_is_a_sandbox_error_not_the_agents(tmp_path):
