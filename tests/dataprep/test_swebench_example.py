@@ -7,8 +7,6 @@ import json
 import re
 import subprocess
 
-import pytest
-
 from dataprep.load import import_taskset
 from dataprep.swebench_example import ProblemTier, build_example_set, enclosing_function
 from harnessrl.io import read_jsonl
@@ -16,7 +14,6 @@ from harnessrl.taskset import TaskLayout
 from tests.support.fixtures import MINIREPO
 
 
-@pytest.mark.slow  # two syntheses of minirepo (~10 s CPU)
 def test_example_set_from_a_real_package_is_swebench_shaped_and_reproducible(tmp_path):
     a = build_example_set(MINIREPO, tmp_path / "a", n_tasks=2, seed=0, tier=ProblemTier.EASY)
     b = build_example_set(MINIREPO, tmp_path / "b", n_tasks=2, seed=0, tier=ProblemTier.EASY)
