@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -76,6 +77,8 @@ def podman_problem() -> str | None:
     """None when podman can run containers here, else why not (one line with the fix)."""
     if shutil.which("podman") is None:
         return "podman is not installed (`make sysdeps` as root installs podman and runc)"
+    if os.geteuid() != 0:  # rootless podman maps uids differently: untested, so not used
+        return "not running as root: harnessrl uses rootful podman (sandbox uids, cgroup limits)"
     try:
         info = podman("info", "--format", "{{.Host.OCIRuntime.Name}}", check=False, timeout=60)
     except subprocess.TimeoutExpired:

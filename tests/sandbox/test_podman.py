@@ -4,6 +4,7 @@ in one container, verification in a fresh one, limits, no network but the gatewa
 from __future__ import annotations
 
 import http.server
+import re
 import socketserver
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.sandbox import identity
 from harnessrl.sandbox.backends import SandboxChoice
 from harnessrl.sandbox.base import Limits, Outcome
 from harnessrl.sandbox.podman import PodmanSandbox
@@ -72,6 +74,46 @@ def test_a_rollout_runs_its_commands_in_one_container(podman_task, tmp_path, mon
     assert daemon.outcome is Outcome.OK and "sleep 300" not in after.stdout  # nothing outlives a command
 
 
+def test_a_generate_rollout_on_the_podman_backend(env_taskset, fast_engine, tmp_path):
+    """generate with a podman spec: the harness's edits and the agent's commands meet in one container of the
+    task's image, the container's writes come back in the diff, and the container goes at the end."""
+    import json
+
+    from harnessrl.io import read_jsonl
+    from harnessrl.rollout.generate import GenerateConfig, run_generate
+    from harnessrl.rollout.model_server import ModelSource
+    from harnessrl.rollout.specs import parse_specs
+
+    def call(name: str, **arguments: str) -> dict:
+        return {"text": f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"}
+
+    engine = fast_engine(
+        [
+            call(
+                "str_replace_editor", command="create", path="NOTES.md", file_text="edited by the harness\n"
+            ),
+            call("bash", command="cat NOTES.md > COPY.md && echo uid=$(id -u) && hostname"),
+            call("submit"),
+        ]
+    )
+    before = _containers()
+    run_generate(
+        env_taskset,
+        tmp_path / "gen",
+        parse_specs({"sandbox": "podman", "limits": {"turns": 4}}),
+        ModelSource(engine_url=engine.base_url),
+        GenerateConfig(group_size=1, max_tasks=1),
+    )
+    (row,) = read_jsonl(tmp_path / "gen" / "rollouts.jsonl")
+    assert row["rollout_status"] == "ok" and row["finish_reason"] == "submitted", row["error"]
+    assert "+++ b/COPY.md" in row["model_patch"] and "+edited by the harness" in row["model_patch"]
+    transcript = next((tmp_path / "gen" / "transcripts").glob("*.json")).read_text()
+    uid = re.search(r"uid=(\d+)\\nsandbox", transcript)
+    # the command ran as a sandbox uid of the podman backend (bubblewrap would show uid 1000 inside)
+    assert uid is not None and int(uid.group(1)) > identity.uid_base(), transcript[-2000:]
+    assert _back_to(before)
+
+
 def test_verification_in_a_fresh_container(podman_task, tmp_path):
     gold = podman_task.workspace(tmp_path / "gold")
     podman_task.apply_gold(gold)
@@ -107,8 +149,6 @@ def test_a_missing_image_is_a_sandbox_error_not_the_agents(tmp_path):
     ids=["memory", "processes", "cpu", "file-size"],
 )
 def test_limits_hit_are_resource_limit(podman_task, tmp_path, cmd, limits, detail):
-    import re
-
     with PodmanSandbox(tmp_path, podman_task.row["image_name"], limits) as sb:
         r = sb.run(cmd, timeout=60)
         ok = sb.run("echo alive", timeout=30)
