@@ -172,7 +172,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.demo import run_demo
-    from pipelines.full import ROUNDS
 
     try:
         result = run_demo(
@@ -189,13 +188,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for label, step, output in (
             ("clean task set", "clean", "kept"),
             ("selected tasks", "select", "selected"),
-            ("final checkpoint", f"train-grpo-{ROUNDS}" if ROUNDS > 1 else "train-grpo", "model"),
+            ("final checkpoint", "rl-loop", "model"),
+            ("rl metrics (TensorBoard)", "rl-loop", "tensorboard"),
         ):
             if output in tasks.get(step, {}).get("outputs", {}):
                 print(f"{label}: {tasks[step]['outputs'][output]['path']}")
-        # kfp.local names repeated steps summarize-run, summarize-run-2, ...: the last one covers every round
-        summaries = sorted((t for t in tasks if t.startswith("summarize-run")), key=lambda t: (len(t), t))
-        summary = result.run_dir / "reports" / f"{summaries[-1]}.html" if summaries else None
-        if summary is not None and summary.is_file():
-            print(f"run summary: {summary}")
+        summary = result.run_dir / "reports" / "rl-loop.html"
+        if summary.is_file():
+            print(f"rl report: {summary}")
     return 0 if result.status == "succeeded" else 1

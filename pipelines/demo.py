@@ -1,8 +1,9 @@
 """`harnessrl demo`: the full pipeline locally on the embedded default.
 
 A task set synthesized from a small real package (parse==1.22.4) → clean → validate → Best-of-N difficulty →
-select → two rounds of generate → verify → GRPO train, with SmolLM2-135M on the CPU. Sizes are cut so it
-finishes in minutes on 2 cores: 3 tasks, N=2, 2 turns of at most 32 sampled tokens.
+select → the RL loop in colocated async mode (rollouts, verification, GRPO steps, in-place weight sync), with
+SmolLM2-135M on the CPU. Sizes are cut so it finishes in minutes on 2 cores: 3 tasks, N=2, 2 turns of at
+most 32 sampled tokens, 2 loop steps of one group each (at most 2 groups tried per step).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def demo_source(console: Console, cache: Path = SOURCES_CACHE) -> Path:
 DEMO_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 2}, "options": {"max_tokens_per_turn": 32}}]'
 
 
+# The loop's budget per step: groups without reward variance are replaced, here by at most one more group.
+DEMO_RL_CONFIG = '{"max_groups_per_step": 2, "verify_timeout_s": 60}'
+
+
 def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
     from harnessrl.tinymodel import tiny_model_dir
 
@@ -85,6 +90,10 @@ def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
         "difficulty_n": 2,
         "k_all_fail": max_tasks,
         "specs_json": DEMO_SPECS,
+        "mode": "colocated",
+        "steps": 2,
+        "batch_groups": 1,
+        "config_json": DEMO_RL_CONFIG,
     }
 
 

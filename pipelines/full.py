@@ -1,42 +1,36 @@
-"""`harnessrl-full`: the whole DAG, one call per step with its inputs named at the call site.
+"""`harnessrl-full`: data prep → difficulty → select → the RL loop (one long-running step) → evaluation.
 
     import-source → synthesize → clean → validate
                                   │ kept (after validate)
-    import-base-model ────────────┼─▶ estimate-difficulty ─▶ select ─┐
-                                  │                                   ▼ selected
-          ┌──────────── policy ◀──┴──────────────── round r: generate-rollouts ─▶ verify ─▶ train-grpo
-          └─▶ round r+1 samples from round r's trained model                               │ metrics
-                                                                   summary of rounds ≤ r ◀──┘
+    import-base-model ────────────┼─▶ estimate-difficulty ─▶ select ─▶ rl-loop ─▶ (evaluate: see below)
+                      └───────────────────── policy ─────────────────────┘
 
-Rounds are unrolled at compile time (`ROUNDS`): round r+1's policy is round r's checkpoint, and a
-`dsl.ParallelFor` cannot carry state from one iteration to the next. GPU steps (difficulty, generate, train)
-are placed on GPU nodes and the steps that stream large objects get the S3 credentials from a Secret;
-kfp.local ignores both, so the same pipeline runs locally and on a cluster. After each round a summary step
-reports the run so far (the rounds travel from one summary to the next); the last one is the run's summary.
+`rl-loop` runs engine(s), gateway, rollout workers, verifiers and the trainer for `steps` optimizer steps
+(mode `sync` | `colocated` | `separate`, docs/rl.md); weights sync into the engines in place, so no step
+starts cold. The rounds unrolled into separate generate → verify → train steps are `harnessrl-rounds`
+(pipelines/rounds.py). GPU steps (difficulty, rl-loop) are placed on GPU nodes and the steps that stream large
+objects get the S3 credentials from a Secret; kfp.local ignores both, so the same pipeline runs locally and
+on a cluster.
 """
 
 from kfp import dsl
 
 from components.estimate_difficulty.component import estimate_difficulty
-from components.generate.component import generate_rollouts
+from components.rl_loop.component import rl_loop
 from components.select_tasks.component import select
-from components.summarize_run.component import summarize_run
-from components.train.component import train_grpo
-from components.verify.component import verify
 from pipelines.data_prep import add_data_prep
 from pipelines.k8s import gpu_step, use_s3_credentials
 
 FULL_PIPELINE_NAME = "harnessrl-full"
-ROUNDS = 2
-# Steps (by component name) that stream checkpoints/rollouts to the store: `harnessrl compile --check`
-# verifies they get the S3 credentials from the Secret.
-S3_STEPS = ("generate-rollouts", "train-grpo")
+# Steps (by component name) that stream checkpoints/rollouts to the store, in any registered pipeline:
+# `harnessrl compile --check` verifies they get the S3 credentials from the Secret.
+S3_STEPS = ("generate-rollouts", "train-grpo", "rl-loop")
 
 
 @dsl.pipeline(
     name=FULL_PIPELINE_NAME,
-    description="Data prep, difficulty estimation and selection, then rounds of rollout generation, "
-    "verification and GRPO training.",
+    description="Data prep, difficulty estimation and selection, then the RL loop: rollouts, verification, "
+    "GRPO steps and in-place weight sync in one long-running step.",
 )
 def harnessrl_full(
     source_uri: str,
@@ -54,6 +48,11 @@ def harnessrl_full(
     group_size: int = 4,
     difficulty_n: int = 4,
     k_all_fail: int = 1000,
+    mode: str = "colocated",
+    steps: int = 10,
+    batch_groups: int = 4,
+    max_staleness: int = 1,
+    save_every: int = 0,
     config_json: str = "{}",
 ):
     prep = add_data_prep(
@@ -81,44 +80,21 @@ def harnessrl_full(
     selection = select(
         tasks=prep.tasks, difficulty=estimate.outputs["estimates"], k_all_fail=k_all_fail, seed=seed
     )
-
-    policy = base_model.output
-    summary = None
-    for round_index in range(1, ROUNDS + 1):
-        rollouts = generate_rollouts(
-            tasks=selection.outputs["selected"],
-            policy=policy,
-            group_size=group_size,
-            specs_json=specs_json,
-            engine_url=engine_url,
-            seed=seed,
-        )
-        verified = verify(tasks=selection.outputs["selected"], rollouts=rollouts.outputs["rollouts"])
-        trained = train_grpo(
-            samples=rollouts.outputs["samples"],
-            verified=verified.outputs["verified"],
-            policy=policy,
-            config_json=config_json,
-            seed=seed,
-        )
-        for task, stage in ((rollouts, "generate-rollouts"), (verified, "verify"), (trained, "train-grpo")):
-            task.set_display_name(f"{stage}-round-{round_index}")
-        for task in (rollouts, trained):
-            gpu_step(task, gpus=1)
-            use_s3_credentials(task)
-        policy = trained.outputs["model"]
-        # the rounds before this one (none in round 1)
-        earlier_rounds = {"earlier": summary.outputs["rounds"]} if summary is not None else {}
-        summary = summarize_run(
-            difficulty=estimate.outputs["metrics"],
-            selection=selection.outputs["metrics"],
-            generated=rollouts.outputs["metrics"],
-            verified=verified.outputs["metrics"],
-            trained=trained.outputs["metrics"],
-            round_index=round_index,
-            total_rounds=ROUNDS,
-            **earlier_rounds,
-        )
-        summary.set_display_name(
-            "summarize-run" if round_index == ROUNDS else f"summarize-run-round-{round_index}"
-        )
+    trained = rl_loop(
+        tasks=selection.outputs["selected"],
+        policy=base_model.output,
+        mode=mode,
+        steps=steps,
+        batch_groups=batch_groups,
+        group_size=group_size,
+        max_staleness=max_staleness,
+        save_every=save_every,
+        engine_url=engine_url,
+        specs_json=specs_json,
+        config_json=config_json,
+        seed=seed,
+    )
+    gpu_step(trained, gpus=1)
+    use_s3_credentials(trained)
+    # Evaluation goes here: components/evaluate's `evaluate(tasks=<held-out tasks>, base_policy=
+    # base_model.output, policy=trained.outputs["model"], ...)` (wired in by its owner).

@@ -41,7 +41,12 @@ PIPELINES: dict[str, PipelineEntry] = {
         PipelineEntry(
             "harnessrl-full",
             "pipelines.full:harnessrl_full",
-            "data-prep → difficulty → select → rounds of generate → verify → train",
+            "data-prep → difficulty → select → rl loop (sync / colocated / separate async)",
+        ),
+        PipelineEntry(
+            "harnessrl-rounds",
+            "pipelines.rounds:harnessrl_rounds",
+            "data-prep → difficulty → select → rounds unrolled as generate → verify → train steps",
         ),
     )
 }

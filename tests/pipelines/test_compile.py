@@ -21,8 +21,8 @@ from pipelines.spec_checks import (
 
 # What the cluster needs, stated independently of pipelines/full.py: GPUs per step, and the steps that
 # stream big objects to the store (S3 credentials from the Secret).
-GPU_STAGES = {"estimate-difficulty": 1, "generate-rollouts": 1, "train-grpo": 1}
-S3_STAGES = {"generate-rollouts", "train-grpo"}
+GPU_STAGES = {"estimate-difficulty": 1, "generate-rollouts": 1, "train-grpo": 1, "rl-loop": 1}
+S3_STAGES = {"generate-rollouts", "train-grpo", "rl-loop"}
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,9 @@ def test_gpu_stages_in_compiled_pipelines_are_placed_on_gpus(compiled):
                 checked += 1
             if stage in S3_STAGES:
                 assert secret_env_problems(pipeline, label) == [], task_path
-    assert checked == 5  # harnessrl-full: difficulty, then generate and train in each of the 2 rounds
+    # harnessrl-full: difficulty and the rl loop; harnessrl-rounds: difficulty, then generate and train in
+    # each of its 2 rounds
+    assert checked == 7
 
 
 def test_gpu_step_helper_and_checker(tmp_path):
@@ -160,10 +162,11 @@ def test_compile_cli(tmp_path, capsys):
     assert "unknown pipeline 'nope'" in capsys.readouterr().err
 
 
-def test_full_pipeline_is_placed_for_the_cluster(tmp_path):
+@pytest.mark.parametrize(("name", "gpu_tasks"), [("harnessrl-full", 2), ("harnessrl-rounds", 5)])
+def test_training_pipelines_are_placed_for_the_cluster(tmp_path, name, gpu_tasks):
     from kfp import compiler
 
-    compiler.Compiler().compile(PIPELINES["harnessrl-full"].load(), str(tmp_path / "full.yaml"))
-    compiled = CompiledPipeline.load(tmp_path / "full.yaml")
-    assert len(compiled.gpu_tasks()) == 5
+    compiler.Compiler().compile(PIPELINES[name].load(), str(tmp_path / f"{name}.yaml"))
+    compiled = CompiledPipeline.load(tmp_path / f"{name}.yaml")
+    assert len(compiled.gpu_tasks()) == gpu_tasks
     assert placement_problems(compiled, S3_STAGES) == []

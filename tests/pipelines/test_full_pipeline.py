@@ -1,6 +1,6 @@
-"""`harnessrl-full`: the compiled DAG has exactly the edges pipelines/full.py names at its call sites, rounds
-chain through the trained model, GPU steps are placed, and the whole DAG runs under kfp.local on the tiny
-real model."""
+"""`harnessrl-full` and `harnessrl-rounds`: each compiled DAG has exactly the edges its module names at its call
+sites (the RL loop trains from the base model; rounds chain through the trained model), GPU steps are placed,
+and the full DAG (with the RL loop in colocated async mode) runs under kfp.local on the tiny real model."""
 
 import json
 from pathlib import Path
@@ -8,25 +8,33 @@ from pathlib import Path
 import pytest
 
 from pipelines.compile import compile_to_file
-from pipelines.full import ROUNDS, harnessrl_full
+from pipelines.full import harnessrl_full
 from pipelines.local_run import run_local
+from pipelines.rounds import ROUNDS, harnessrl_rounds
 from pipelines.spec_checks import CompiledPipeline, gpu_problems, secret_env_problems
 
 REPO = Path(__file__).resolve().parents[2]
 MINIREPO = REPO / "tests" / "fixtures" / "minirepo"
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    path = tmp_path_factory.mktemp("full") / "full.yaml"
-    compile_to_file(harnessrl_full, path)
+def _compile(pipeline_func, path: Path):
+    compile_to_file(pipeline_func, path)
     pipeline = CompiledPipeline.load(path)
     dag = pipeline.spec["root"]["dag"]["tasks"]
     return pipeline, dag, {t["taskInfo"]["name"]: name for name, t in dag.items()}
 
 
-# (consumer step, its input) <- (producer step, its output): every artifact edge of the DAG, by display name.
-EDGES = [
+@pytest.fixture(scope="module")
+def compiled_full(tmp_path_factory):
+    return _compile(harnessrl_full, tmp_path_factory.mktemp("full") / "full.yaml")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return _compile(harnessrl_rounds, tmp_path_factory.mktemp("rounds") / "rounds.yaml")
+
+
+PREP_EDGES = [
     ("synthesize", "source", "import-source", "artifact"),
     ("clean", "tasks", "synthesize", "tasks"),
     ("validate", "tasks", "clean", "kept"),
@@ -34,6 +42,15 @@ EDGES = [
     ("estimate-difficulty", "policy", "import-base-model", "artifact"),
     ("select", "tasks", "clean", "kept"),
     ("select", "difficulty", "estimate-difficulty", "estimates"),
+]
+# (consumer step, its input) <- (producer step, its output): every artifact edge of the DAG, by display name.
+FULL_EDGES = [
+    *PREP_EDGES,
+    ("rl-loop", "tasks", "select", "selected"),
+    ("rl-loop", "policy", "import-base-model", "artifact"),
+]
+EDGES = [
+    *PREP_EDGES,
     ("generate-rollouts-round-1", "tasks", "select", "selected"),
     ("generate-rollouts-round-1", "policy", "import-base-model", "artifact"),
     ("verify-round-1", "tasks", "select", "selected"),
@@ -62,6 +79,16 @@ EDGES = [
 ]
 
 
+def _artifact_edges(dag, by_display) -> set[tuple[str, str]]:
+    name_of = {v: k for k, v in by_display.items()}
+    return {
+        (name_of[task], input_name)
+        for task, spec in dag.items()
+        for input_name, source in spec.get("inputs", {}).get("artifacts", {}).items()
+        if "taskOutputArtifact" in source
+    }
+
+
 @pytest.mark.parametrize(
     ("consumer", "input_name", "producer", "output"), EDGES, ids=[f"{c}.{i}" for c, i, *_ in EDGES]
 )
@@ -71,21 +98,44 @@ def test_artifact_edge(compiled, consumer, input_name, producer, output):
     assert source == {"producerTask": by_display[producer], "outputArtifactKey": output}
 
 
+@pytest.mark.parametrize(
+    ("consumer", "input_name", "producer", "output"), FULL_EDGES, ids=[f"{c}.{i}" for c, i, *_ in FULL_EDGES]
+)
+def test_full_artifact_edge(compiled_full, consumer, input_name, producer, output):
+    _, dag, by_display = compiled_full
+    source = dag[by_display[consumer]]["inputs"]["artifacts"][input_name]["taskOutputArtifact"]
+    assert source == {"producerTask": by_display[producer], "outputArtifactKey": output}
+
+
 def test_the_dag_has_no_other_artifact_edges_and_waits_for_validation(compiled):
     _, dag, by_display = compiled
-    name_of = {v: k for k, v in by_display.items()}
-    edges = {
-        (name_of[task], input_name)
-        for task, spec in dag.items()
-        for input_name, source in spec.get("inputs", {}).get("artifacts", {}).items()
-        if "taskOutputArtifact" in source
-    }
-    assert edges == {(c, i) for c, i, _, _ in EDGES}
+    assert _artifact_edges(dag, by_display) == {(c, i) for c, i, _, _ in EDGES}
     assert ROUNDS == 2 and len([d for d in by_display if d.startswith("train-grpo-round-")]) == ROUNDS
     assert "validate" in dag[by_display["estimate-difficulty"]]["dependentTasks"]
 
 
-def test_gpu_steps_and_s3_credentials(compiled):
+def test_full_has_no_other_artifact_edges_and_passes_the_loop_settings(compiled_full):
+    pipeline, dag, by_display = compiled_full
+    assert _artifact_edges(dag, by_display) == {(c, i) for c, i, _, _ in FULL_EDGES}
+    assert "validate" in dag[by_display["estimate-difficulty"]]["dependentTasks"]
+    params = dag[by_display["rl-loop"]]["inputs"]["parameters"]
+    for name in ("mode", "steps", "batch_groups", "group_size", "max_staleness", "save_every", "engine_url"):
+        assert params[name] == {"componentInputParameter": name}, name
+    root = pipeline.spec["root"]["inputDefinitions"]["parameters"]
+    assert root["mode"]["defaultValue"] == "colocated"
+
+
+def test_gpu_steps_and_s3_credentials(compiled, compiled_full):
+    full, full_dag, full_display = compiled_full
+
+    def full_label(display: str) -> str:
+        return full.spec["components"][full_dag[full_display[display]]["componentRef"]["name"]][
+            "executorLabel"
+        ]
+
+    for display in ("estimate-difficulty", "rl-loop"):
+        assert gpu_problems(full, full_label(display), gpus=1) == [], display
+    assert secret_env_problems(full, full_label("rl-loop")) == []
     pipeline, dag, by_display = compiled
 
     def label(display):
@@ -100,7 +150,8 @@ def test_gpu_steps_and_s3_credentials(compiled):
 
 @pytest.mark.slow
 def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
-    """The real DAG under kfp.local: real components, the real tiny model, real sandboxes, tiny sizes."""
+    """The real DAG under kfp.local: real components, the real tiny model, real sandboxes, tiny sizes; the RL
+    loop in colocated async mode."""
     from pipelines.demo import demo_arguments
 
     args = {**demo_arguments(MINIREPO, max_tasks=2), "difficulty_n": 1, "group_size": 2}
@@ -108,8 +159,9 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
     assert result.status == "succeeded", result.failed_log[-20:]
     index = json.loads(result.index_path.read_text())
     steps = set(index["tasks"])
-    assert {"synthesize", "clean", "validate", "estimate-difficulty", "select"} <= steps
-    # kfp.local names repeated components `train-grpo`, `train-grpo-2`, ...
-    trained = [index["tasks"]["train-grpo" + (f"-{r}" if r > 1 else "")] for r in range(1, ROUNDS + 1)]
-    assert all(t["status"] == "succeeded" for t in trained)
-    assert Path(trained[-1]["outputs"]["model"]["path"]).is_dir()
+    assert {"synthesize", "clean", "validate", "estimate-difficulty", "select", "rl-loop"} <= steps
+    loop = index["tasks"]["rl-loop"]
+    assert loop["status"] == "succeeded"
+    assert Path(loop["outputs"]["model"]["path"]).is_dir()
+    rows = (Path(loop["outputs"]["tensorboard"]["path"]) / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(r)["mode"] for r in rows] == ["colocated", "colocated"]
