@@ -202,20 +202,24 @@ def build_wheelhouse(targets: tuple[ImageTarget, ...] = (ImageTarget.CPU,), dest
         if stamp.is_file() and stamp.read_text() == key:
             continue
         started = time.monotonic()
-        proc = subprocess.run(
-            [
-                *(sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check"),
-                *("--wheel-dir", str(dest), "-c", str(dest / "constraints.txt")),
-                *("-r", str(dest / f"requirements-{target}.txt")),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise ImageError(f"pip wheel for the {target} image failed:\n{proc.stderr.strip()[-2000:]}")
+        _pip_wheel(dest, dest / f"requirements-{target}.txt", f"the {target} image")
         stamp.write_text(key)
-        logger.info("wheelhouse %s: %s wheels in %.0f s", target, target, time.monotonic() - started)
+        logger.info("wheelhouse %s: built in %.0f s", target, time.monotonic() - started)
     return dest
+
+
+def _pip_wheel(dest: Path, requirements_file: Path, what: str) -> None:
+    """Wheels for `requirements_file` (and their deps) into `dest`, pinned by `dest`/constraints.txt."""
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check"),
+            *("--wheel-dir", str(dest), "-c", str(dest / "constraints.txt"), "-r", str(requirements_file)),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise ImageError(f"pip wheel for {what} failed:\n{proc.stderr.strip()[-2000:]}")
 
 
 def project_tag(target: ImageTarget = ImageTarget.CPU) -> str:
@@ -327,8 +331,7 @@ def ensure_env_image(taskset: TaskSet, repo: str) -> str:
             label=ENV_LABEL,
             labels=json.dumps(json.dumps(labels, sort_keys=True)),
         )
-        base_id = podman("image", "inspect", "--format", "{{.Id}}", base).stdout.strip()
-        key = hashlib.sha256("\0".join([text, base_id, pins]).encode()).hexdigest()
+        key = hashlib.sha256("\0".join([text, _image_id(base) or "", pins]).encode()).hexdigest()
         name = env_image_name(repo, key)
         with _locked(f"env-{key[:12]}"):
             if image_exists(name):
@@ -337,17 +340,7 @@ def ensure_env_image(taskset: TaskSet, repo: str) -> str:
             wheels.mkdir()
             (wheels / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
             (wheels / "constraints.txt").write_text(pins)
-            proc = subprocess.run(
-                [
-                    *(sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check"),
-                    *("--wheel-dir", str(wheels), "-c", str(wheels / "constraints.txt")),
-                    *("-r", str(wheels / "requirements.txt")),
-                ],
-                capture_output=True,
-                text=True,
-            )
-            if proc.returncode != 0:
-                raise ImageError(f"wheels for {repo}'s environment failed:\n{proc.stderr.strip()[-2000:]}")
+            _pip_wheel(wheels, wheels / "requirements.txt", f"{repo}'s environment")
             (ctx / "Containerfile").write_text(text)
             started = time.monotonic()
             podman(
