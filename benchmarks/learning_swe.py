@@ -157,7 +157,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4, help="evaluation rollouts per task")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-tokens-per-turn", type=int, default=192)
-    p.add_argument("--sft-epochs", type=int, default=4)
+    p.add_argument("--sft-epochs", type=int, default=16)
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--rl-rounds", type=int, default=3)
     p.add_argument("--group-size", type=int, default=8)
