@@ -70,7 +70,7 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
         "demo", help="the full pipeline locally on the embedded default (tiny model, small real package)"
     )
     p.add_argument("--run-dir", default=None, help="default: runs/demo-<UTC time>")
-    p.add_argument("--max-tasks", type=int, default=3)
+    p.add_argument("--max-tasks", type=int, default=4)
     p.add_argument("--source", default=None, help="repo dir or sdist to use instead of parse==1.22.4")
     p.set_defaults(func=cmd_demo)
 
@@ -190,10 +190,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
             ("selected tasks", "select", "selected"),
             ("final checkpoint", "rl-loop", "model"),
             ("rl metrics (TensorBoard)", "rl-loop", "tensorboard"),
+            ("evaluation (base vs trained, held out)", "evaluate", "evaluation"),
         ):
             if output in tasks.get(step, {}).get("outputs", {}):
                 print(f"{label}: {tasks[step]['outputs'][output]['path']}")
-        summary = result.run_dir / "reports" / "rl-loop.html"
-        if summary.is_file():
-            print(f"rl report: {summary}")
+        for name in ("summarize-rl-run.html", "rl-loop.html"):  # kfp.local names reports by component
+            if (result.run_dir / "reports" / name).is_file():
+                print(f"{name.removesuffix('.html')} report: {result.run_dir / 'reports' / name}")
+        evaluation = tasks.get("evaluate", {}).get("outputs", {}).get("evaluation")
+        if evaluation is not None:
+            from harnessrl.evaluate.results import describe, load_evaluation
+
+            for comparison in load_evaluation(evaluation["path"])["comparisons"]:
+                print(f"held-out: {describe(comparison)}")
     return 0 if result.status == "succeeded" else 1

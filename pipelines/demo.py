@@ -1,9 +1,10 @@
 """`harnessrl demo`: the full pipeline locally on the embedded default.
 
 A task set synthesized from a small real package (parse==1.22.4) → clean → validate → Best-of-N difficulty →
-select → the RL loop in colocated async mode (rollouts, verification, GRPO steps, in-place weight sync), with
-SmolLM2-135M on the CPU. Sizes are cut so it finishes in minutes on 2 cores: 3 tasks, N=2, 2 turns of at
-most 32 sampled tokens, 2 loop steps of one group each (at most 2 groups tried per step).
+select → the RL loop in colocated async mode (rollouts, verification, GRPO steps, in-place weight sync) →
+evaluation of base vs trained on the held-out task, with SmolLM2-135M on the CPU. Sizes are cut so it
+finishes in minutes on 2 cores: 4 tasks (3 to train on, 1 held out), N=2, 2 turns of at most 32 sampled
+tokens, 2 loop steps of one group each (at most 2 groups tried per step), 2 evaluation rollouts per policy.
 """
 
 from __future__ import annotations
@@ -89,15 +90,17 @@ def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
         "group_size": 2,
         "difficulty_n": 2,
         "k_all_fail": max_tasks,
+        "test_fraction": 0.25,  # of 4 tasks: 1 held out for the evaluation, 3 to train on
         "specs_json": DEMO_SPECS,
         "mode": "colocated",
         "steps": 2,
         "batch_groups": 1,
         "config_json": DEMO_RL_CONFIG,
+        "eval_k": 2,
     }
 
 
-def run_demo(run_dir: str | Path | None = None, max_tasks: int = 3, source: Path | None = None) -> RunResult:
+def run_demo(run_dir: str | Path | None = None, max_tasks: int = 4, source: Path | None = None) -> RunResult:
     console = Console(file=sys.stdout, soft_wrap=True)
     if source is not None and not source.exists():
         raise FileNotFoundError(f"--source {source}: no such file or directory")

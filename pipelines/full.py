@@ -2,8 +2,13 @@
 
     import-source → synthesize → clean → validate
                                   │ kept (after validate)
-    import-base-model ────────────┼─▶ estimate-difficulty ─▶ select ─▶ rl-loop ─▶ (evaluate: see below)
-                      └───────────────────── policy ─────────────────────┘
+    import-base-model ────────────┼─▶ estimate-difficulty ─▶ select ─┬─ selected ─▶ rl-loop ─┐ model
+          │                                                          └─ held_out ──▶ evaluate ◀┘
+          └──────────────────── policy (rl-loop), base_policy (evaluate) ─────────────┘
+                                              summarize-run ◀── every step's metrics
+
+`evaluate` measures base vs trained pass@1 on the held-out tasks through the same rollout → verify path as
+training (sampled, `eval_k` rollouts per task; `eval_k=1` is greedy).
 
 `rl-loop` runs engine(s), gateway, rollout workers, verifiers and the trainer for `steps` optimizer steps
 (mode `sync` | `colocated` | `separate`, docs/rl.md); weights sync into the engines in place, so no step
@@ -16,8 +21,10 @@ on a cluster.
 from kfp import dsl
 
 from components.estimate_difficulty.component import estimate_difficulty
+from components.evaluate.component import evaluate
 from components.rl_loop.component import rl_loop
 from components.select_tasks.component import select
+from components.summarize_run.component import summarize_rl_run
 from pipelines.data_prep import add_data_prep
 from pipelines.k8s import gpu_step, use_s3_credentials
 
@@ -29,8 +36,8 @@ S3_STEPS = ("generate-rollouts", "train-grpo", "rl-loop")
 
 @dsl.pipeline(
     name=FULL_PIPELINE_NAME,
-    description="Data prep, difficulty estimation and selection, then the RL loop: rollouts, verification, "
-    "GRPO steps and in-place weight sync in one long-running step.",
+    description="Data prep, difficulty estimation and selection, then the RL loop (rollouts, verification, "
+    "GRPO steps and in-place weight sync in one long-running step), then base vs trained on held-out tasks.",
 )
 def harnessrl_full(
     source_uri: str,
@@ -48,12 +55,14 @@ def harnessrl_full(
     group_size: int = 4,
     difficulty_n: int = 4,
     k_all_fail: int = 1000,
+    test_fraction: float = 0.1,
     mode: str = "colocated",
     steps: int = 10,
     batch_groups: int = 4,
     max_staleness: int = 1,
     save_every: int = 0,
     config_json: str = "{}",
+    eval_k: int = 4,
 ):
     prep = add_data_prep(
         source_uri,
@@ -78,7 +87,11 @@ def harnessrl_full(
     ).after(prep.gate)
     gpu_step(estimate, gpus=1)
     selection = select(
-        tasks=prep.tasks, difficulty=estimate.outputs["estimates"], k_all_fail=k_all_fail, seed=seed
+        tasks=prep.tasks,
+        difficulty=estimate.outputs["estimates"],
+        k_all_fail=k_all_fail,
+        test_fraction=test_fraction,
+        seed=seed,
     )
     trained = rl_loop(
         tasks=selection.outputs["selected"],
@@ -96,5 +109,21 @@ def harnessrl_full(
     )
     gpu_step(trained, gpus=1)
     use_s3_credentials(trained)
-    # Evaluation goes here: components/evaluate's `evaluate(tasks=<held-out tasks>, base_policy=
-    # base_model.output, policy=trained.outputs["model"], ...)` (wired in by its owner).
+    evaluation = evaluate(
+        tasks=selection.outputs["held_out"],
+        base_policy=base_model.output,
+        policy=trained.outputs["model"],
+        k=eval_k,
+        specs_json=specs_json,
+        engine_url=engine_url,
+        seed=seed,
+    )
+    gpu_step(evaluation, gpus=1)
+    summarize_rl_run(
+        difficulty=estimate.outputs["metrics"],
+        selection=selection.outputs["metrics"],
+        trained=trained.outputs["metrics"],
+        trained_steps=trained.outputs["tensorboard"],
+        evaluated=evaluation.outputs["metrics"],
+        mode=mode,
+    ).set_display_name("summarize-run")

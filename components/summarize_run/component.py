@@ -1,9 +1,10 @@
-"""KFP component `summarize_run`: after a round, the run so far in one report (tasks, pass rates, reward and
-loss, throughput, links to the stage reports); the last round's is the run's summary."""
+"""KFP components of the run summary. `summarize_run` (harnessrl-rounds): after a round, the run so far in one
+report (tasks, pass rates, reward and loss, throughput, links to the stage reports); the last round's is the
+run's summary. `summarize_rl_run` (harnessrl-full): tasks, the RL loop and the held-out evaluation."""
 
 from typing import Optional
 
-from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Output
 
 from components.common import component
 
@@ -48,3 +49,36 @@ def summarize_run(
     )
     publish(result.markdown, result.metrics, report, metrics, html=report_html)
     rounds.metadata.update({"rounds": round_index})
+
+
+@component
+def summarize_rl_run(
+    difficulty: Input[Metrics],
+    selection: Input[Metrics],
+    trained: Input[Metrics],
+    trained_steps: Input[Artifact],
+    evaluated: Input[Metrics],
+    report: Output[Markdown],
+    report_html: Output[HTML],
+    metrics: Output[Metrics],
+    mode: str = "colocated",
+):
+    """The run summary of `harnessrl-full`: tasks, the RL loop (`trained`: its Metrics; `trained_steps`: its
+    `tensorboard` artifact, which holds steps.jsonl) and the held-out evaluation (`evaluated`)."""
+    from pathlib import Path
+
+    from components.summarize_run.rl import read_steps, render_rl_summary
+    from components.summarize_run.stage import read_metrics
+    from harnessrl.logs import configure_logging
+    from harnessrl.reports import publish
+
+    configure_logging()
+    result = render_rl_summary(
+        read_metrics(difficulty, "estimate-difficulty"),
+        read_metrics(selection, "select"),
+        read_metrics(trained, "rl-loop"),
+        read_metrics(evaluated, "evaluate"),
+        read_steps(Path(trained_steps.path)),
+        mode,
+    )
+    publish(result.markdown, result.metrics, report, metrics, html=report_html)

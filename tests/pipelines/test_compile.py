@@ -162,7 +162,7 @@ def test_compile_cli(tmp_path, capsys):
     assert "unknown pipeline 'nope'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("name", "gpu_tasks"), [("harnessrl-full", 2), ("harnessrl-rounds", 5)])
+@pytest.mark.parametrize(("name", "gpu_tasks"), [("harnessrl-full", 3), ("harnessrl-rounds", 5)])
 def test_training_pipelines_are_placed_for_the_cluster(tmp_path, name, gpu_tasks):
     from kfp import compiler
 

@@ -48,6 +48,14 @@ FULL_EDGES = [
     *PREP_EDGES,
     ("rl-loop", "tasks", "select", "selected"),
     ("rl-loop", "policy", "import-base-model", "artifact"),
+    ("evaluate", "tasks", "select", "held_out"),
+    ("evaluate", "base_policy", "import-base-model", "artifact"),
+    ("evaluate", "policy", "rl-loop", "model"),
+    ("summarize-run", "difficulty", "estimate-difficulty", "metrics"),
+    ("summarize-run", "selection", "select", "metrics"),
+    ("summarize-run", "trained", "rl-loop", "metrics"),
+    ("summarize-run", "trained_steps", "rl-loop", "tensorboard"),
+    ("summarize-run", "evaluated", "evaluate", "metrics"),
 ]
 EDGES = [
     *PREP_EDGES,
@@ -133,7 +141,7 @@ def test_gpu_steps_and_s3_credentials(compiled, compiled_full):
             "executorLabel"
         ]
 
-    for display in ("estimate-difficulty", "rl-loop"):
+    for display in ("estimate-difficulty", "rl-loop", "evaluate"):
         assert gpu_problems(full, full_label(display), gpus=1) == [], display
     assert secret_env_problems(full, full_label("rl-loop")) == []
     pipeline, dag, by_display = compiled
@@ -159,9 +167,22 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
     assert result.status == "succeeded", result.failed_log[-20:]
     index = json.loads(result.index_path.read_text())
     steps = set(index["tasks"])
-    assert {"synthesize", "clean", "validate", "estimate-difficulty", "select", "rl-loop"} <= steps
+    assert {
+        "synthesize",
+        "clean",
+        "validate",
+        "estimate-difficulty",
+        "select",
+        "rl-loop",
+        "evaluate",
+        "summarize-run",
+    } <= steps
     loop = index["tasks"]["rl-loop"]
     assert loop["status"] == "succeeded"
     assert Path(loop["outputs"]["model"]["path"]).is_dir()
     rows = (Path(loop["outputs"]["tensorboard"]["path"]) / "steps.jsonl").read_text().splitlines()
     assert [json.loads(r)["mode"] for r in rows] == ["colocated", "colocated"]
+    evaluation = json.loads(Path(index["tasks"]["evaluate"]["outputs"]["evaluation"]["path"]).read_text())
+    assert {r["policy"] for r in evaluation["results"]} == {"base", "trained"}
+    summary = (result.run_dir / "reports" / "summarize-rl-run.md").read_text()  # kfp.local: component name
+    assert summary.startswith("# Run summary") and "Held-out pass@1 after training vs before" in summary

@@ -1,0 +1,187 @@
+"""Run summary of `harnessrl-full`: tasks kept and selected, the base model's pass rate, what the RL loop did
+(steps, groups, reward per step, staleness, throughput) and what the evaluation measured on the held-out
+tasks (base vs trained pass@1 with intervals and the paired difference), with links to each stage's report."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from components.summarize_run.stage import StageRef, _num, _pct, _rate
+from harnessrl.io import read_jsonl
+from harnessrl.reports import StageReport, embed_png, figure_png, new_figure
+
+STEPS_FILE = "steps.jsonl"  # what the rl_loop step writes into its `tensorboard` artifact
+
+
+def evaluation_rows(values: dict[str, float]) -> list[dict[str, Any]]:
+    """Per (policy, mode): pass@1 and its interval, from the evaluate step's flat metrics
+    (`<policy>_<mode>_pass_at_1`, `_pass_at_1_low`, `_pass_at_1_high`, `_graded`, `_resolved`)."""
+    rows = []
+    for key, value in values.items():
+        m = re.fullmatch(r"(.+)_(greedy|sampled)_pass_at_1", key)
+        if m is None or "_vs_" in key:
+            continue
+        prefix = key.removesuffix("_pass_at_1")
+        rows.append(
+            {
+                "policy": m.group(1),
+                "mode": m.group(2),
+                "pass_at_1": value,
+                "low": values.get(f"{prefix}_pass_at_1_low"),
+                "high": values.get(f"{prefix}_pass_at_1_high"),
+                "graded": values.get(f"{prefix}_graded"),
+                "resolved": values.get(f"{prefix}_resolved"),
+            }
+        )
+    return sorted(rows, key=lambda r: (r["mode"], r["policy"] != "base", r["policy"]))
+
+
+def comparison_rows(values: dict[str, float]) -> list[dict[str, Any]]:
+    rows = []
+    for key, value in values.items():
+        m = re.fullmatch(r"(.+)_vs_(.+)_(greedy|sampled)_diff", key)
+        if m is None:
+            continue
+        prefix = key.removesuffix("_diff")
+        rows.append(
+            {
+                "b": m.group(1),
+                "a": m.group(2),
+                "mode": m.group(3),
+                "diff": value,
+                "low": values.get(f"{prefix}_low"),
+                "high": values.get(f"{prefix}_high"),
+                "significant": bool(values.get(f"{prefix}_significant")),
+            }
+        )
+    return rows
+
+
+def plot_run(steps: list[dict[str, Any]], evaluated: list[dict[str, Any]]) -> bytes:
+    """Left: reward mean and loss per RL step. Right: held-out pass@1 per policy with its 95% interval."""
+    fig, axes = new_figure(3.0, 1, 2)
+    left, right = axes[0]
+    trained = [s for s in steps if s.get("reward_mean") is not None]
+    xs = [int(s["step"]) for s in trained]
+    left.plot(xs, [float(s["reward_mean"]) for s in trained], marker="o", label="reward mean")
+    losses = [(int(s["step"]), s.get("loss")) for s in trained if s.get("loss") is not None]
+    if losses:
+        left.plot([x for x, _ in losses], [float(v) for _, v in losses], marker="s", label="loss")
+    left.set_title("RL loop, per optimizer step", fontsize=10)
+    left.set_xlabel("step", fontsize=8)
+    if evaluated:
+        labels = [f"{r['policy']}\n({r['mode']})" for r in evaluated]
+        values = [r["pass_at_1"] for r in evaluated]
+        errors = [
+            [v - (r["low"] if r["low"] is not None else v) for r, v in zip(evaluated, values, strict=True)],
+            [(r["high"] if r["high"] is not None else v) - v for r, v in zip(evaluated, values, strict=True)],
+        ]
+        right.bar(range(len(values)), values, yerr=errors, capsize=4, color="#4c72b0")
+        right.set_xticks(range(len(values)), labels)
+        right.set_ylim(0, 1)
+    right.set_title("held-out pass@1 (95% interval)", fontsize=10)
+    for ax in (left, right):
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    if trained:
+        left.legend(fontsize=8)
+    return figure_png(fig)
+
+
+def render_rl_summary(
+    difficulty: StageRef,
+    selection: StageRef,
+    loop: StageRef,
+    evaluation: StageRef,
+    steps: list[dict[str, Any]],
+    mode: str,
+) -> StageReport:
+    d, s, r = difficulty.values, selection.values, loop.values
+    base_rate = _rate(d.get("passes"), d.get("valid_rollouts"))
+    evaluated = evaluation_rows(evaluation.values)
+    compared = comparison_rows(evaluation.values)
+    verdicts = [
+        f"{c['b']} − {c['a']} ({c['mode']}): {c['diff']:+.3f} [{_num(c['low'], '{:+.3f}')}, "
+        f"{_num(c['high'], '{:+.3f}')}], " + ("significant" if c["significant"] else "not significant")
+        for c in compared
+    ]
+    lines = [
+        "# Run summary",
+        "",
+        "Held-out pass@1 after training vs before: " + ("; ".join(verdicts) or "n/a (no comparison)") + ".",
+        "",
+        "## Tasks",
+        "",
+        "| tasks | count |",
+        "|---|---:|",
+        f"| kept by clean + validate (estimated) | {_num(d.get('tasks'), '{:.0f}')} |",
+        f"| mixed (some rollouts pass) | {_num(d.get('mixed'), '{:.0f}')} |",
+        f"| always pass (dropped) | {_num(d.get('all_pass'), '{:.0f}')} |",
+        f"| always fail | {_num(d.get('all_fail'), '{:.0f}')} |",
+        f"| selected for training | {_num(s.get('train'), '{:.0f}')} |",
+        f"| held out for evaluation | {_num(s.get('test'), '{:.0f}')} |",
+        "",
+        f"Base model pass rate on every kept task (difficulty estimation, N={_num(d.get('n'), '{:.0f}')} "
+        f"each): {_pct(base_rate)}.",
+        "",
+        "## RL loop",
+        "",
+        "| mode | steps trained | groups trained | zero-variance groups | reward first → last | loss (last) | "
+        "staleness mean / max | partial rollouts | engine idle | train tokens/s | wall |",
+        "|---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|",
+        f"| {mode} | "
+        f"{_num(r.get('steps_trained'), '{:.0f}')} | {_num(r.get('groups_trained'), '{:.0f}')} | "
+        f"{_num(r.get('groups_zero_variance'), '{:.0f}')} | {_num(r.get('reward_first'))} → "
+        f"{_num(r.get('reward_last'))} | {_num(r.get('loss_last'))} | {_num(r.get('staleness_mean'), '{:.2f}')} / "
+        f"{_num(r.get('staleness_max'), '{:.0f}')} | {_num(r.get('partial_rollouts'), '{:.0f}')} | "
+        f"{_pct(r.get('engine_idle_frac'))} | {_num(r.get('train_tokens_per_s'), '{:.0f}')} | "
+        f"{_num(r.get('wall_s'), '{:.0f}')} s |",
+        "",
+        "## Evaluation (held-out tasks)",
+        "",
+        "| policy | mode | rollouts graded | resolved | pass@1 | 95% interval |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for e in evaluated:
+        lines.append(
+            f"| {e['policy']} | {e['mode']} | {_num(e['graded'], '{:.0f}')} | {_num(e['resolved'], '{:.0f}')} | "
+            f"{_pct(e['pass_at_1'])} | [{_pct(e['low'])}, {_pct(e['high'])}] |"
+        )
+    if not evaluated:
+        lines.append("| n/a | | | | | |")
+    lines += [
+        "",
+        embed_png(plot_run(steps, evaluated), "reward and loss per RL step; held-out pass@1 per policy"),
+        "",
+        "## Stage reports",
+        "",
+        "Links open the copies in a local run's `reports/` folder; on a cluster each step's report is the "
+        "artifact named.",
+        "",
+        *(f"- {ref.report_link()}" for ref in (difficulty, selection, loop, evaluation)),
+    ]
+    trained_rows = [e for e in evaluated if e["policy"] != "base"]
+    base_rows = [e for e in evaluated if e["policy"] == "base"]
+    metrics = {
+        "tasks_kept": d.get("tasks"),
+        "tasks_selected": s.get("train"),
+        "tasks_held_out": s.get("test"),
+        "pass_rate_base_difficulty": base_rate,
+        "steps_trained": r.get("steps_trained"),
+        "reward_last": r.get("reward_last"),
+        "pass_at_1_base": base_rows[0]["pass_at_1"] if base_rows else None,
+        "pass_at_1_trained": trained_rows[0]["pass_at_1"] if trained_rows else None,
+        "pass_at_1_diff": compared[0]["diff"] if compared else None,
+    }
+    return StageReport(
+        "\n".join(lines) + "\n",
+        {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))},
+    )
+
+
+def read_steps(artifact_dir: Path) -> list[dict[str, Any]]:
+    path = artifact_dir / STEPS_FILE
+    return list(read_jsonl(path)) if path.is_file() else []
