@@ -6,7 +6,8 @@ LocalEngine on SmolLM2-135M-Instruct, the recording gateway, rollout threads, th
 sync). Answer lengths are long-tailed by nature at T=1: most replies are a few tokens, some ramble to the
 `--max-tokens` cap, so a sync batch waits for its slowest rollout while the engine decodes one or two rows.
 
-Each mode trains `--steps` × `--batch-groups` groups (groups without reward variance are replaced, not
+Each mode trains `--steps` × `--batch-groups` groups, `--reps` times with the mode order alternating (the
+ratios are medians of same-repetition ratios, since this shared machine's load drifts) (groups without reward variance are replaced, not
 counted). Reported per mode: wall-clock, engine idle fraction (1 − forward-pass time / wall), staleness, partial
 rollouts, the reward curve. Held-out reward (8 unseen words, T=1) of the base model and of the colocated run's
 final model gives `reward_gain_colocated`. Calibration for benchmarks/async_sim.py (`--calibration`) is written
@@ -26,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -63,6 +65,7 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=4, help="held-out samples per word")
     ap.add_argument("--modes", default=",".join(RLMode))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=2, help="repetitions, mode order alternating")
     ap.add_argument("--out", type=Path, help="keep the runs here (default: a temp dir, removed)")
     ap.add_argument(
         "--calibration-out", type=Path, default=Path(tempfile.gettempdir()) / "rl_modes_calibration.json"
@@ -78,28 +81,32 @@ def main() -> None:
     base = heldout(None, args.eval_n, args.max_tokens)
     print(f"held-out reward, base model: {base:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    results: dict[RLMode, dict] = {}
-    for mode in modes:
-        cfg = RLConfig.from_dict(
-            {
-                "mode": mode,
-                "steps": args.steps,
-                "batch_groups": args.batch_groups,
-                "group_size": args.group_size,
-                "prompt_max_tokens": args.max_tokens,
-                "seed": args.seed,
-                "train": {"train": {"seed": args.seed, "optim": {"lr": args.lr}}},
-            }
-        )
-        print(f"--- {mode} (load {os.getloadavg()[0]:.1f})", flush=True)
-        summary = run_rl(cfg, RLInputs(WorkloadKind.PROMPT, tasks, root / str(mode)), echo=print)
-        rows = [json.loads(line) for line in (root / str(mode) / "steps.jsonl").read_text().splitlines()]
-        summary["reward_curve"] = [r.get("reward_all_mean") for r in rows]
-        results[mode] = summary
+    runs: dict[RLMode, list[dict]] = {m: [] for m in modes}
+    for rep in range(args.reps):  # alternate the order so a load change hits every mode alike
+        for mode in modes if rep % 2 == 0 else list(reversed(modes)):
+            cfg = RLConfig.from_dict(
+                {
+                    "mode": mode,
+                    "steps": args.steps,
+                    "batch_groups": args.batch_groups,
+                    "group_size": args.group_size,
+                    "prompt_max_tokens": args.max_tokens,
+                    "seed": args.seed,
+                    "train": {"train": {"seed": args.seed, "optim": {"lr": args.lr}}},
+                }
+            )
+            out = root / f"{mode}-{rep}"
+            print(f"--- {mode}, repetition {rep + 1} (load {os.getloadavg()[0]:.1f})", flush=True)
+            summary = run_rl(cfg, RLInputs(WorkloadKind.PROMPT, tasks, out), echo=print)
+            rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+            summary["reward_curve"] = [r.get("reward_all_mean") for r in rows]
+            summary["load_avg"] = os.getloadavg()[0]
+            runs[mode].append(summary)
+    results = {m: rs[0] for m, rs in runs.items()}
 
     gain = None
     if RLMode.COLOCATED in results:
-        trained = heldout(root / "colocated" / "model", args.eval_n, args.max_tokens)
+        trained = heldout(root / "colocated-0" / "model", args.eval_n, args.max_tokens)
         gain = trained - base
         print(f"held-out reward, colocated final model: {trained:.3f} (base {base:.3f})", flush=True)
 
@@ -107,15 +114,22 @@ def main() -> None:
             "groups_zero_variance", "weight_sync_s", "train_s")  # fmt: skip
     print("\n| mode | " + " | ".join(keys) + " | reward curve (all finished rollouts per step) |")
     print("|---" * (len(keys) + 2) + "|")
-    for mode, s in results.items():
-        cells = [f"{s.get(k):.3g}" if isinstance(s.get(k), float) else str(s.get(k)) for k in keys]
-        curve = " ".join(f"{x:.2f}" if x is not None else "-" for x in s["reward_curve"])
-        print(f"| {mode} | " + " | ".join(cells) + f" | {curve} |")
+    for mode, rs in runs.items():
+        for rep, s in enumerate(rs):
+            cells = [f"{s.get(k):.3g}" if isinstance(s.get(k), float) else str(s.get(k)) for k in keys]
+            curve = " ".join(f"{x:.2f}" if x is not None else "-" for x in s["reward_curve"])
+            print(f"| {mode} #{rep + 1} | " + " | ".join(cells) + f" | {curve} |")
 
     def ratio(mode: RLMode) -> float | None:
-        if mode not in results or RLMode.SYNC not in results:
+        """Median over repetitions of this mode's wall-clock over sync's in the same repetition."""
+        if mode not in runs or RLMode.SYNC not in runs:
             return None
-        return round(results[mode]["wall_s"] / results[RLMode.SYNC]["wall_s"], 3)
+        return round(
+            statistics.median(
+                a["wall_s"] / b["wall_s"] for a, b in zip(runs[mode], runs[RLMode.SYNC], strict=True)
+            ),
+            3,
+        )
 
     calib_from = results.get(RLMode.COLOCATED) or next(iter(results.values()))
     calibration = {
@@ -135,7 +149,9 @@ def main() -> None:
                 "group_size": args.group_size,
                 "max_tokens": args.max_tokens,
                 "groups_trained": {str(m): s["groups_trained"] for m, s in results.items()},
-                "wall_s": {str(m): round(s["wall_s"], 1) for m, s in results.items()},
+                "reps": args.reps,
+                "wall_s": {str(m): [round(s["wall_s"], 1) for s in rs] for m, rs in runs.items()},
+                "train_s_mean": {str(m): [s["train_s"] for s in rs] for m, rs in runs.items()},
                 "engine_idle_frac": {str(m): s["engine_idle_frac"] for m, s in results.items()},
                 "staleness_mean": {str(m): s["staleness_mean"] for m, s in results.items()},
                 "colocated_wall_ratio_vs_sync": ratio(RLMode.COLOCATED),

@@ -8,7 +8,6 @@ assembly the generate stage's export uses.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -53,12 +52,3 @@ class JournalTail:
             self._read_new()
             records = [r for rid in rollout_ids for r in self._by_rollout.pop(rid, [])]
         return build_samples(records)
-
-    @property
-    def bytes_read(self) -> int:
-        return self._offset
-
-
-def journal_size(journal_dir: str | Path) -> int:
-    path = journal_file(journal_dir)
-    return os.path.getsize(path) if path.is_file() else 0

@@ -178,6 +178,7 @@ class RolloutPool:
         self.running_groups: dict[int, Group] = {}
         self._pending: dict[int, int] = {}
         self._errors: list[BaseException] = []
+        self._closing = False  # rollouts still running at the end fail against the stopped gateway: no noise
         self._executor = ThreadPoolExecutor(max_workers=max(max_slots, slots), thread_name_prefix="rollout")
 
     # -- starting -----------------------------------------------------------------------------------------
@@ -221,6 +222,8 @@ class RolloutPool:
         return group
 
     def _finished(self, plan: RolloutPlan, fut: Future[Finished]) -> None:
+        if self._closing:
+            return
         try:
             done = fut.result()
         except BaseException as e:  # a workload bug: kept as an infra error of this rollout
@@ -277,4 +280,5 @@ class RolloutPool:
             self.cond.notify_all()
 
     def close(self) -> None:
+        self._closing = True
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import time
 from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from harnessrl.rl.config import RLConfig
 from harnessrl.rl.groups import Group
@@ -75,7 +78,14 @@ class Learner:
         items, members = step_items(plan, plan.steps[0], cfg)
         t0 = time.perf_counter()
         self.model.train()
-        m: dict[str, Any] = dict(self.trainer.step(items))
+        # torch's thread count is process-wide and the local engine adapts it to the machine's load; the
+        # step runs at the train config's count (0: every core) whatever the engine chose last
+        engine_threads = torch.get_num_threads()
+        torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+        try:
+            m: dict[str, Any] = dict(self.trainer.step(items))
+        finally:
+            torch.set_num_threads(engine_threads)
         m["train_s"] = time.perf_counter() - t0
         rewards_step = [r.reward for r in members]
         staleness = [version - g.oldest_version() for g in groups]
