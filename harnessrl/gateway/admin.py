@@ -3,7 +3,9 @@
 POST /admin/sessions {rollout_id, group_id}           -> {session_id, api_key, base_url, openai_base_url, anthropic_base_url}
 GET  /admin/sessions/{sid}                            -> session status, chain/call counts
 POST /admin/sessions/{sid}/end {status?, reason?}     -> ends it (status ok|failed)
-POST /admin/pause {mode: finish|abort, timeout_s?}    -> new calls get 429 + Retry-After; waits for in-flight
+POST /admin/pause {mode: finish|abort, timeout_s?, hold_new?}
+                                                      -> new calls get 429 + Retry-After (hold_new: they wait
+                                                         until resume); waits for in-flight
 POST /admin/resume                                    -> aborted calls resume with their partial tokens
 GET  /admin/metrics                                   -> counters (drift, rollbacks, splits, fsync batches, …);
                                                          `engine`: the engine's own stats when it has them
@@ -27,7 +29,7 @@ from .export import export_journal
 from .journal import Journal
 from .messages import RequestError
 from .metrics import GatewayMetrics
-from .params import choice, number, optional_str
+from .params import choice, flag, number, optional_str
 from .pause import PauseControl
 from .sessions import SessionStore
 
@@ -93,7 +95,8 @@ class AdminAPI:
         mode = choice(PauseMode, body.get("mode") or PauseMode.FINISH, "mode")
         timeout = body.get("timeout_s")
         timeout_s = 600.0 if timeout is None else number(timeout, "timeout_s")
-        return web.json_response(await self.pause.pause(mode, timeout_s))
+        hold_new = flag(body.get("hold_new", False), "hold_new")
+        return web.json_response(await self.pause.pause(mode, timeout_s, hold_new))
 
     async def resume_calls(self, request: web.Request) -> web.Response:
         require_admin(request, self.admin_token)

@@ -115,6 +115,7 @@ class CallRunner:
             )
 
     async def run(self, s: Session, req: CallRequest, sink: CallSink | None = None) -> CallResult:
+        await self.pause.hold_while_paused()
         self.check_open(s)
         started = time.time()
         async with s.lock:  # the plan reserves a chain until this call is committed or fails

@@ -93,6 +93,9 @@ def register(commands, stages) -> None:
     adm.add_argument("--group-id")
     adm.add_argument("--session-id")
     adm.add_argument("--mode", type=PauseMode, default=PauseMode.FINISH, choices=list(PauseMode))
+    adm.add_argument(
+        "--hold-new", action="store_true", help="pause: new calls wait until resume instead of getting 429"
+    )
     adm.add_argument("--status", type=EndStatus, default=EndStatus.OK, choices=list(EndStatus))
     adm.set_defaults(func=_admin)
 
@@ -193,7 +196,7 @@ def _admin(args: argparse.Namespace) -> int:
         elif args.action is AdminAction.SESSION:
             out = admin.session(args.session_id)
         elif args.action is AdminAction.PAUSE:
-            out = admin.pause(args.mode)
+            out = admin.pause(args.mode, hold_new=args.hold_new)
         elif args.action is AdminAction.RESUME:
             out = admin.resume()
         else:

@@ -75,8 +75,12 @@ class GatewayAdmin:
     ) -> dict:
         return self._call("POST", f"/admin/sessions/{session_id}/end", {"status": status, "reason": reason})
 
-    def pause(self, mode: PauseMode | str = PauseMode.FINISH, timeout_s: float = 600.0) -> dict:
-        return self._call("POST", "/admin/pause", {"mode": mode, "timeout_s": timeout_s}, timeout_s + 30)
+    def pause(
+        self, mode: PauseMode | str = PauseMode.FINISH, timeout_s: float = 600.0, hold_new: bool = False
+    ) -> dict:
+        """`hold_new`: new calls wait until resume instead of getting 429 (harnesses see a slow call)."""
+        body = {"mode": mode, "timeout_s": timeout_s, "hold_new": hold_new}
+        return self._call("POST", "/admin/pause", body, timeout_s + 30)
 
     def resume(self) -> dict:
         return self._call("POST", "/admin/resume", {})

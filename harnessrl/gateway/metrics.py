@@ -13,6 +13,7 @@ class GatewayMetrics:
     calls: int = 0
     calls_failed: int = 0
     rejected_paused: int = 0
+    held_paused: int = 0  # new calls that waited out a holding pause
     context_exhausted: int = 0
     op_new: int = 0
     op_extend: int = 0

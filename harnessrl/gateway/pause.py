@@ -1,6 +1,7 @@
 """Pause / drain / abort / resume for weight updates.
 
-Paused: new calls get 429 + Retry-After. `finish` waits until the calls at work are committed; `abort` also
+Paused: new calls get 429 + Retry-After, or, with `hold_new`, wait until resume (a harness just sees a slow
+call: what the RL loop's colocated mode needs, since a training step can outlast any harness's retries). `finish` waits until the calls at work are committed; `abort` also
 stops in-flight generations — through the engine's abort when it has one (the partial tokens come back with
 finish_reason "abort" and are kept), else by cancelling the engine request — and parks those calls until
 resume, when they continue from the tokens sampled so far. A parked call is not "at work", so the drain ends.
@@ -25,6 +26,7 @@ class PauseControl:
         self.engine = engine
         self.metrics = metrics
         self.paused = False
+        self.hold_new = False  # paused: new calls wait for resume instead of getting 429
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._idle = asyncio.Event()
@@ -54,6 +56,16 @@ class PauseControl:
         await self._resumed.wait()
         self.set_working(task, True)
 
+    async def hold_while_paused(self) -> bool:
+        """Waits out a holding pause before a new call starts (the call is not at work meanwhile, so it does
+        not delay the drain); True if it waited."""
+        if not (self.paused and self.hold_new):
+            return False
+        self.metrics.held_paused += 1
+        while self.paused and self.hold_new:
+            await self._resumed.wait()
+        return True
+
     def track(self, request: asyncio.Future[Any]) -> None:
         self.in_flight.add(request)
 
@@ -64,10 +76,11 @@ class PauseControl:
         self._aborting.discard(request)
         return aborted
 
-    async def pause(self, mode: PauseMode, timeout_s: float) -> dict[str, Any]:
+    async def pause(self, mode: PauseMode, timeout_s: float, hold_new: bool = False) -> dict[str, Any]:
         """Pauses, then waits up to `timeout_s` for the drain. If pausing fails, the gateway is not left
         paused (a pause whose waiting admin client leaves stays: it is resumed with `resume`)."""
         self.paused = True
+        self.hold_new = hold_new
         self._resumed.clear()
         try:
             if mode is PauseMode.ABORT and self.in_flight:
@@ -104,4 +117,5 @@ class PauseControl:
 
     def resume(self) -> None:
         self.paused = False
+        self.hold_new = False
         self._resumed.set()

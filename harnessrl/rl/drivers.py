@@ -200,7 +200,8 @@ class Driver:
         assert isinstance(self.admin, GatewayAdmin)
         self._hold.set()
         t = time.perf_counter()
-        self.admin.pause(PauseMode.ABORT, timeout_s=60.0)
+        # hold_new: a harness between two turns that calls during the step waits instead of burning retries
+        self.admin.pause(PauseMode.ABORT, timeout_s=60.0, hold_new=True)
         counts.pause_s = time.perf_counter() - t
 
     def after_sync(self, version: int) -> None:

@@ -263,6 +263,29 @@ def test_pause_abort_resumes_the_call_after_resume(gateway, fast_engine):
     assert len(call_records(g.journal_dir)) == 1
 
 
+def test_a_holding_pause_makes_new_calls_wait_instead_of_429(gateway, fast_engine):
+    """What the RL loop's colocated mode uses: a call made during the optimizer step is slow, never refused,
+    and it does not hold up the drain."""
+    engine = fast_engine(per_token_s=0.01)
+    g, admin = gateway(HTTPEngine(engine.base_url))
+    s = admin.create_session("r", "t")
+    client = _client(s)  # the OpenAI SDK with max_retries=0: a 429 would raise
+    res = admin.pause("abort", timeout_s=30, hold_new=True)
+    assert res["drained"]
+    out: dict[str, ChatCompletion] = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", _turn(client, _start())))
+    t.start()
+    time.sleep(1.0)
+    assert "r" not in out and engine.requests == 0  # waiting at the gateway, not at the engine
+    assert admin.pause("finish", timeout_s=5, hold_new=True)["drained"]  # a held call is not at work
+    admin.resume()
+    t.join(30)
+    assert out["r"].choices[0].finish_reason == "tool_calls"
+    metrics = admin.metrics()
+    assert metrics["held_paused"] == 1 and metrics["rejected_paused"] == 0
+    assert len(call_records(g.journal_dir)) == 1
+
+
 def test_context_budget_returns_length_instead_of_one_token(gateway, fast_engine):
     engine = fast_engine()
     g, admin = gateway(HTTPEngine(engine.base_url), max_model_len=40)

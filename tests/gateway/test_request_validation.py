@@ -164,6 +164,7 @@ def test_admin_fields_are_checked(gateway, tmp_path):
     s = admin.create_session("r", "t")
     cases = [
         ("/admin/pause", {"mode": "later"}, "mode"),
+        ("/admin/pause", {"mode": "abort", "hold_new": "yes"}, "hold_new"),
         (f"/admin/sessions/{s.session_id}/end", {"status": "maybe"}, "status"),
         (f"/admin/sessions/{s.session_id}/end", {"reason": 5}, "reason"),
         ("/admin/export", {"out_dir": str(tmp_path / "x"), "selection": "best"}, "selection"),
