@@ -176,7 +176,6 @@ class SWEWorkload:
     def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished:
         from harnessrl.rollout.generate import RolloutContext, RolloutRow, run_rollout
         from harnessrl.rollout.specs import assign
-        from harnessrl.schema import RewardName
         from harnessrl.verify.grading import GRADED
         from harnessrl.verify.rollouts import verify_rollout
 
@@ -209,7 +208,7 @@ class SWEWorkload:
         status = row.rollout_status
         reward: float | None = None
         if result.status in GRADED:
-            reward = result.f2p_fraction if spec.spec.reward is RewardName.F2P_FRACTION else result.reward
+            reward = result.reward  # verify scores with the rollout's reward_fn (the spec's `reward`)
             if status is RolloutStatus.PATCH_TOO_LARGE:
                 status = RolloutStatus.OK  # scored 0 by verify, the agent's doing
         elif status is RolloutStatus.OK:
