@@ -46,7 +46,7 @@ class RLConfig:
     replicas: int = 1  # local engines behind a Router (several --engine-url values do the same remotely)
     engine_threads: int | None = None  # LocalEngine torch threads (None: adaptive)
     max_batch: int = 32  # LocalEngine batch slots
-    lend_slots: int = 0  # separate mode: extra rollouts the trainer's share runs while lent (0: batch_groups)
+    lend_slots: int = 0  # separate mode: extra rollouts the trainer's share runs while lent (0: one batch)
     switch_prior_s: float = 1.0  # separate mode: assumed cost of one role switch before one is measured
     switch_min_gain: float = 1.0
     prompt_max_tokens: int = 64  # prompt workload: max tokens per reply
@@ -84,6 +84,11 @@ class RLConfig:
             return self.concurrency
         full = self.batch_groups * self.group_size
         return full if self.mode is RLMode.SYNC else 2 * full
+
+    @property
+    def lent_rollouts(self) -> int:
+        """Separate mode: rollouts the trainer's share runs while lent."""
+        return self.lend_slots or self.batch_groups * self.group_size
 
     @property
     def group_budget(self) -> int:

@@ -72,7 +72,7 @@ class Driver:
         self.accepted = version * cfg.batch_groups
         self.stale_policy = StalePolicy(cfg.stale_policy)
         self.role = RoleSwitch(cfg.switch_min_gain, cfg.switch_prior_s)
-        self.lend = cfg.lend_slots or cfg.batch_groups * cfg.group_size
+        self.lend = cfg.lent_rollouts
         self.base_slots = pool.slots
         self._stop = threading.Event()
         self._hold = threading.Event()  # colocated: no new groups while the trainer has the CPU

@@ -214,7 +214,7 @@ def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None =
             pass_rates,
             group_size=cfg.group_size,
             slots=cfg.rollout_slots,
-            max_slots=cfg.rollout_slots + (cfg.lend_slots or cfg.batch_groups * cfg.group_size),
+            max_slots=cfg.rollout_slots + cfg.lent_rollouts,
             seed=cfg.seed,
             dynamic_low=cfg.dynamic_low,
             dynamic_high=cfg.dynamic_high,
