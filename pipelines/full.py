@@ -7,13 +7,15 @@
           └──────────────────── policy (rl-loop), base_policy (evaluate) ─────────────┘
                                               summarize-run ◀── every step's metrics
 
-`evaluate` measures base vs trained pass@1 on the held-out tasks through the same rollout → verify path as
-training (sampled, `eval_k` rollouts per task; `eval_k=1` is greedy).
+`harnessrl-full-cold-start` adds a `cold-start` step (SFT on scripted demonstrations of the selected tasks'
+gold fixes, through the real harness and gateway) between select and rl-loop. `evaluate` measures base vs
+trained pass@1 on the held-out tasks through the same rollout → verify path as training (sampled, `eval_k`
+rollouts per task; `eval_k=1` is greedy).
 
 `rl-loop` runs engine(s), gateway, rollout workers, verifiers and the trainer for `steps` optimizer steps
 (mode `sync` | `colocated` | `separate`, docs/rl.md); weights sync into the engines in place, so no step
 starts cold. The rounds unrolled into separate generate → verify → train steps are `harnessrl-rounds`
-(pipelines/rounds.py). GPU steps (difficulty, rl-loop) are placed on GPU nodes and the steps that stream large
+(pipelines/rounds.py). GPU steps (difficulty, cold-start, rl-loop, evaluate) are placed on GPU nodes and the steps that stream large
 objects get the S3 credentials from a Secret; kfp.local ignores both, so the same pipeline runs locally and
 on a cluster.
 """
@@ -24,106 +26,136 @@ from components.estimate_difficulty.component import estimate_difficulty
 from components.evaluate.component import evaluate
 from components.rl_loop.component import rl_loop
 from components.select_tasks.component import select
+from components.sft.component import sft
 from components.summarize_run.component import summarize_rl_run
 from pipelines.data_prep import add_data_prep
 from pipelines.k8s import gpu_step, use_s3_credentials
 
 FULL_PIPELINE_NAME = "harnessrl-full"
+COLD_START_PIPELINE_NAME = "harnessrl-full-cold-start"
 # Steps (by component name) that stream checkpoints/rollouts to the store, in any registered pipeline:
 # `harnessrl compile --check` verifies they get the S3 credentials from the Secret.
 S3_STEPS = ("generate-rollouts", "train-grpo", "rl-loop")
 
 
-@dsl.pipeline(
-    name=FULL_PIPELINE_NAME,
-    description="Data prep, difficulty estimation and selection, then the RL loop (rollouts, verification, "
-    "GRPO steps and in-place weight sync in one long-running step), then base vs trained on held-out tasks.",
-)
-def harnessrl_full(
-    source_uri: str,
-    base_model_uri: str,
-    max_tasks: int = 20,
-    seed: int = 0,
-    timeout_s: float = 120.0,
-    max_tests: int = 200,
-    require_f2p: bool = True,
-    require_problem_statement: bool = True,
-    check_branches: bool = True,
-    drop_duplicates: bool = True,
-    engine_url: str = "",
-    specs_json: str = "",
-    group_size: int = 4,
-    difficulty_n: int = 4,
-    k_all_fail: int = 1000,
-    test_fraction: float = 0.1,
-    mode: str = "colocated",
-    steps: int = 10,
-    batch_groups: int = 4,
-    max_staleness: int = 1,
-    save_every: int = 0,
-    config_json: str = "{}",
-    eval_k: int = 4,
-):
-    prep = add_data_prep(
-        source_uri,
-        max_tasks=max_tasks,
-        seed=seed,
-        timeout_s=timeout_s,
-        max_tests=max_tests,
-        require_f2p=require_f2p,
-        require_problem_statement=require_problem_statement,
-        check_branches=check_branches,
-        drop_duplicates=drop_duplicates,
-    )
-    base_model = dsl.importer(artifact_uri=base_model_uri, artifact_class=dsl.Model, reimport=False)
-    base_model.set_display_name("import-base-model")
+def build_full(cold_start: bool = False):
+    """`harnessrl-full`; with `cold_start`, `harnessrl-full-cold-start`: an `sft` step on scripted
+    demonstrations of the selected tasks' gold fixes before the RL loop, which then starts from its model
+    (the evaluation still compares against the base model)."""
 
-    estimate = estimate_difficulty(
-        tasks=prep.tasks,
-        policy=base_model.output,
-        n=difficulty_n,
-        specs_json=specs_json,
-        engine_url=engine_url,
-    ).after(prep.gate)
-    gpu_step(estimate, gpus=1)
-    selection = select(
-        tasks=prep.tasks,
-        difficulty=estimate.outputs["estimates"],
-        k_all_fail=k_all_fail,
-        test_fraction=test_fraction,
-        seed=seed,
+    @dsl.pipeline(
+        name=COLD_START_PIPELINE_NAME if cold_start else FULL_PIPELINE_NAME,
+        description="Data prep, difficulty estimation and selection, "
+        + ("SFT on scripted demonstrations of the selected tasks' fixes, " if cold_start else "")
+        + "then the RL loop (rollouts, verification, GRPO steps and in-place weight sync in one long-running "
+        "step), then base vs trained on held-out tasks.",
     )
-    trained = rl_loop(
-        tasks=selection.outputs["selected"],
-        policy=base_model.output,
-        mode=mode,
-        steps=steps,
-        batch_groups=batch_groups,
-        group_size=group_size,
-        max_staleness=max_staleness,
-        save_every=save_every,
-        engine_url=engine_url,
-        specs_json=specs_json,
-        config_json=config_json,
-        seed=seed,
-    )
-    gpu_step(trained, gpus=1)
-    use_s3_credentials(trained)
-    evaluation = evaluate(
-        tasks=selection.outputs["held_out"],
-        base_policy=base_model.output,
-        policy=trained.outputs["model"],
-        k=eval_k,
-        specs_json=specs_json,
-        engine_url=engine_url,
-        seed=seed,
-    )
-    gpu_step(evaluation, gpus=1)
-    summarize_rl_run(
-        difficulty=estimate.outputs["metrics"],
-        selection=selection.outputs["metrics"],
-        trained=trained.outputs["metrics"],
-        trained_steps=trained.outputs["tensorboard"],
-        evaluated=evaluation.outputs["metrics"],
-        mode=mode,
-    ).set_display_name("summarize-run")
+    def pipeline(
+        source_uri: str,
+        base_model_uri: str,
+        max_tasks: int = 20,
+        seed: int = 0,
+        timeout_s: float = 120.0,
+        max_tests: int = 200,
+        require_f2p: bool = True,
+        require_problem_statement: bool = True,
+        check_branches: bool = True,
+        drop_duplicates: bool = True,
+        engine_url: str = "",
+        specs_json: str = "",
+        group_size: int = 4,
+        difficulty_n: int = 4,
+        k_all_fail: int = 1000,
+        test_fraction: float = 0.1,
+        mode: str = "colocated",
+        steps: int = 10,
+        batch_groups: int = 4,
+        max_staleness: int = 1,
+        save_every: int = 0,
+        config_json: str = "{}",
+        eval_k: int = 4,
+        cold_start_epochs: int = 3,  # harnessrl-full-cold-start only, as the next one
+        cold_start_config_json: str = "{}",  # the sft stage's settings (harnessrl.train.sft.SftConfig)
+    ):
+        prep = add_data_prep(
+            source_uri,
+            max_tasks=max_tasks,
+            seed=seed,
+            timeout_s=timeout_s,
+            max_tests=max_tests,
+            require_f2p=require_f2p,
+            require_problem_statement=require_problem_statement,
+            check_branches=check_branches,
+            drop_duplicates=drop_duplicates,
+        )
+        base_model = dsl.importer(artifact_uri=base_model_uri, artifact_class=dsl.Model, reimport=False)
+        base_model.set_display_name("import-base-model")
+
+        estimate = estimate_difficulty(
+            tasks=prep.tasks,
+            policy=base_model.output,
+            n=difficulty_n,
+            specs_json=specs_json,
+            engine_url=engine_url,
+        ).after(prep.gate)
+        gpu_step(estimate, gpus=1)
+        selection = select(
+            tasks=prep.tasks,
+            difficulty=estimate.outputs["estimates"],
+            k_all_fail=k_all_fail,
+            test_fraction=test_fraction,
+            seed=seed,
+        )
+        policy = base_model.output
+        if cold_start:  # compile time: two pipelines, so no GPU step is ever started only to be skipped
+            warm = sft(
+                tasks=selection.outputs["selected"],
+                policy=base_model.output,
+                epochs=cold_start_epochs,
+                config_json=cold_start_config_json,
+                specs_json=specs_json,
+                seed=seed,
+            )
+            warm.set_display_name("cold-start")
+            gpu_step(warm, gpus=1)
+            policy = warm.outputs["model"]
+        trained = rl_loop(
+            tasks=selection.outputs["selected"],
+            policy=policy,
+            mode=mode,
+            steps=steps,
+            batch_groups=batch_groups,
+            group_size=group_size,
+            max_staleness=max_staleness,
+            save_every=save_every,
+            engine_url=engine_url,
+            specs_json=specs_json,
+            config_json=config_json,
+            seed=seed,
+        )
+        gpu_step(trained, gpus=1)
+        use_s3_credentials(trained)
+        evaluation = evaluate(
+            tasks=selection.outputs["held_out"],
+            base_policy=base_model.output,
+            policy=trained.outputs["model"],
+            k=eval_k,
+            specs_json=specs_json,
+            engine_url=engine_url,
+            seed=seed,
+        )
+        gpu_step(evaluation, gpus=1)
+        summarize_rl_run(
+            difficulty=estimate.outputs["metrics"],
+            selection=selection.outputs["metrics"],
+            trained=trained.outputs["metrics"],
+            trained_steps=trained.outputs["tensorboard"],
+            evaluated=evaluation.outputs["metrics"],
+            mode=mode,
+        ).set_display_name("summarize-run")
+
+    return pipeline
+
+
+harnessrl_full = build_full()
+harnessrl_full_cold_start = build_full(cold_start=True)

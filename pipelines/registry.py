@@ -44,6 +44,11 @@ PIPELINES: dict[str, PipelineEntry] = {
             "data-prep → difficulty → select → rl loop (sync / colocated / separate async)",
         ),
         PipelineEntry(
+            "harnessrl-full-cold-start",
+            "pipelines.full:harnessrl_full_cold_start",
+            "harnessrl-full with an SFT cold start (scripted gold-fix demonstrations) before the rl loop",
+        ),
+        PipelineEntry(
             "harnessrl-rounds",
             "pipelines.rounds:harnessrl_rounds",
             "data-prep → difficulty → select → rounds unrolled as generate → verify → train steps",

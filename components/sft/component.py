@@ -22,11 +22,13 @@ def sft(
     source: str = "demonstrations",
     epochs: int = 3,
     config_json: str = "{}",
+    specs_json: str = "",
     seed: int = 0,
     resume: bool = True,
 ):
     """`source`: demonstrations | rejection | both (harnessrl.train.modes.SftSource); rejection sampling reads
-    `rollouts` (an earlier generate output) and `verified` (its verify output)."""
+    `rollouts` (an earlier generate output) and `verified` (its verify output). `specs_json`: the harness
+    spec(s) the demonstrations are acted out with — the RL step's, so the policy learns the format it will use."""
     import json
     from pathlib import Path
 
@@ -34,6 +36,7 @@ def sft(
 
     from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
+    from harnessrl.rollout.specs import parse_specs
     from harnessrl.train.sft import SftConfig, run_sft
 
     configure_logging()
@@ -52,6 +55,7 @@ def sft(
         cfg,
         rollouts=rollouts.path if rollouts is not None else None,
         verified=verified.path if verified is not None else None,
+        specs=parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None,
         resume=resume,
         model_out=model.path,
         nproc=max(gpus, 1),

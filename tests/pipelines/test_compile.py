@@ -21,7 +21,14 @@ from pipelines.spec_checks import (
 
 # What the cluster needs, stated independently of pipelines/full.py: GPUs per step, and the steps that
 # stream big objects to the store (S3 credentials from the Secret).
-GPU_STAGES = {"estimate-difficulty": 1, "generate-rollouts": 1, "train-grpo": 1, "rl-loop": 1}
+GPU_STAGES = {
+    "estimate-difficulty": 1,
+    "generate-rollouts": 1,
+    "train-grpo": 1,
+    "rl-loop": 1,
+    "evaluate": 1,
+    "sft": 1,
+}
 S3_STAGES = {"generate-rollouts", "train-grpo", "rl-loop"}
 
 
@@ -114,9 +121,9 @@ def test_gpu_stages_in_compiled_pipelines_are_placed_on_gpus(compiled):
                 checked += 1
             if stage in S3_STAGES:
                 assert secret_env_problems(pipeline, label) == [], task_path
-    # harnessrl-full: difficulty and the rl loop; harnessrl-rounds: difficulty, then generate and train in
-    # each of its 2 rounds
-    assert checked == 7
+    # harnessrl-full: difficulty, the rl loop, evaluate; harnessrl-full-cold-start: the same and sft;
+    # harnessrl-rounds: difficulty, then generate and train in each of its 2 rounds
+    assert checked == 3 + 4 + 5
 
 
 def test_gpu_step_helper_and_checker(tmp_path):
@@ -162,7 +169,9 @@ def test_compile_cli(tmp_path, capsys):
     assert "unknown pipeline 'nope'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("name", "gpu_tasks"), [("harnessrl-full", 3), ("harnessrl-rounds", 5)])
+@pytest.mark.parametrize(
+    ("name", "gpu_tasks"), [("harnessrl-full", 3), ("harnessrl-full-cold-start", 4), ("harnessrl-rounds", 5)]
+)
 def test_training_pipelines_are_placed_for_the_cluster(tmp_path, name, gpu_tasks):
     from kfp import compiler
 

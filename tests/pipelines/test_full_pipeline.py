@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.compile import compile_to_file
-from pipelines.full import harnessrl_full
+from pipelines.full import harnessrl_full, harnessrl_full_cold_start
 from pipelines.local_run import run_local
 from pipelines.rounds import ROUNDS, harnessrl_rounds
 from pipelines.spec_checks import CompiledPipeline, gpu_problems, secret_env_problems
@@ -27,6 +27,11 @@ def _compile(pipeline_func, path: Path):
 @pytest.fixture(scope="module")
 def compiled_full(tmp_path_factory):
     return _compile(harnessrl_full, tmp_path_factory.mktemp("full") / "full.yaml")
+
+
+@pytest.fixture(scope="module")
+def compiled_cold_start(tmp_path_factory):
+    return _compile(harnessrl_full_cold_start, tmp_path_factory.mktemp("cold") / "cold.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +61,13 @@ FULL_EDGES = [
     ("summarize-run", "trained", "rl-loop", "metrics"),
     ("summarize-run", "trained_steps", "rl-loop", "tensorboard"),
     ("summarize-run", "evaluated", "evaluate", "metrics"),
+]
+# harnessrl-full-cold-start: the RL loop starts from the cold-start (SFT) model; evaluation compares to the base
+COLD_START_EDGES = [
+    *(e for e in FULL_EDGES if e[:2] != ("rl-loop", "policy")),
+    ("cold-start", "tasks", "select", "selected"),
+    ("cold-start", "policy", "import-base-model", "artifact"),
+    ("rl-loop", "policy", "cold-start", "model"),
 ]
 EDGES = [
     *PREP_EDGES,
@@ -113,6 +125,20 @@ def test_full_artifact_edge(compiled_full, consumer, input_name, producer, outpu
     _, dag, by_display = compiled_full
     source = dag[by_display[consumer]]["inputs"]["artifacts"][input_name]["taskOutputArtifact"]
     assert source == {"producerTask": by_display[producer], "outputArtifactKey": output}
+
+
+def test_cold_start_pipeline_trains_from_the_sft_model(compiled_cold_start):
+    pipeline, dag, by_display = compiled_cold_start
+    assert _artifact_edges(dag, by_display) == {(c, i) for c, i, _, _ in COLD_START_EDGES}
+    for consumer, input_name, producer, output in COLD_START_EDGES:
+        source = dag[by_display[consumer]]["inputs"]["artifacts"][input_name]["taskOutputArtifact"]
+        assert source == {"producerTask": by_display[producer], "outputArtifactKey": output}, consumer
+    params = dag[by_display["cold-start"]]["inputs"]["parameters"]
+    assert params["epochs"] == {"componentInputParameter": "cold_start_epochs"}
+    label = pipeline.spec["components"][dag[by_display["cold-start"]]["componentRef"]["name"]][
+        "executorLabel"
+    ]
+    assert gpu_problems(pipeline, label, gpus=1) == []
 
 
 def test_the_dag_has_no_other_artifact_edges_and_waits_for_validation(compiled):
