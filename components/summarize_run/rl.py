@@ -67,9 +67,9 @@ def plot_run(steps: list[dict[str, Any]], evaluated: list[dict[str, Any]]) -> by
     trained = [s for s in steps if s.get("reward_mean") is not None]
     xs = [int(s["step"]) for s in trained]
     left.plot(xs, [float(s["reward_mean"]) for s in trained], marker="o", label="reward mean")
-    losses = [(int(s["step"]), s.get("loss")) for s in trained if s.get("loss") is not None]
+    losses = [(int(s["step"]), float(s["loss"])) for s in trained if s.get("loss") is not None]
     if losses:
-        left.plot([x for x, _ in losses], [float(v) for _, v in losses], marker="s", label="loss")
+        left.plot([x for x, _ in losses], [v for _, v in losses], marker="s", label="loss")
     left.set_title("RL loop, per optimizer step", fontsize=10)
     left.set_xlabel("step", fontsize=8)
     if evaluated:
