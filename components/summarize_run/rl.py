@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from components.summarize_run.stage import StageRef, _num, _pct, _rate
+from components.summarize_run.stage import StageRef, _num, _pct, _rate, tasks_table
 from harnessrl.io import read_jsonl
 from harnessrl.reports import StageReport, embed_png, figure_png, new_figure
 
@@ -113,16 +113,7 @@ def render_rl_summary(
         "",
         "Held-out pass@1 after training vs before: " + ("; ".join(verdicts) or "n/a (no comparison)") + ".",
         "",
-        "## Tasks",
-        "",
-        "| tasks | count |",
-        "|---|---:|",
-        f"| kept by clean + validate (estimated) | {_num(d.get('tasks'), '{:.0f}')} |",
-        f"| mixed (some rollouts pass) | {_num(d.get('mixed'), '{:.0f}')} |",
-        f"| always pass (dropped) | {_num(d.get('all_pass'), '{:.0f}')} |",
-        f"| always fail | {_num(d.get('all_fail'), '{:.0f}')} |",
-        f"| selected for training | {_num(s.get('train'), '{:.0f}')} |",
-        f"| held out for evaluation | {_num(s.get('test'), '{:.0f}')} |",
+        *tasks_table(d, s),
         "",
         f"Base model pass rate on every kept task (difficulty estimation, N={_num(d.get('n'), '{:.0f}')} "
         f"each): {_pct(base_rate)}.",

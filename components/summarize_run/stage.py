@@ -111,6 +111,23 @@ def plot_rounds(rounds: list[RoundRecord]) -> bytes:
     return figure_png(fig)
 
 
+def tasks_table(difficulty: dict[str, float], selection: dict[str, float]) -> list[str]:
+    """The "Tasks" section: what clean/validate kept, how difficulty split it, what select chose."""
+    d, s = difficulty, selection
+    return [
+        "## Tasks",
+        "",
+        "| tasks | count |",
+        "|---|---:|",
+        f"| kept by clean + validate (estimated) | {_num(d.get('tasks'), '{:.0f}')} |",
+        f"| mixed (some rollouts pass) | {_num(d.get('mixed'), '{:.0f}')} |",
+        f"| always pass (dropped) | {_num(d.get('all_pass'), '{:.0f}')} |",
+        f"| always fail | {_num(d.get('all_fail'), '{:.0f}')} |",
+        f"| selected for training | {_num(s.get('train'), '{:.0f}')} |",
+        f"| held out | {_num(s.get('test'), '{:.0f}')} |",
+    ]
+
+
 def render(
     difficulty: StageRef, selection: StageRef, rounds: list[RoundRecord], total_rounds: int
 ) -> StageReport:
@@ -128,16 +145,7 @@ def render(
         + ". The first is measured on every kept task, the others on the selected training tasks, "
         "which exclude the tasks the base model always solved.",
         "",
-        "## Tasks",
-        "",
-        "| tasks | count |",
-        "|---|---:|",
-        f"| kept by clean + validate (estimated) | {_num(d.get('tasks'), '{:.0f}')} |",
-        f"| mixed (some rollouts pass) | {_num(d.get('mixed'), '{:.0f}')} |",
-        f"| always pass (dropped) | {_num(d.get('all_pass'), '{:.0f}')} |",
-        f"| always fail | {_num(d.get('all_fail'), '{:.0f}')} |",
-        f"| selected for training | {_num(s.get('train'), '{:.0f}')} |",
-        f"| held out for testing | {_num(s.get('test'), '{:.0f}')} |",
+        *tasks_table(d, s),
         "",
         "## Pass rate and reward",
         "",
