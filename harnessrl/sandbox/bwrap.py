@@ -75,7 +75,6 @@ TOP_LEVEL_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 MAX_OUTPUT_BYTES = 2 << 20  # per stream kept in the result: head + tail around a truncation marker
 GIT_STUB = '#!/bin/sh\necho "git: disabled in this sandbox (strict workspace: no repository history)" >&2\nexit 127\n'
 ENV_MANIFEST = "harnessrl-env.json"  # written by envs.ensure_env: extra read-only paths the venv needs
-QUOTA_POLL_S = 0.1  # how often a running command's workspace is measured (at least 20x a walk's duration)
 
 # Messages a process prints when an rlimit (not a cgroup) stopped it; used only when no cgroup is available
 # and only for a failing command.
@@ -438,7 +437,7 @@ class BubblewrapSandbox(Sandbox):
                 for fd in pass_fds:
                     os.close(fd)
                 status_w = -1
-            stopped_for = self._wait(proc, timeout, allowed)
+            stopped_for = quota.wait_watching(proc, timeout, self.workspace, allowed)
             if stopped_for:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -478,25 +477,6 @@ class BubblewrapSandbox(Sandbox):
             timeout,
             cgroup is not None,
         )
-
-    def _wait(self, proc: subprocess.Popen[bytes], timeout: float, allowed: quota.Quota) -> str:
-        """Waits for the command; returns "" when it ended, "timeout", or the quota it broke."""
-        deadline = time.monotonic() + timeout
-        poll = QUOTA_POLL_S
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout"
-            try:
-                proc.wait(timeout=min(poll, remaining))
-                return ""
-            except subprocess.TimeoutExpired:
-                pass
-            t0 = time.monotonic()
-            violation = allowed.violation(quota.measure(self.workspace, stop_at=allowed))
-            if violation:
-                return violation
-            poll = max(QUOTA_POLL_S, 20 * (time.monotonic() - t0))
 
     def close(self) -> None:
         """Releases the uid slot and temp dirs; the sandbox cannot run anything afterwards."""

@@ -45,7 +45,7 @@ from harnessrl.sandbox.base import (
     Sandbox,
     SandboxError,
 )
-from harnessrl.sandbox.bwrap import QUOTA_POLL_S, _let_group_connect, _read_capped
+from harnessrl.sandbox.bwrap import _let_group_connect, _read_capped
 from harnessrl.sandbox.cgroups import Cgroup
 from harnessrl.sandbox.images import podman_problem
 
@@ -207,7 +207,7 @@ class PodmanSandbox(Sandbox):
                     stderr=err,
                     start_new_session=True,
                 )
-                stopped_for = self._wait(proc, timeout, allowed)
+                stopped_for = quota.wait_watching(proc, timeout, self.workspace, allowed)
                 if stopped_for:
                     self._kill_commands()
                     with contextlib.suppress(ProcessLookupError):
@@ -228,25 +228,6 @@ class PodmanSandbox(Sandbox):
         if stopped_for and stopped_for != "timeout":
             return RunResult(Outcome.RESOURCE_LIMIT, None, stdout, stderr, wall, stopped_for, events)
         return _classify(proc.returncode, events, stdout, stderr, wall, stopped_for == "timeout", timeout)
-
-    def _wait(self, proc: subprocess.Popen[bytes], timeout: float, allowed: quota.Quota) -> str:
-        """ "" when the command ended, "timeout", or the workspace quota it broke (polled as bubblewrap does)."""
-        deadline = time.monotonic() + timeout
-        poll = QUOTA_POLL_S
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout"
-            try:
-                proc.wait(timeout=min(poll, remaining))
-                return ""
-            except subprocess.TimeoutExpired:
-                pass
-            t0 = time.monotonic()
-            violation = allowed.violation(quota.measure(self.workspace, stop_at=allowed))
-            if violation:
-                return violation
-            poll = max(QUOTA_POLL_S, 20 * (time.monotonic() - t0))
 
     def _kill_commands(self) -> None:
         """SIGKILL every process of the sandbox uid in the container (setsid daemons too)."""

@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import subprocess
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from harnessrl.sandbox.base import Limits
 
@@ -136,3 +139,27 @@ def _own(dir_fd: int, name: str | None, st: os.stat_result, owner: tuple[int, in
             os.fchown(dir_fd, *owner)
         else:
             os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
+
+
+POLL_S = 0.1  # how often a running command's workspace is measured (at least 20x a walk's duration)
+
+
+def wait_watching(proc: subprocess.Popen[bytes], timeout: float, workspace: Path, allowed: Quota) -> str:
+    """Waits for a sandboxed command while measuring its workspace: "" when it ended, "timeout", or the
+    quota it broke (the caller then kills it). A walk that gets slow is done less often."""
+    deadline = time.monotonic() + timeout
+    poll = POLL_S
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return "timeout"
+        try:
+            proc.wait(timeout=min(poll, remaining))
+            return ""
+        except subprocess.TimeoutExpired:
+            pass
+        t0 = time.monotonic()
+        violation = allowed.violation(measure(workspace, stop_at=allowed))
+        if violation:
+            return violation
+        poll = max(POLL_S, 20 * (time.monotonic() - t0))
