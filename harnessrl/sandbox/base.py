@@ -17,6 +17,21 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 WORKSPACE_MOUNT = "/workspace"
+# The whole environment an agent's command starts with (plus PATH, and VIRTUAL_ENV where there is one):
+# nothing of the host's leaks in.
+AGENT_ENV = {
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONNOUSERSITE": "1",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "USER": "agent",
+    "LOGNAME": "agent",
+}
 GATEWAY_SOCKET_MOUNT = "/run/harnessrl/gateway.sock"
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from harnessrl.sandbox import cgroups, identity, leftovers, quota
 from harnessrl.sandbox.base import (
+    AGENT_ENV,
     GATEWAY_SOCKET_MOUNT,
     WORKSPACE_MOUNT,
     Limits,
@@ -295,19 +296,7 @@ class BubblewrapSandbox(Sandbox):
         a += ["--ro-bind-data", str(fds["group"]), "/etc/group"]
         for option, host, inside in self.host_binds():
             a += [option, str(sources[host]), inside]
-        env = {
-            "PATH": self._path_env(),
-            "HOME": "/tmp",
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "TERM": "dumb",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONNOUSERSITE": "1",
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "USER": "agent",
-        }
+        env = {"PATH": self._path_env(), **AGENT_ENV}
         if self.env_dir is not None:
             env["VIRTUAL_ENV"] = str(self.env_dir)
         if self.gateway_socket is not None:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from harnessrl.sandbox import identity, leftovers, quota
 from harnessrl.sandbox.base import (
+    AGENT_ENV,
     GATEWAY_SOCKET_MOUNT,
     WORKSPACE_MOUNT,
     Limits,
@@ -54,19 +55,6 @@ logger = logging.getLogger(__name__)
 OWNER_LABEL = (
     "org.harnessrl.sandbox-owner"  # the creating process's leftovers tag: sweep what killed runs left
 )
-AGENT_ENV = {
-    "HOME": "/tmp",
-    "TMPDIR": "/tmp",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "TERM": "dumb",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONUNBUFFERED": "1",
-    "PYTHONNOUSERSITE": "1",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "USER": "agent",
-    "LOGNAME": "agent",
-}
 # Runs the command, then kills what it left running (kill(-1) spares the caller and pid 1; the container's
 # main process is root's, out of the sandbox uid's reach), and exits with the command's status.
 # CPU time as bubblewrap sets it: SIGXCPU at the soft limit, SIGKILL 5 s later.
