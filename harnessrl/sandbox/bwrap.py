@@ -49,6 +49,7 @@ from harnessrl.sandbox.base import (
     Sandbox,
     SandboxError,
 )
+from harnessrl.sandbox.outcomes import exited, timed_out
 
 # /etc entries a shell, git and Python need; everything else in the host's /etc (credentials, pip/apt
 # configs with tokens, the host's user list) stays outside.
@@ -77,12 +78,6 @@ MAX_OUTPUT_BYTES = 2 << 20  # per stream kept in the result: head + tail around 
 GIT_STUB = '#!/bin/sh\necho "git: disabled in this sandbox (strict workspace: no repository history)" >&2\nexit 127\n'
 ENV_MANIFEST = "harnessrl-env.json"  # written by envs.ensure_env: extra read-only paths the venv needs
 
-# Messages a process prints when an rlimit (not a cgroup) stopped it; used only when no cgroup is available
-# and only for a failing command.
-_RLIMIT_MARKERS = re.compile(
-    r"MemoryError|Cannot allocate memory|Resource temporarily unavailable|"
-    r"fork: retry|File too large|std::bad_alloc"
-)
 _USERNS_FAILURE = re.compile(
     r"(namespace|uid map|setting up uid).*(Permission denied|Operation not permitted)", re.I
 )
@@ -557,15 +552,6 @@ def _read_status(fd: int) -> list[dict]:
 _SETUP_EXIT = {121: "could not join the run's cgroup", 122: "could not stage a bind mount (as root)"}
 
 
-def _limits_hit(events: dict[str, int]) -> str:
-    hit = []
-    if events.get("oom_kill"):
-        hit.append(f"memory limit ({events['oom_kill']} OOM kill(s))")
-    if events.get("pids_max"):
-        hit.append(f"process limit ({events['pids_max']} fork(s) refused)")
-    return "; ".join(hit)
-
-
 def _classify(
     returncode: int,
     status: list[dict],
@@ -580,25 +566,7 @@ def _classify(
     exit_codes = [r["exit-code"] for r in status if "exit-code" in r]
     started = any("child-pid" in r for r in status)
     if killed_for_timeout:
-        if events:  # e.g. a fork bomb: refused forks, then spinning until the clock ran out
-            return RunResult(
-                Outcome.RESOURCE_LIMIT,
-                None,
-                stdout,
-                stderr,
-                wall,
-                f"{_limits_hit(events)}, then killed at the {timeout:g} s wall-clock limit",
-                events,
-            )
-        return RunResult(
-            Outcome.TIMEOUT,
-            None,
-            stdout,
-            stderr,
-            wall,
-            f"killed after the {timeout:g} s wall-clock limit",
-            events,
-        )
+        return timed_out(events, stdout, stderr, wall, timeout)
     if returncode in _SETUP_EXIT and not status:
         return RunResult(Outcome.SANDBOX_ERROR, None, stdout, stderr, wall, _SETUP_EXIT[returncode], events)
     if not exit_codes:
@@ -606,26 +574,4 @@ def _classify(
             return RunResult(Outcome.NONZERO, 127, stdout, stderr, wall, "command not found", events)
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"bwrap exited {returncode}"
         return RunResult(Outcome.SANDBOX_ERROR, None, stdout, stderr, wall, f"sandbox failed: {last}", events)
-    code = exit_codes[-1]
-    if code == 0:
-        return RunResult(Outcome.OK, 0, stdout, stderr, wall, "", events)
-    signum = code - 128 if code > 128 else 0
-    if events:
-        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, _limits_hit(events), events)
-    if signum in (signal.SIGXCPU, signal.SIGXFSZ) or (signum == signal.SIGKILL and not exact_limits):
-        return RunResult(
-            Outcome.RESOURCE_LIMIT,
-            code,
-            stdout,
-            stderr,
-            wall,
-            f"killed by {signal.Signals(signum).name}",
-            events,
-        )
-    if not exact_limits and _RLIMIT_MARKERS.search(stdout[-200_000:] + stderr[-200_000:]):
-        return RunResult(
-            Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, "rlimit reached (from output)", events
-        )
-    if "File too large" in stderr[-200_000:] + stdout[-200_000:]:
-        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, "file size limit", events)
-    return RunResult(Outcome.NONZERO, code, stdout, stderr, wall, "", events)
+    return exited(exit_codes[-1], events, stdout, stderr, wall, exact_limits)

@@ -49,6 +49,7 @@ from harnessrl.sandbox.base import (
 from harnessrl.sandbox.bwrap import _let_group_connect, _read_capped
 from harnessrl.sandbox.cgroups import Cgroup
 from harnessrl.sandbox.images import podman_problem
+from harnessrl.sandbox.outcomes import exited, timed_out
 
 logger = logging.getLogger(__name__)
 
@@ -284,15 +285,6 @@ def _sweep_once() -> None:
             _podman("rm", "--force", "--time", "0", name)
 
 
-def _limits_hit(events: dict[str, int]) -> str:
-    hit = []
-    if events.get("oom_kill"):
-        hit.append(f"memory limit ({events['oom_kill']} OOM kill(s))")
-    if events.get("pids_max"):
-        hit.append(f"process limit ({events['pids_max']} fork(s) refused)")
-    return "; ".join(hit)
-
-
 def _classify(
     code: int | None,
     events: dict[str, int],
@@ -303,23 +295,9 @@ def _classify(
     timeout: float,
 ) -> RunResult:
     if killed_for_timeout:
-        if events:
-            detail = f"{_limits_hit(events)}, then killed at the {timeout:g} s wall-clock limit"
-            return RunResult(Outcome.RESOURCE_LIMIT, None, stdout, stderr, wall, detail, events)
-        detail = f"killed after the {timeout:g} s wall-clock limit"
-        return RunResult(Outcome.TIMEOUT, None, stdout, stderr, wall, detail, events)
+        return timed_out(events, stdout, stderr, wall, timeout)
     podman_failed = code == PODMAN_FAILED and (SETUP_FAILED in stderr or "\nError: " in "\n" + stderr)
     if code is None or code < 0 or podman_failed:
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"podman exec exited {code}"
         return RunResult(Outcome.SANDBOX_ERROR, None, stdout, stderr, wall, f"sandbox failed: {last}", events)
-    if code == 0:
-        return RunResult(Outcome.OK, 0, stdout, stderr, wall, "", events)
-    if events:
-        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, _limits_hit(events), events)
-    signum = code - 128 if code > 128 else 0
-    if signum in (signal.SIGXCPU, signal.SIGXFSZ):
-        detail = f"killed by {signal.Signals(signum).name}"
-        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, detail, events)
-    if "File too large" in stderr[-200_000:] + stdout[-200_000:]:
-        return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, "file size limit", events)
-    return RunResult(Outcome.NONZERO, code, stdout, stderr, wall, "", events)
+    return exited(code, events, stdout, stderr, wall)
