@@ -120,9 +120,10 @@ class KubeAPI:
         for link in ("bin", "lib", "lib64", "sbin"):
             if Path("/", link).is_symlink():
                 argv += ["--symlink", f"usr/{link}", f"/{link}"]
+        argv += ["--tmpfs", "/tmp"]  # first: a checkout under /tmp (a CI clone) is bound on top of it
         for root in PY_ROOTS:
             argv += ["--ro-bind", str(root), str(root)]
-        argv += ["--bind", str(pod.root), "/workspace", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+        argv += ["--bind", str(pod.root), "/workspace", "--proc", "/proc", "--dev", "/dev"]
         argv += ["--unshare-pid", "--die-with-parent", "--clearenv", "--chdir", "/", "--", *command]
         env = {e["name"]: e["value"] for e in pod.manifest["spec"]["containers"][0]["env"]}
         env["PATH"] = f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin"
