@@ -199,8 +199,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(f"{name.removesuffix('.html')} report: {result.run_dir / 'reports' / name}")
         evaluation = tasks.get("evaluate", {}).get("outputs", {}).get("evaluation")
         if evaluation is not None:
-            from harnessrl.evaluate.results import describe, load_evaluation
+            from harnessrl.evaluate.results import describe
 
-            for comparison in load_evaluation(evaluation["path"])["comparisons"]:
+            saved = json.loads(Path(evaluation["path"]).read_text())  # may hold no results: then a note
+            for comparison in saved["comparisons"]:
                 print(f"held-out: {describe(comparison)}")
+            if "note" in saved:
+                print(f"held-out: {saved['note']}")
     return 0 if result.status == "succeeded" else 1

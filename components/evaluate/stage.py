@@ -139,6 +139,8 @@ def run_evaluate(
     if len(set(names)) != len(names) or len({safe_name(n) for n in names}) != len(names):
         raise ValueError(f"policy names must be distinct: {names}")
     named = specs if isinstance(specs, list) else load_specs(specs)
+    if not taskset.rows():
+        return _nothing_to_evaluate(taskset, out, cfg, named)
     results: list[dict[str, Any]] = []
     with atomic_output(out) as tmp:
         for version, policy in enumerate(policies, 1):
@@ -198,6 +200,36 @@ def run_evaluate(
         metrics = flat_metrics(evaluation)
         atomic_write_json(tmp / "metrics.json", metrics)
         atomic_write_text(tmp / "report.md", render_report(evaluation, tmp))
+    return evaluation
+
+
+def _nothing_to_evaluate(
+    taskset: TaskSet, out: str | Path, cfg: EvaluateConfig, specs: list[NamedSpec]
+) -> dict[str, Any]:
+    """An empty task set (e.g. a held-out split that came out empty) is a result, not a crash at the end of a
+    run: the evaluation says so, with no numbers."""
+    note = (
+        f"no tasks to evaluate in {taskset.root} (an empty held-out split: give more tasks or raise "
+        "select's test_fraction); nothing was generated"
+    )
+    logger.warning("evaluate: %s", note)
+    evaluation = {
+        "schema": SCHEMA,
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "tasks": {"path": str(taskset.root), "count": 0},
+        "k": cfg.k,
+        "modes": [str(m) for m in cfg.modes],
+        "seed": cfg.seed,
+        "specs": [s.to_row() for s in specs],
+        "results": [],
+        "comparisons": [],
+        "note": note,
+    }
+    with atomic_output(out) as tmp:
+        tmp.mkdir(parents=True)
+        atomic_write_json(tmp / "evaluation.json", evaluation)
+        atomic_write_json(tmp / "metrics.json", {})
+        atomic_write_text(tmp / "report.md", f"# Evaluation\n\nNothing evaluated: {note}.\n")
     return evaluation
 
 

@@ -188,7 +188,13 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
     loop in colocated async mode."""
     from pipelines.demo import demo_arguments
 
-    args = {**demo_arguments(MINIREPO, max_tasks=2), "difficulty_n": 1, "group_size": 2}
+    # 3 tasks: 2 to train on, 1 held out for the evaluation
+    args = {
+        **demo_arguments(MINIREPO, max_tasks=3),
+        "difficulty_n": 1,
+        "group_size": 2,
+        "test_fraction": 0.34,
+    }
     result = run_local("harnessrl-full", args, tmp_path / "full")
     assert result.status == "succeeded", result.failed_log[-20:]
     index = json.loads(result.index_path.read_text())
@@ -201,7 +207,7 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
         "select",
         "rl-loop",
         "evaluate",
-        "summarize-run",
+        "summarize-rl-run",
     } <= steps
     loop = index["tasks"]["rl-loop"]
     assert loop["status"] == "succeeded"

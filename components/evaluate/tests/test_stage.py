@@ -158,6 +158,23 @@ def test_tasks_default_to_the_held_out_split_of_a_select_output(tmp_path):
     assert resolve_tasks(tmp_path / "test") == tmp_path / "test"  # a task-set directory stays itself
 
 
+def test_an_empty_held_out_split_is_a_result_not_a_crash(tmp_path):
+    """The last step of a pipeline whose held-out split came out empty must not fail the run."""
+    from components.evaluate.stage import Policy, run_evaluate
+    from harnessrl.evaluate.results import load_evaluation
+    from harnessrl.taskset import write_taskset
+
+    write_taskset(tmp_path / "sel" / "test", [], {}, "select")
+    evaluation = run_evaluate(tmp_path / "sel", tmp_path / "out", [Policy("base"), Policy("trained")])
+    assert evaluation["results"] == [] and evaluation["comparisons"] == []
+    assert "no tasks to evaluate" in evaluation["note"] and "test_fraction" in evaluation["note"]
+    assert json.loads((tmp_path / "out" / "evaluation.json").read_text())["note"] == evaluation["note"]
+    with pytest.raises(ValueError, match="'results' is empty; nothing to compare"):
+        load_evaluation(tmp_path / "out")
+    assert "Nothing evaluated" in (tmp_path / "out" / "report.md").read_text()
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == {}
+
+
 @pytest.mark.parametrize(
     "policy, message",
     [("nameonly", "expected NAME=SOURCE"), ("x=/no/such/dir", "/no/such/dir is not a checkpoint directory")],
