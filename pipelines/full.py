@@ -22,14 +22,13 @@ on a cluster.
 
 from kfp import dsl
 
-from components.estimate_difficulty.component import estimate_difficulty
 from components.evaluate.component import evaluate
 from components.rl_loop.component import rl_loop
-from components.select_tasks.component import select
 from components.sft.component import sft
 from components.summarize_run.component import summarize_rl_run
 from pipelines.data_prep import add_data_prep
 from pipelines.k8s import gpu_step, use_s3_credentials
+from pipelines.selection import add_selection
 
 FULL_PIPELINE_NAME = "harnessrl-full"
 COLD_START_PIPELINE_NAME = "harnessrl-full-cold-start"
@@ -88,29 +87,22 @@ def build_full(cold_start: bool = False):
             check_branches=check_branches,
             drop_duplicates=drop_duplicates,
         )
-        base_model = dsl.importer(artifact_uri=base_model_uri, artifact_class=dsl.Model, reimport=False)
-        base_model.set_display_name("import-base-model")
-
-        estimate = estimate_difficulty(
-            tasks=prep.tasks,
-            policy=base_model.output,
-            n=difficulty_n,
+        chosen = add_selection(
+            prep,
+            base_model_uri,
+            difficulty_n=difficulty_n,
             specs_json=specs_json,
             engine_url=engine_url,
-        ).after(prep.gate)
-        gpu_step(estimate, gpus=1)
-        selection = select(
-            tasks=prep.tasks,
-            difficulty=estimate.outputs["estimates"],
             k_all_fail=k_all_fail,
             test_fraction=test_fraction,
             seed=seed,
         )
-        policy = base_model.output
+        base_model, estimate, selection = chosen.base_model, chosen.estimate, chosen.selection
+        policy = base_model
         if cold_start:  # compile time: two pipelines, so no GPU step is ever started only to be skipped
             warm = sft(
                 tasks=selection.outputs["selected"],
-                policy=base_model.output,
+                policy=base_model,
                 epochs=cold_start_epochs,
                 config_json=cold_start_config_json,
                 specs_json=specs_json,
@@ -137,7 +129,7 @@ def build_full(cold_start: bool = False):
         use_s3_credentials(trained)
         evaluation = evaluate(
             tasks=selection.outputs["held_out"],
-            base_policy=base_model.output,
+            base_policy=base_model,
             policy=trained.outputs["model"],
             k=eval_k,
             specs_json=specs_json,

@@ -19,14 +19,13 @@ reports the run so far (the rounds travel from one summary to the next); the las
 
 from kfp import dsl
 
-from components.estimate_difficulty.component import estimate_difficulty
 from components.generate.component import generate_rollouts
-from components.select_tasks.component import select
 from components.summarize_run.component import summarize_run
 from components.train.component import train_grpo
 from components.verify.component import verify
 from pipelines.data_prep import add_data_prep
 from pipelines.k8s import gpu_step, use_s3_credentials
+from pipelines.selection import add_selection
 
 ROUNDS_PIPELINE_NAME = "harnessrl-rounds"
 ROUNDS = 2
@@ -53,6 +52,7 @@ def harnessrl_rounds(
     group_size: int = 4,
     difficulty_n: int = 4,
     k_all_fail: int = 1000,
+    test_fraction: float = 0.1,
     config_json: str = "{}",
 ):
     prep = add_data_prep(
@@ -66,22 +66,19 @@ def harnessrl_rounds(
         check_branches=check_branches,
         drop_duplicates=drop_duplicates,
     )
-    base_model = dsl.importer(artifact_uri=base_model_uri, artifact_class=dsl.Model, reimport=False)
-    base_model.set_display_name("import-base-model")
-
-    estimate = estimate_difficulty(
-        tasks=prep.tasks,
-        policy=base_model.output,
-        n=difficulty_n,
+    chosen = add_selection(
+        prep,
+        base_model_uri,
+        difficulty_n=difficulty_n,
         specs_json=specs_json,
         engine_url=engine_url,
-    ).after(prep.gate)
-    gpu_step(estimate, gpus=1)
-    selection = select(
-        tasks=prep.tasks, difficulty=estimate.outputs["estimates"], k_all_fail=k_all_fail, seed=seed
+        k_all_fail=k_all_fail,
+        test_fraction=test_fraction,
+        seed=seed,
     )
+    estimate, selection = chosen.estimate, chosen.selection
 
-    policy = base_model.output
+    policy = chosen.base_model
     summary = None
     for round_index in range(1, ROUNDS + 1):
         rollouts = generate_rollouts(
