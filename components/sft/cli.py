@@ -40,25 +40,12 @@ def register(commands, stages) -> None:
 
 
 def build_config(args):
+    from components.train.cli import config_with_flags
     from harnessrl.train.sft import SftConfig
 
-    base: dict = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            base = json.load(f)
-    train = dict(base.get("train", {}))
-    optim = dict(train.get("optim", {}))
-    for flag in ("source", "epochs", "groups_per_step", "max_tasks", "device"):
-        if getattr(args, flag) is not None:
-            base[flag] = getattr(args, flag)
-    for flag in ("seed", "precision"):
-        if getattr(args, flag) is not None:
-            train[flag] = getattr(args, flag)
-    if args.lr is not None:
-        optim["lr"] = args.lr
-    if optim:
-        train["optim"] = optim
-    base["train"] = train
+    base = config_with_flags(
+        args, top=("source", "epochs", "groups_per_step", "max_tasks", "device"), train=("seed", "precision")
+    )
     try:
         return SftConfig.from_dict(base)
     except TypeError as e:

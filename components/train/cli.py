@@ -57,44 +57,50 @@ def register(commands, stages) -> None:
 def build_config(args):
     from harnessrl.train.round import TrainConfig
 
-    base: dict = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            base = json.load(f)
-    train = dict(base.get("train", {}))
-    optim = dict(train.get("optim", {}))
-    for flag, key in (
-        ("estimator", "estimator"),
-        ("advantage_level", "advantage_level"),
-        ("nonok", "nonok"),
-        ("groups_per_step", "groups_per_step"),
-        ("epochs", "epochs"),
-        ("max_steps", "max_steps"),
-        ("save_every", "save_every"),
-        ("history", "history"),
-        ("record_round", "record_round"),
-        ("device", "device"),
-    ):
-        if getattr(args, flag) is not None:
-            base[key] = getattr(args, flag)
-    for flag, key in (
-        ("loss_mode", "loss_mode"),
-        ("seed", "seed"),
-        ("precision", "precision"),
-        ("max_tokens_per_micro_batch", "max_tokens_per_micro_batch"),
-    ):
-        if getattr(args, flag) is not None:
-            train[key] = getattr(args, flag)
+    base = config_with_flags(
+        args,
+        top=(
+            "estimator",
+            "advantage_level",
+            "nonok",
+            "groups_per_step",
+            "epochs",
+            "max_steps",
+            "save_every",
+            "history",
+            "record_round",
+            "device",
+        ),
+        train=("loss_mode", "seed", "precision", "max_tokens_per_micro_batch"),
+    )
     if args.no_packing:
-        train["packing"] = False
-    if args.lr is not None:
-        optim["lr"] = args.lr
-    train["optim"] = optim
-    base["train"] = train
+        base["train"]["packing"] = False
     try:
         return TrainConfig.from_dict(base)
     except TypeError as e:
         raise ValueError(f"{args.config or 'config'}: {e}") from None
+
+
+def config_with_flags(args, top: tuple[str, ...], train: tuple[str, ...]) -> dict:
+    """The `--config` JSON with the flags that were given laid over it: `top` flags as top-level keys,
+    `train` flags under "train", and `--lr` as train.optim.lr (the train and sft stages share this shape)."""
+    base: dict = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as f:
+            base = json.load(f)
+    step = dict(base.get("train", {}))
+    optim = dict(step.get("optim", {}))
+    for flag in top:
+        if getattr(args, flag) is not None:
+            base[flag] = getattr(args, flag)
+    for flag in train:
+        if getattr(args, flag) is not None:
+            step[flag] = getattr(args, flag)
+    if args.lr is not None:
+        optim["lr"] = args.lr
+    step["optim"] = optim
+    base["train"] = step
+    return base
 
 
 def _is_worker_rank() -> bool:
