@@ -9,9 +9,10 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
 from aiohttp import web
 from kubernetes import client
+
+from tests.support.loopback import ThreadedServer, loopback_kubeconfig
 
 
 class RayAPI:
@@ -25,8 +26,7 @@ class RayAPI:
         self.driver_done = threading.Event()
         self.terminal_at: float | None = None
         self.exists = exists
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner
+        self._server = ThreadedServer("ray-api", shutdown_timeout=0.5)
         self.base_url = ""
 
     def _record(self, request: web.Request) -> None:
@@ -93,28 +93,11 @@ class RayAPI:
         app.router.add_delete(jobs + "/{name}", self.delete)
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self.pods)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{pod}/log", self.log)
-        ready = threading.Event()
-
-        async def boot() -> None:
-            self._runner = runner = web.AppRunner(app, shutdown_timeout=0.5)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.base_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-            ready.set()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(boot())
-            self._loop.run_forever()
-
-        threading.Thread(target=serve, daemon=True).start()
-        assert ready.wait(10)
+        self.base_url = self._server.start(app)
         return self
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._server.stop()
 
     def api_client(self) -> client.ApiClient:
         conf = client.Configuration()
@@ -122,16 +105,4 @@ class RayAPI:
         return client.ApiClient(conf)
 
     def kubeconfig(self, path: Path) -> Path:
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "loop", "cluster": {"server": self.base_url}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "loop", "context": {"cluster": "loop", "user": "u"}}],
-                    "current-context": "loop",
-                }
-            )
-        )
-        return path
+        return loopback_kubeconfig(self.base_url, path)

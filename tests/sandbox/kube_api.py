@@ -12,12 +12,13 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import WSMsgType, web
+
+from tests.support.loopback import ThreadedServer, loopback_kubeconfig
 
 PY_ROOTS = sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()})
 
@@ -50,8 +51,7 @@ class KubeAPI:
 
     def __post_init__(self) -> None:
         self._tmp = Path(tempfile.mkdtemp(prefix="kube-api-"))
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
+        self._server = ThreadedServer("kubernetes-api")
 
     # -- REST -----------------------------------------------------------------------------------------------
     def _record(self, request: web.Request) -> None:
@@ -208,49 +208,13 @@ class KubeAPI:
         app.router.add_delete(base + "/{name}", self.delete_pod)
         app.router.add_get(base + "/{name}/exec", self.exec_pod)
         app.router.add_post(base + "/{name}/exec", self.exec_pod)
-        ready = threading.Event()
-
-        async def boot() -> None:
-            self._runner = web.AppRunner(app, shutdown_timeout=1.0)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self.base_url = f"http://127.0.0.1:{port}"
-            ready.set()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(boot())
-            self._loop.run_forever()
-
-        threading.Thread(target=serve, daemon=True).start()
-        assert ready.wait(10), "the loopback Kubernetes API did not start"
+        self.base_url = self._server.start(app)
         return self
 
     def stop(self) -> None:
-        async def down() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(down(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._server.stop()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def kubeconfig(self, path: Path) -> Path:
         """A kubeconfig pointing at this server (what `config.load_kube_config` reads)."""
-        import yaml
-
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "loop", "cluster": {"server": self.base_url}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "loop", "context": {"cluster": "loop", "user": "u"}}],
-                    "current-context": "loop",
-                }
-            )
-        )
-        return path
+        return loopback_kubeconfig(self.base_url, path)
