@@ -34,8 +34,9 @@ from pathlib import Path
 
 from learning_check import TRAIN_WORDS, evaluate, prompt_text
 
-from harnessrl.rl.config import RLConfig, RLMode, WorkloadKind
+from harnessrl.rl.config import RLConfig
 from harnessrl.rl.loop import RLInputs, run_rl
+from harnessrl.rl.modes import RLMode, WorkloadKind
 
 
 def write_tasks(path: Path) -> Path:

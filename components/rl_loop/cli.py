@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from harnessrl.rl.admission import StalePolicy
-from harnessrl.rl.config import RLMode, WorkloadKind
+from harnessrl.rl.modes import RLMode, WorkloadKind
 
 
 def register(commands, stages) -> None:

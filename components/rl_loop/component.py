@@ -43,8 +43,9 @@ def rl_loop(
 
     from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
-    from harnessrl.rl.config import RLConfig, WorkloadKind
+    from harnessrl.rl.config import RLConfig
     from harnessrl.rl.loop import RLInputs, run_rl
+    from harnessrl.rl.modes import WorkloadKind
     from harnessrl.rollout.specs import parse_specs
 
     configure_logging()

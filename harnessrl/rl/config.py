@@ -3,27 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from harnessrl.choices import parse_choice
+from harnessrl.rl.modes import RLMode
 from harnessrl.train.round import TrainConfig
-
-
-class RLMode(StrEnum):
-    SYNC = "sync"  # generate a batch of groups → verify → train → sync weights
-    COLOCATED = "colocated"  # one pool: pause + abort → train → sync → resume (partial rollouts)
-    SEPARATE = "separate"  # generation never stops; bounded staleness; role switching
-
-
-class WorkloadKind(StrEnum):
-    SWE = "swe"  # a task set: harness episodes in sandboxes, verified by the task's tests
-    PROMPT = "prompt"  # single-turn prompts with a verifiable answer word (smoke tests, benchmarks)
-
-
-class StepOutcome(StrEnum):
-    TRAINED = "trained"
-    NO_SIGNAL = "no_signal"  # the group budget ran out before any group had reward variance
 
 
 @dataclass

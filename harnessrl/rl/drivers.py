@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from harnessrl.gateway.enums import PauseMode
 from harnessrl.harness.base import RolloutStatus
 from harnessrl.rl.admission import StalePolicy, can_admit, keep_group
-from harnessrl.rl.config import RLConfig, RLMode
+from harnessrl.rl.config import RLConfig
 from harnessrl.rl.groups import Group, RolloutPool
+from harnessrl.rl.modes import RLMode
 from harnessrl.rl.role_switch import RoleSwitch, expected_wait_s
 
 logger = logging.getLogger(__name__)

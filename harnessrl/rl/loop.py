@@ -24,10 +24,11 @@ from typing import Any
 
 from harnessrl.io import atomic_write_json
 from harnessrl.rl.collect import JournalTail
-from harnessrl.rl.config import RLConfig, StepOutcome, WorkloadKind
+from harnessrl.rl.config import RLConfig
 from harnessrl.rl.drivers import Driver, StepCounts
 from harnessrl.rl.groups import DataOrder, PassRates, RolloutPool
 from harnessrl.rl.learner import Learner, run_on
+from harnessrl.rl.modes import StepOutcome, WorkloadKind
 from harnessrl.rl.workloads import GatewayAccess, PromptWorkload, SWEWorkload, Workload
 from harnessrl.train.fingerprint import RunIdentity, policy_digest
 

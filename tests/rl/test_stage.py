@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from harnessrl.io import read_jsonl
-from harnessrl.rl.config import RLMode
 from harnessrl.rl.groups import DataOrder
+from harnessrl.rl.modes import RLMode
 
 REPO = Path(__file__).resolve().parents[2]
 

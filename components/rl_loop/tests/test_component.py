@@ -6,7 +6,7 @@ import pytest
 
 from components.rl_loop.cli import build_config, register
 from components.rl_loop.component import rl_loop
-from harnessrl.rl.config import RLMode
+from harnessrl.rl.modes import RLMode
 
 
 def test_component_interface():

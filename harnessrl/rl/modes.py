@@ -1,0 +1,20 @@
+"""The RL loop's modes and statuses, in a module of their own so that the CLI can offer them as choices
+without importing the trainer (and torch) at start-up."""
+
+from enum import StrEnum
+
+
+class RLMode(StrEnum):
+    SYNC = "sync"  # generate a batch of groups → verify → train → sync weights
+    COLOCATED = "colocated"  # one pool: pause + abort → train → sync → resume (partial rollouts)
+    SEPARATE = "separate"  # generation never stops; bounded staleness; role switching
+
+
+class WorkloadKind(StrEnum):
+    SWE = "swe"  # a task set: harness episodes in sandboxes, verified by the task's tests
+    PROMPT = "prompt"  # single-turn prompts with a verifiable answer word (smoke tests, benchmarks)
+
+
+class StepOutcome(StrEnum):
+    TRAINED = "trained"
+    NO_SIGNAL = "no_signal"  # the group budget ran out before any group had reward variance
