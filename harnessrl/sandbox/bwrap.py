@@ -49,7 +49,8 @@ from harnessrl.sandbox.base import (
     Sandbox,
     SandboxError,
 )
-from harnessrl.sandbox.outcomes import exited, timed_out
+from harnessrl.sandbox.identity import let_group_connect
+from harnessrl.sandbox.outcomes import exited, read_capped, timed_out
 
 # /etc entries a shell, git and Python need; everything else in the host's /etc (credentials, pip/apt
 # configs with tokens, the host's user list) stays outside.
@@ -74,7 +75,6 @@ GROUP = "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n"
 # Kernel knobs a process in the sandbox must never write, even if its uid somehow allowed it.
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 TOP_LEVEL_SYSTEM = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-MAX_OUTPUT_BYTES = 2 << 20  # per stream kept in the result: head + tail around a truncation marker
 GIT_STUB = '#!/bin/sh\necho "git: disabled in this sandbox (strict workspace: no repository history)" >&2\nexit 127\n'
 ENV_MANIFEST = "harnessrl-env.json"  # written by envs.ensure_env: extra read-only paths the venv needs
 
@@ -108,19 +108,6 @@ def _bwrap_version(path: str) -> tuple[int, ...]:
         m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
         _versions[path] = tuple(int(g) for g in m.groups() if g is not None) if m else (0,)
     return _versions[path]
-
-
-def _read_capped(path: Path, cap: int = MAX_OUTPUT_BYTES) -> str:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        if size <= cap:
-            data = f.read()
-        else:
-            head = f.read(cap // 2)
-            f.seek(size - cap // 2)
-            tail = f.read()
-            data = head + f"\n[... {size - cap} bytes truncated ...]\n".encode() + tail
-    return data.decode("utf-8", errors="replace")
 
 
 class BubblewrapSandbox(Sandbox):
@@ -160,7 +147,7 @@ class BubblewrapSandbox(Sandbox):
         self._finalizer = weakref.finalize(self, _release, self._temp_dirs, self.identity)
         try:
             if self.gateway_socket is not None and self.identity is not None:
-                _let_group_connect(self.gateway_socket, self.identity.gid)
+                let_group_connect(self.gateway_socket, self.identity.gid)
             # everything in the workspace now goes to the sandbox uid; files the harness writes later are
             # handed over as it writes them (harness/runtime.py)
             self.baseline = self.last_usage = quota.measure(self.workspace, owner=self.owner)
@@ -431,8 +418,8 @@ class BubblewrapSandbox(Sandbox):
             wall = time.monotonic() - started
             status = _read_status(status_r)
             events = cgroup.events() if cgroup is not None else {}
-            stdout = _read_capped(tmpdir / "out")
-            stderr = _read_capped(tmpdir / "err")
+            stdout = read_capped(tmpdir / "out")
+            stderr = read_capped(tmpdir / "err")
         except OSError as e:  # a bind source vanished, no memfd, ...: the sandbox could not be set up
             return RunResult(
                 Outcome.SANDBOX_ERROR, None, "", "", time.monotonic() - started, f"sandbox setup: {e}"
@@ -502,14 +489,6 @@ def _memfd(name: str, data: bytes) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def _let_group_connect(sock: Path, gid: int) -> None:
-    """connect() needs write permission on the socket inode: give the sandboxes' shared group read-write."""
-    st = sock.stat()
-    if st.st_gid != gid or st.st_mode & 0o060 != 0o060:
-        os.chown(sock, -1, gid)
-        os.chmod(sock, (st.st_mode & 0o7777) | 0o060)
 
 
 def enforcement() -> dict[str, str]:

@@ -85,3 +85,11 @@ def acquire() -> HostIdentity | None:
             raise
         return HostIdentity(uid, base, fd)
     raise SandboxError(f"all {SLOTS - 1} sandbox uids from {base + 1} are in use")
+
+
+def let_group_connect(sock: Path, gid: int) -> None:
+    """connect() needs write permission on the socket inode: give the sandboxes' shared group read-write."""
+    st = sock.stat()
+    if st.st_gid != gid or st.st_mode & 0o060 != 0o060:
+        os.chown(sock, -1, gid)
+        os.chmod(sock, (st.st_mode & 0o7777) | 0o060)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+from pathlib import Path
 
 from harnessrl.sandbox.base import Outcome, RunResult
 
@@ -16,6 +17,7 @@ RLIMIT_MARKERS = re.compile(
     r"fork: retry|File too large|std::bad_alloc"
 )
 _TAIL = 200_000  # how much of the end of stdout/stderr is searched for markers
+MAX_OUTPUT_BYTES = 2 << 20  # per stream kept in the result: head + tail around a truncation marker
 
 
 def limits_hit(events: dict[str, int]) -> str:
@@ -57,3 +59,17 @@ def exited(
     if "File too large" in output_tail:
         return RunResult(Outcome.RESOURCE_LIMIT, code, stdout, stderr, wall, "file size limit", events)
     return RunResult(Outcome.NONZERO, code, stdout, stderr, wall, "", events)
+
+
+def read_capped(path: Path, cap: int = MAX_OUTPUT_BYTES) -> str:
+    """A command's captured stream, at most `cap` bytes of it: its head and tail around a marker."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= cap:
+            data = f.read()
+        else:
+            head = f.read(cap // 2)
+            f.seek(size - cap // 2)
+            tail = f.read()
+            data = head + f"\n[... {size - cap} bytes truncated ...]\n".encode() + tail
+    return data.decode("utf-8", errors="replace")

@@ -46,10 +46,10 @@ from harnessrl.sandbox.base import (
     Sandbox,
     SandboxError,
 )
-from harnessrl.sandbox.bwrap import _let_group_connect, _read_capped
 from harnessrl.sandbox.cgroups import Cgroup
+from harnessrl.sandbox.identity import let_group_connect
 from harnessrl.sandbox.images import podman_problem
-from harnessrl.sandbox.outcomes import exited, timed_out
+from harnessrl.sandbox.outcomes import exited, read_capped, timed_out
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class PodmanSandbox(Sandbox):
         self._cgroup: Cgroup | None = None
         try:
             if self.gateway_socket is not None and self.identity is not None:
-                _let_group_connect(self.gateway_socket, gid)
+                let_group_connect(self.gateway_socket, gid)
             self.baseline = self.last_usage = quota.measure(
                 self.workspace, owner=(uid, gid) if self.identity else None
             )
@@ -203,7 +203,7 @@ class PodmanSandbox(Sandbox):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             wall = time.monotonic() - started
-            stdout, stderr = _read_capped(tmpdir / "out"), _read_capped(tmpdir / "err")
+            stdout, stderr = read_capped(tmpdir / "out"), read_capped(tmpdir / "err")
         except OSError as e:
             return RunResult(Outcome.SANDBOX_ERROR, None, "", "", time.monotonic() - started, f"podman: {e}")
         finally:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from harnessrl.sandbox.bwrap import MAX_OUTPUT_BYTES
+from harnessrl.sandbox.outcomes import MAX_OUTPUT_BYTES
 from harnessrl.schema import RewardName
 
 
