@@ -66,12 +66,12 @@ _WRAP = (
 )
 SETUP_FAILED = "harnessrl: could not set the command limits"  # as _WRAP prints it
 PODMAN_FAILED = 125  # podman exec's own error (container gone, runtime failure) or the limits above
-_FSIZE_BLOCK = 512
-CONTAINER_NPROC = 32768  # RLIMIT_NPROC counts the uid's processes host-wide; --pids-limit is the real bound  # sh's `ulimit -f` unit
+_FSIZE_BLOCK = 512  # sh's `ulimit -f` unit
+CONTAINER_NPROC = 32768  # RLIMIT_NPROC counts the uid's processes host-wide; --pids-limit is the real bound
 
 
-def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+def _podman(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 class PodmanSandbox(Sandbox):
@@ -139,7 +139,13 @@ class PodmanSandbox(Sandbox):
         return a
 
     def _start(self) -> None:
-        proc = _podman(*self.run_args(), self.image, "sleep", "infinity")
+        # podman 4.3's conmon stays in the directory `podman run` started in and drops an empty `oom` file
+        # there after an OOM kill: start it in a directory that is gone by then, so it leaves nothing behind.
+        start_dir = leftovers.make_tempdir("podmanrun")
+        try:
+            proc = _podman(*self.run_args(), self.image, "sleep", "infinity", cwd=start_dir)
+        finally:
+            shutil.rmtree(start_dir, ignore_errors=True)
         if proc.returncode != 0:
             raise SandboxError(f"podman run {self.image} failed: {proc.stderr.strip()[-1000:]}")
         # the container's init (killed at close) and its cgroup (v1: one per controller; v2: one), which holds

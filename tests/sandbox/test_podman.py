@@ -148,12 +148,17 @@ def test_a_missing_image_is_a_sandbox_error_not_the_agents(tmp_path):
     ],
     ids=["memory", "processes", "cpu", "file-size"],
 )
-def test_limits_hit_are_resource_limit(podman_task, tmp_path, cmd, limits, detail):
-    with PodmanSandbox(tmp_path, podman_task.row["image_name"], limits) as sb:
+def test_limits_hit_are_resource_limit(podman_task, tmp_path, monkeypatch, cmd, limits, detail):
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    (tmp_path / "ws").mkdir()
+    with PodmanSandbox(tmp_path / "ws", podman_task.row["image_name"], limits) as sb:
         r = sb.run(cmd, timeout=60)
         ok = sb.run("echo alive", timeout=30)
     assert r.outcome is Outcome.RESOURCE_LIMIT and re.search(detail, r.detail), (r.detail, r.stderr[-500:])
     assert ok.outcome is Outcome.OK  # the sandbox survives its command hitting a limit
+    assert list(caller.iterdir()) == []  # podman's conmon dropped an `oom` file in the caller's cwd once
 
 
 def test_timeout_kills_the_command_and_its_children(podman_task, tmp_path):
