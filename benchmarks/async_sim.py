@@ -5,85 +5,129 @@ One file on purpose (a benchmark script): the event loop, the engine model, the 
 report belong together and are read together; the policies themselves are the real ones from
 `harnessrl.rl.admission` (`can_admit`, `keep_group`) and `harnessrl.rl.role_switch` (`RoleSwitch`).
 
-    .venv/bin/python benchmarks/async_sim.py [--calibration FILE] [--max-staleness 2]
-        [--stale-policy keep|drop] [--steps 16] [--seed 0] [--small]
+    .venv/bin/python benchmarks/async_sim.py [--calibration FILE] [--max-staleness 1]
+        [--stale-policy keep|drop] [--steps 16] [--seed 0] [--small] [--fixed-split K]
+        [--keep-kv-on-sync] [--kv-offload] [--recompute-old-logprobs] [--sensitivity]
 
 Last line: one JSON object with `colocated_time_ratio_vs_sync` (reasoning workload, where Uni-Agent reports
 its -35.4% wall-clock), `separate_switch_throughput_vs_sync` and `separate_switch_throughput_vs_fixed_async`
-(agentic workload, where it reports >2x sync and ~1.4x the fully-async baseline), and the per-workload rows.
+(agentic workload, where it reports >2x sync and ~1.4x the fully-async baseline), `targets_met` (issue 10's
+bounds: <= 0.646, >= 2.0, >= 1.4), the mechanisms switched on, the per-workload rows and, with
+`--sensitivity`, each headline with one assumption at a low and a high value (`LEVERS`; ~4 min of CPU).
 
-Assumptions (each one a parameter of `CostModel` or `Workload` below):
+Assumptions (each a parameter of `CostModel`, `Workload` or `Setup`). "The loop" is harnessrl's RL loop
+(harnessrl/rl/, harnessrl/train/trainer.py); public sources are cited by URL.
 
-Devices. `devices` H100-class GPUs (80 GB HBM at 3.35 TB/s, ~989 dense bf16 TFLOP/s) serve an 8B-class dense
-model, one inference replica per GPU (TP=1). Sync and colocated use all of them for both roles; the split
-modes give `rollout_devices` to inference and the rest to the trainer (FSDP over its devices).
+Devices. 8 H100 SXM (80 GB HBM at 3.35 TB/s, ~989 dense bf16 TFLOP/s), an 8B dense model shaped like Llama
+3.1 8B (32 layers, d_model 4,096, 8 KV heads x 128 dims), one inference replica per GPU (TP=1). Sync and
+colocated use all devices for both roles; the split modes give `rollout_devices` to inference and the rest
+to the trainer (FSDP over its devices).
 
 Decode (continuous batching, fluid): every running sequence advances one token per engine step; a step
-takes `decode_step_s` (reading 16 GB of weights at ~60% of HBM bandwidth plus launch overhead) +
-per sequence `decode_token_s` (its FLOPs) + `decode_kv_s_per_ktoken` per 1,000 context tokens (reading its KV
-cache: 128 KB/token for an 8B GQA model at ~60% of HBM bandwidth). KV (`kv_tokens`, the ~58 GB left after
-weights and activations) is allocated as tokens are made: a request starts only while `kv_watermark` of
-the cache stays free and the replica runs fewer than `max_seqs`; when the cache fills, the lowest-priority
-sequence (newest group) is preempted, keeps its tokens and re-prefills its context when it resumes
-(recompute preemption, as vLLM does). Requests wait in one router queue, oldest group first (priority
-scheduling, so a stale-prone old group is not starved); a request goes to the replica holding its
-session's prefix when that replica has room, else to the rollout replica with most free KV (lent replicas
-take only what the rollout replicas have no room for).
+takes `decode_step_s` (reading 16 GB of weights at ~60% of HBM bandwidth plus launch overhead) + per
+sequence `decode_token_s` (its FLOPs) + `decode_kv_s_per_ktoken` per 1,000 context tokens (reading its KV
+cache: `kv_bytes_per_token` = 128 KB for this shape at ~60% of HBM bandwidth). Check: 256 sequences at
+~600-token contexts decode ~10k tokens/s per GPU, the order of published vLLM figures for Llama 3.1 8B on
+one H100 (~12.5k tokens/s, https://www.morphllm.com/vllm-benchmarks); at 4k contexts reading the KV
+dominates (~2.7k tokens/s). KV (`kv_tokens`, the ~58 GB left after weights and activations) is allocated as
+tokens are made: a request starts only while `kv_watermark` of the cache stays free and the replica runs
+fewer than `max_seqs`; when the cache fills, the lowest-priority sequence (newest group) is preempted,
+keeps its tokens and re-prefills its context when it resumes (recompute preemption, as vLLM does).
+Requests wait in one router queue, oldest group first; a request goes to the replica holding its session's
+prefix when that replica has room, else to the rollout replica with most free KV (lent replicas take only
+what the rollout replicas have no room for).
 
 Session slots: an engine takes at most `kv_tokens / mean context held` sessions in flight (generating,
-queued or in a tool call; `session_slots`), as a tuned deployment caps rollout concurrency so that a
-session's prefix can stay cached between turns; a group is admitted only when `can_admit` allows it and
-its G sessions fit the slots of the engines serving now (lent engines add theirs).
+queued or in a tool call; `session_slots`), so that a session's prefix can stay cached between turns; a
+group is admitted only when `can_admit` allows it and its G sessions fit the slots of the engines serving
+now (lent engines add theirs).
 
-Prefill: `prefill_tokens_per_s` per replica (~16 GFLOP/token at ~40% MFU), serial with decode on that replica
-(chunked prefill packs both in one step; the total time is the same). A session's next turn prefills only
-its new tokens when its prefix is still cached on the replica it lands on; the whole context otherwise.
-Every weight sync flushes every prefix cache; an aborted request's KV is lost (it prefills its whole
-context, its sampled tokens kept, when it resumes: a partial rollout).
+Prefill: `prefill_tokens_per_s` per replica for a token at position 0 (2N = 16 GFLOP at ~40% MFU); a token
+at position t costs (1 + t / `attn_tokens`) times that, its attention (4 L d t FLOPs) beside the dense 2N,
+`attn_tokens` = N / (2 L d) ~ 30,500 for this shape. Serial with decode on that replica (chunked prefill
+packs both in one step; the total time is the same). A session's next turn prefills only its new tokens when
+its prefix is still cached on the replica it lands on; the whole context otherwise.
 
-Training: `train_tokens_per_s` per device over every token of every trajectory (prompt + all turns: one
-sample per rollout), ~64 GFLOP/token (fwd+bwd+old-logprob forward) at ~40% MFU; plus `train_step_overhead_s`
-per optimizer step. Weight sync: `colocated_sync_s` where training and inference share devices (offload the
-trainer, wake the engine, reshard); `separate_sync_s` for a broadcast into separate engines, during which
-they pause and every in-flight request re-prefills its context under the new weights.
+Training: what the loop's trainer computes: one forward and one backward over every token of every
+trajectory (prompt + all turns: one sample per rollout). With `ppo_epochs = 1` (its default) pi_old is the
+same forward's log-prob, detached, and the truncated IS weight uses the engine's behaviour log-probs, so no
+extra forward recomputes old log-probs; `kl_coef = 0` (default) loads no reference model. That is 6N FLOPs
+per token plus attention. `train_tokens_per_s` = 6,000 per GPU on `train_ref_tokens` = 8,192-token
+sequences: torchtitan measured 5,762 (eager) to 6,667 (torch.compile) tokens/s/GPU training Llama 3.1 8B
+with FSDP on 8 H100s at that length, 33-39% MFU
+(https://github.com/pytorch/torchtitan/blob/main/docs/performance.md). A sequence of T tokens costs
+T (1 + T / (2 `attn_tokens`)) relative to that reference (attention again): 8k sequences train at the
+measured rate, 32k ones ~1.35x slower per token. `--recompute-old-logprobs` adds the forward verl runs by
+default to recompute old log-probs (x 4/3). Assumes `train.train.precision: bf16` (the trainer's default is
+fp32). Plus `train_step_overhead_s` per optimizer step.
 
-Role switch: lending the trainer's devices costs `switch_s` out + back (offload trainer states to host,
-wake an engine with the current weights; the reverse), half each way, the devices idle meanwhile. The
-`RoleSwitch` starts from the conservative prior `switch_prior_s` and learns the measured cost. Expected wait
-= groups still missing for the next step / the group completion rate over the last `2 * batch_groups`
-completions. When the step's data is ready the lent engines are handed back: their requests are aborted
-(partial rollouts, resumed on the rollout pool).
+Weight sync. Colocated (and sync) `colocated_sync_s` = 8 s: the step's transitions in a colocated stack:
+trainer states offloaded, the engine woken (vLLM sleep mode level 1 keeps the weights in host memory and
+discards the KV cache, https://docs.vllm.ai/en/latest/features/sleep_mode/) with the new weights; a colocated
+Megatron + vLLM stack measured 8.3-11.3 s of trainer offload/onload per step even for a 0.6B model on one GPU,
+mostly process-group teardown and rebuild (https://github.com/vllm-project/vime/issues/442). Separate
+`separate_sync_s` = 3 s: an NCCL broadcast of 16 GB of bf16 weights inside one NVLink node; verl measured 11.0
+s for a full NCCL broadcast of Qwen3-8B across two nodes and 3.0 s with its sharded delta sync
+(https://github.com/verl-project/verl/pull/7324). During it the engines pause. Then, by default, every
+in-flight request re-prefills its context and every prefix cache is flushed: what the loop's vLLM client does
+(pause(mode=keep), load, reset_prefix_cache(reset_running_requests=true), resume) and what AReaL's
+interruptible rollouts do (https://arxiv.org/abs/2505.24298). `keep_kv_on_sync` (`--keep-kv-on-sync`): the KV
+the old weights computed survives and decoding continues on it, PipelineRL's in-flight weight update, whose
+paper reports the added off-policyness negligible (https://arxiv.org/abs/2509.19128); vLLM exposes it as
+pause_generation(mode="keep", clear_cache=False) (https://docs.vllm.ai/en/latest/training/async_rl/). The
+loop's LocalEngine already keeps it; its vLLM path would drop the reset (a GPU-path item).
+
+Colocated step: as in the loop (gateway pause with abort), every in-flight request is aborted and kept as a
+partial rollout (its tokens stay, its KV is lost: the engine sleeps so the trainer gets the memory), sessions
+in a tool call finish it meanwhile, the batch trains on every device, the weights sync, and the aborted
+requests resume, re-prefilling their whole context. `kv_offload` (`--kv-offload`): their KV is copied to host
+memory before the step and back when each resumes, at `host_bytes_per_s` (25 GB/s, about half of PCIe Gen5
+x16) instead of recomputed (old weights' KV, as with `keep_kv_on_sync`; vLLM's KV offloading connector,
+https://docs.vllm.ai/en/latest/api/vllm/v1/kv_offload/, or LMCache; up to ~58 GB of host memory per GPU). The
+loop does not do it (a GPU-path item). Cached prefixes of sessions in a tool call are lost either way.
+
+Role switch: lending the trainer's devices costs `switch_s` = 12 s out + back (offload trainer states to
+host, wake an engine with the current weights; the reverse), half each way, the devices idle meanwhile; the
+offload/onload measurement above (8-11 s) is the nearest public figure. The `RoleSwitch` starts from the
+conservative prior `switch_prior_s` and learns the measured cost. Expected wait = groups still missing for
+the next step / the group completion rate over the last `2 * batch_groups` completions. When the step's
+data is ready the lent engines are handed back: their requests are aborted (partial rollouts, resumed on
+the rollout pool).
 
 Staleness: the same admission rule as the loop (`can_admit` on accepted + running vs
-(max_staleness + version + 1) x batch) in every async mode, and the per-group `keep_group` check at train
-time with `--stale-policy`: `keep` (default, as in the loop: a long-tail partial rollout whose oldest token
-is older than the bound is still trained, TIS correcting it; admission alone bounds how far generation runs
-ahead) or `drop` (the group is discarded and its slot regenerated: the bound is exact, the work is lost).
-Staleness = trainer version at training - the oldest policy version among the group's tokens. The trainer
-takes ready groups oldest first. Sync is colocated with `max_staleness = 0`: it admits one batch, waits for
-all of it, trains, syncs.
+(max_staleness + version + 1) x batch) in every async mode, with the loop's default `max_staleness = 1`,
+and the per-group `keep_group` check at train time with `--stale-policy`: `keep` (default, as in the loop: a
+long-tail partial rollout whose oldest token is older than the bound is still trained, TIS correcting it)
+or `drop` (the group is discarded and its slot regenerated). Staleness = trainer version at training - the
+oldest policy version among the group's tokens. The trainer takes ready groups oldest first. Sync is
+colocated with `max_staleness = 0`: it admits one batch, waits for all of it, trains, syncs.
 
-Workloads (lengths lognormal, seeded per group; all G rollouts of a group are independent draws):
+Workloads (lengths lognormal, seeded per group; all G rollouts of a group are independent draws; the
+distributions are assumptions: the seeds give none):
 - reasoning: single turn, 512-token prompt, response median 3,000 tokens, sigma 0.9 (mean ~4.5k), capped at
-  16,384 (a DAPO-style math/code setup); G=8, 64 groups per step.
+  16,384 (a DAPO-style math/code setup); G=8, 64 groups per step. What widens sync's bubble is the longest
+  response of a step against the mean: with 512 responses a step, the cap bounds the longest one, so past
+  the point where the tail reaches the cap a larger sigma adds work without lengthening sync's step.
 - agentic: SWE-style ReAct sessions: 2,000-token prompt (system + tools + issue), turns median 12, sigma 0.6
   (long tail to the cap of 40), each turn decodes median 250 tokens (sigma 0.8, cap 2,048), then a tool call
-  of median 6 s (lognormal sigma 1.0: mean ~10 s; cap 300 s: running tests, installs) whose
-  result adds median 600 tokens; a session stops at the 32k context cap. The engine is free during tool time.
+  of median 6 s (lognormal sigma 1.0: mean ~10 s; cap 300 s: running tests, installs) whose result adds
+  median 600 tokens; a session stops at the 32k context cap. The engine is free during tool time.
   G=8, 32 groups per step.
-- Both lengthen during training (`length_growth`: response length / turn count scale linearly from 1x for
-  the first group generated to that factor for the last one trained), the drift the seeds give as the
-  reason a fixed split becomes misaligned. Group n is the same draw in every mode, so every mode trains
-  the same task stream.
+- Both lengthen during training (`length_growth` 1.5: response length / turn count scale linearly from 1x
+  for the first group generated to that factor for the last one trained), the drift the seeds give as the
+  reason a fixed split becomes misaligned; its size is an assumption (published runs show growth, U shapes
+  and declines: https://zoeyli.com/reinforcement%20learning/research/understanding-length-dynamics/). Group
+  n is the same draw in every mode, so every mode trains the same task stream.
 - Splits: each split mode runs at the split a user would pick by profiling the start of the run (its best
-  throughput over the first `profile_steps` steps with growth off, every split tried); role switching also
-  runs at the fixed mode's split (the mechanism alone). The profile of every split is printed.
+  throughput over the first `profile_steps` steps with growth off, every split tried; `--fixed-split K`
+  fixes the baseline's instead); role switching also runs at the fixed mode's split (the mechanism alone).
+  The profile of every split is printed.
 
 Calibration: `--calibration FILE` (the JSON `benchmarks/rl_modes.py` writes, or any with these keys) replaces
 the GPU cost model's numbers by measured ones: `decode_tokens_per_s` (scales every decode cost so a full
-replica decodes that many tokens/s at 4,096-token contexts), `prefill_tokens_per_s`, `train_tokens_per_s`, `weight_sync_s` (both
-sync costs), `tool_s_mean` (scales the agentic tool-time distribution to that mean). Other keys are ignored;
-the keys used are printed.
+replica decodes that many tokens/s at 4,096-token contexts), `prefill_tokens_per_s`, `train_tokens_per_s`
+(measured means: the attention term is dropped), `weight_sync_s` (both sync costs), `tool_s_mean` (scales
+the agentic tool-time distribution to that mean). Other keys are ignored; the keys used are printed.
 """
 
 from __future__ import annotations
@@ -132,16 +176,41 @@ class CostModel:
     kv_tokens: int = 450_000
     kv_watermark: float = 0.05  # start a request only while this fraction of the KV cache stays free
     max_seqs: int = 256
-    prefill_tokens_per_s: float = 25_000.0
-    train_tokens_per_s: float = 6_000.0
+    prefill_tokens_per_s: float = 25_000.0  # dense FLOPs only (a token at position 0)
+    attn_tokens: float = (
+        30_500.0  # position where a token's attention FLOPs equal its dense ones: N / (2 L d)
+    )
+    train_tokens_per_s: float = 6_000.0  # forward + backward, measured on train_ref_tokens-long sequences
+    train_ref_tokens: int = 8_192
+    train_recompute_old_logprobs: bool = False  # one more forward per step (verl's default; not the loop's)
     train_step_overhead_s: float = 2.0
     colocated_sync_s: float = 8.0
     separate_sync_s: float = 3.0
     switch_s: float = 12.0
     switch_prior_s: float = 30.0
+    kv_bytes_per_token: int = 131_072  # 32 layers x 8 KV heads x 128 dims x (K, V) x bf16
+    host_bytes_per_s: float = 25e9  # device <-> host copy (PCIe Gen5 x16, about half its peak)
+    keep_kv_on_sync: bool = False  # separate modes: in-flight KV survives a weight update (PipelineRL)
+    kv_offload: bool = False  # colocated: in-flight KV goes to host memory over a training step
 
     def step_s(self, contexts: float, seqs: int) -> float:
         return self.decode_step_s + seqs * self.decode_token_s + contexts / 1000 * self.decode_kv_s_per_ktoken
+
+    def prefill_s(self, start: float, end: float) -> float:
+        """Seconds to prefill context positions [start, end): dense FLOPs plus attention, which grows with
+        the position (a token at position t attends to t earlier ones)."""
+        return (end - start) * (1 + (start + end) / 2 / self.attn_tokens) / self.prefill_tokens_per_s
+
+    def train_seq_s(self, tokens: float) -> float:
+        """Device-seconds to train one sequence (forward + backward, plus the forward that recomputes the
+        old log-probs when `train_recompute_old_logprobs`)."""
+        per_token = (1 + tokens / 2 / self.attn_tokens) / (1 + self.train_ref_tokens / 2 / self.attn_tokens)
+        passes = 4 / 3 if self.train_recompute_old_logprobs else 1.0  # (2N fwd + 4N bwd + 2N fwd) / 6N
+        return tokens * per_token * passes / self.train_tokens_per_s
+
+    def host_copy_s(self, tokens: float) -> float:
+        """Seconds to copy the KV of this many tokens between device and host memory (one way)."""
+        return tokens * self.kv_bytes_per_token / self.host_bytes_per_s
 
     def full_replica_tokens_per_s(self, context: int = 4096) -> float:
         seqs = min(self.max_seqs, self.kv_tokens // context)
@@ -253,6 +322,7 @@ class Rollout:
     context: int = 0
     decode_left: int = 0  # of the current turn (a partial rollout resumes with this)
     pending_new: int = 0  # prompt / tool-result tokens not yet sent to an engine
+    on_host: int = 0  # context tokens whose KV waits in host memory (colocated `kv_offload`)
     oldest_version: int | None = None
     cache: tuple[Replica, int] | None = None  # (replica, its cache epoch) holding this session's prefix
 
@@ -409,13 +479,21 @@ class Replica:
         return out
 
     def weight_sync(self, pause_s: float) -> None:
-        """Pause for the broadcast; in-flight requests then re-prefill their context under the new weights."""
+        """Pause for the broadcast. Then, by default, in-flight requests re-prefill their context under the
+        new weights and every cached prefix is gone (vLLM: reset_prefix_cache(reset_running_requests), as
+        harnessrl's vLLM client calls it; AReaL); with `keep_kv_on_sync` both survive and decoding goes on
+        from the old weights' KV (PipelineRL's in-flight update; vLLM pause(mode=keep, clear_cache=False))."""
         self.advance()
-        self.epoch += 1
         self.paused_until = self.sim.now + pause_s
-        pf = self.sim.cm.prefill_tokens_per_s
+        cm = self.sim.cm
+        if cm.keep_kv_on_sync:
+            self.reschedule()
+            return
+        self.epoch += 1
         for req in self.decoding:
-            req.prefill_left_s = (req.rollout.context + req.decoded) / pf
+            kv = req.rollout.context + req.decoded
+            req.prefill_left_s = cm.prefill_s(0, kv)
+            self.sim.recomputed_tokens += kv
         self.prefilling = self.decoding + self.prefilling
         self.decoding = []
         self.kv_pre, self.kv_dec = self.kv_pre + self.kv_dec, 0.0
@@ -437,6 +515,7 @@ class Result:
     dropped: int
     lends: int
     preemptions: int
+    recomputed_tokens: int
     trained_ids: list[int]
     trained_groups: list[Group]
     admitted: int
@@ -497,6 +576,7 @@ class Sim:
         self.sessions = 0  # rollouts admitted and not finished (generating, queued or in a tool call)
         self.slots_per_replica = session_slots(wl, cm)
         self.preemptions = 0
+        self.recomputed_tokens = 0.0
         self.done = False
 
     # event loop
@@ -529,6 +609,7 @@ class Sim:
             dropped=self.dropped,
             lends=self.lends,
             preemptions=self.preemptions,
+            recomputed_tokens=round(self.recomputed_tokens),
             trained_ids=self.trained,
             trained_groups=self.trained_groups,
             admitted=self.next_gid,
@@ -572,7 +653,6 @@ class Sim:
         heapq.heappush(self.queue, (ro.group.gid, self.seq, ro))
 
     def dispatch(self) -> None:
-        pf = self.cm.prefill_tokens_per_s
         while self.queue:
             ro = self.queue[0][2]
             need = ro.context + ro.pending_new
@@ -589,10 +669,16 @@ class Sim:
                 target = min(fits, key=lambda r: r.kv_used())
             heapq.heappop(self.queue)
             cached = ro.cache is not None and ro.cache[0] is target and ro.cache[1] == target.epoch
+            start = ro.context if cached else 0
+            seconds = 0.0
+            if ro.on_host:  # colocated KV offload: its KV comes back from host memory
+                seconds, start = self.cm.host_copy_s(ro.on_host), ro.on_host
+                ro.on_host = 0
+            self.recomputed_tokens += ro.context - start  # KV computed before, lost, computed again
             ro.context += ro.pending_new
-            prefill = ro.pending_new if cached else ro.context
+            seconds += self.cm.prefill_s(start, ro.context)
             ro.pending_new = 0
-            target.add(Request(ro, prefill / pf, ro.decode_left))
+            target.add(Request(ro, seconds, ro.decode_left))
 
     def turn_done(self, req: Request) -> None:
         ro = req.rollout
@@ -657,8 +743,8 @@ class Sim:
         return batch
 
     def train_s(self, batch: list[Group], devices: int) -> float:
-        tokens = sum(g.tokens for g in batch)
-        return tokens / (self.cm.train_tokens_per_s * devices) + self.cm.train_step_overhead_s
+        device_s = sum(self.cm.train_seq_s(ro.context) for g in batch for ro in g.rollouts)
+        return device_s / devices + self.cm.train_step_overhead_s
 
     def start_colocated_step(self) -> None:
         batch = self.take_batch()
@@ -666,12 +752,23 @@ class Sim:
             self.admit()
             return
         self.generating = False
+        offload_s = 0.0
         for rep in self.replicas:
-            self.held.extend(rep.evict_all())
+            evicted = rep.evict_all()
+            if self.cm.kv_offload:  # copied out before training, back in when each resumes (dispatch)
+                for ro in evicted:
+                    ro.on_host = ro.context
+                offload_s = max(offload_s, self.cm.host_copy_s(sum(ro.context for ro in evicted)))
+            self.held.extend(evicted)
         self.held.extend(ro for _, _, ro in self.queue)
         self.queue.clear()
         for rep in self.replicas:
             rep.epoch += 1
+            self.meter.set(rep.device, DeviceState.SYNC if offload_s else DeviceState.BUSY, self.now)
+        self.at(self.now + offload_s, self._colocated_train, batch)
+
+    def _colocated_train(self, batch: list[Group]) -> None:
+        for rep in self.replicas:
             self.meter.set(rep.device, DeviceState.BUSY, self.now)
         self.at(self.now + self.train_s(batch, self.devices), self._colocated_trained)
 
@@ -776,10 +873,11 @@ class Sim:
 class Setup:
     devices: int = 8
     steps: int = 16
-    max_staleness: int = 2
+    max_staleness: int = 1  # the loop's default (RLConfig.max_staleness)
     profile_steps: int = 4
     seed: int = 0
     stale_policy: StalePolicy = StalePolicy.KEEP
+    fixed_split: int = 0  # rollout devices of the fixed-split baseline; 0: the best profiled split
 
 
 def simulate(
@@ -821,7 +919,8 @@ def best_split(rows: list[tuple[int, Result]]) -> int:
 
 def run_workload(wl: Workload, cm: CostModel, setup: Setup) -> dict:
     profile = profile_splits(wl, cm, setup)
-    k_fixed, k_switch = best_split(profile[Mode.FIXED]), best_split(profile[Mode.SWITCH])
+    k_fixed = setup.fixed_split or best_split(profile[Mode.FIXED])
+    k_switch = best_split(profile[Mode.SWITCH])
     runs: dict[str, tuple[Result, int]] = {
         "sync": (simulate(Mode.SYNC, wl, cm, setup), 0),
         "colocated_async": (simulate(Mode.COLOCATED, wl, cm, setup), 0),
@@ -845,6 +944,7 @@ def run_workload(wl: Workload, cm: CostModel, setup: Setup) -> dict:
             "max_staleness": r.max_staleness,
             "dropped_groups": r.dropped,
             "preemptions": r.preemptions,
+            "recomputed_ktokens": round(r.recomputed_tokens / 1000),
             "lends": r.lends,
             "trained_decode_tok_s_per_device": round(
                 sum(t.decode_tokens for g in r.trained_groups for ro in g.rollouts for t in ro.turns)
@@ -867,6 +967,7 @@ COLUMNS = (
     ("max_staleness", "max"),
     ("dropped_groups", "dropped"),
     ("preemptions", "preempt"),
+    ("recomputed_ktokens", "recomputed KV (k tokens)"),
     ("lends", "lends"),
     ("trained_decode_tok_s_per_device", "trained decode tok/s/dev"),
 )
@@ -912,15 +1013,160 @@ def calibrate(cm: CostModel, agentic: Workload, path: Path) -> tuple[CostModel, 
         cm = replace(cm, decode_step_s=cm.decode_step_s * f, decode_token_s=cm.decode_token_s * f,
                      decode_kv_s_per_ktoken=cm.decode_kv_s_per_ktoken * f)  # fmt: skip
     if (v := positive("prefill_tokens_per_s")) is not None:
-        cm = replace(cm, prefill_tokens_per_s=v)
+        cm = replace(cm, prefill_tokens_per_s=v, attn_tokens=math.inf)  # a measured mean holds attention
     if (v := positive("train_tokens_per_s")) is not None:
-        cm = replace(cm, train_tokens_per_s=v)
+        cm = replace(cm, train_tokens_per_s=v, attn_tokens=math.inf)
     if (v := positive("weight_sync_s")) is not None:
         cm = replace(cm, colocated_sync_s=v, separate_sync_s=v)
     if (v := positive("tool_s_mean")) is not None:
         # lognormal mean = median * exp(sigma^2 / 2)
         agentic = replace(agentic, tool_s_median=v / math.exp(agentic.tool_s_sigma**2 / 2))
     return cm, agentic, used
+
+
+TARGETS = {  # issue 10's done-when, from the seeds' figures
+    "colocated_time_ratio_vs_sync": ("<=", 0.646),
+    "separate_switch_throughput_vs_sync": (">=", 2.0),
+    "separate_switch_throughput_vs_fixed_async": (">=", 1.4),
+}
+
+
+def met(key: str, value: float) -> bool:
+    op, bound = TARGETS[key]
+    return value <= bound if op == "<=" else value >= bound
+
+
+@dataclass(frozen=True)
+class Inputs:
+    cm: CostModel
+    reasoning: Workload
+    agentic: Workload
+    setup: Setup
+
+
+def headlines(inp: Inputs, workloads: tuple[str, ...] = ("reasoning", "agentic")) -> dict[str, float]:
+    """The three headline ratios, running only the modes they need (the split modes at their profiled
+    splits, as in `run_workload`)."""
+    out: dict[str, float] = {}
+    cm, setup = inp.cm, inp.setup
+    if "reasoning" in workloads:
+        sync = simulate(Mode.SYNC, inp.reasoning, cm, setup)
+        coloc = simulate(Mode.COLOCATED, inp.reasoning, cm, setup)
+        out["colocated_time_ratio_vs_sync"] = round(coloc.wall_s / sync.wall_s, 3)
+    if "agentic" in workloads:
+        profile = profile_splits(inp.agentic, cm, setup)
+        sync = simulate(Mode.SYNC, inp.agentic, cm, setup)
+        fixed = simulate(
+            Mode.FIXED, inp.agentic, cm, setup, setup.fixed_split or best_split(profile[Mode.FIXED])
+        )
+        switch = simulate(Mode.SWITCH, inp.agentic, cm, setup, best_split(profile[Mode.SWITCH]))
+        out["separate_switch_throughput_vs_sync"] = round(switch.groups_per_hour / sync.groups_per_hour, 3)
+        out["separate_switch_throughput_vs_fixed_async"] = round(
+            switch.groups_per_hour / fixed.groups_per_hour, 3
+        )
+    return out
+
+
+def _cm(**kw: object) -> Callable[[Inputs], Inputs]:
+    return lambda i: replace(i, cm=replace(i.cm, **kw))
+
+
+def _wl(reasoning: dict, agentic: dict) -> Callable[[Inputs], Inputs]:
+    return lambda i: replace(
+        i, reasoning=replace(i.reasoning, **reasoning), agentic=replace(i.agentic, **agentic)
+    )
+
+
+def _tool_mean(mean_s: float) -> Callable[[Inputs], Inputs]:
+    def change(i: Inputs) -> Inputs:  # lognormal mean = median * exp(sigma^2 / 2)
+        return replace(
+            i, agentic=replace(i.agentic, tool_s_median=mean_s / math.exp(i.agentic.tool_s_sigma**2 / 2))
+        )
+
+    return change
+
+
+BOTH, AGENTIC_ONLY, REASONING_ONLY = ("reasoning", "agentic"), ("agentic",), ("reasoning",)
+# (assumption, value, change from the defaults, the workloads whose headline it can move)
+LEVERS: tuple[tuple[str, str, Callable[[Inputs], Inputs], tuple[str, ...]], ...] = (
+    ("train cost", "9,000 tok/s/GPU (FP8 + compile)", _cm(train_tokens_per_s=9_000.0), BOTH),
+    ("train cost", "+ old log-prob recompute (verl)", _cm(train_recompute_old_logprobs=True), BOTH),
+    (
+        "tail sigma (reasoning / agentic turns)",
+        "0.6 / 0.3",
+        _wl({"decode_sigma": 0.6}, {"turns_sigma": 0.3}),
+        BOTH,
+    ),
+    (
+        "tail sigma (reasoning / agentic turns)",
+        "1.2 / 0.9",
+        _wl({"decode_sigma": 1.2}, {"turns_sigma": 0.9}),
+        BOTH,
+    ),
+    ("length growth over the run", "1.0x", _wl({"length_growth": 1.0}, {"length_growth": 1.0}), BOTH),
+    ("length growth over the run", "2.0x", _wl({"length_growth": 2.0}, {"length_growth": 2.0}), BOTH),
+    ("weight sync (colocated / separate)", "3 / 1 s", _cm(colocated_sync_s=3.0, separate_sync_s=1.0), BOTH),
+    (
+        "weight sync (colocated / separate)",
+        "15 / 11 s",
+        _cm(colocated_sync_s=15.0, separate_sync_s=11.0),
+        BOTH,
+    ),
+    ("role switch out + back", "4 s", _cm(switch_s=4.0), AGENTIC_ONLY),
+    ("role switch out + back", "30 s", _cm(switch_s=30.0), AGENTIC_ONLY),
+    ("agentic tool time mean", "3 s", _tool_mean(3.0), AGENTIC_ONLY),
+    ("agentic tool time mean", "30 s", _tool_mean(30.0), AGENTIC_ONLY),
+    ("reasoning response cap", "8,192", _wl({"decode_max": 8192, "context_max": 8704}, {}), REASONING_ONLY),
+    (
+        "reasoning response cap",
+        "32,768",
+        _wl({"decode_max": 32768, "context_max": 33280}, {}),
+        REASONING_ONLY,
+    ),
+    (
+        "fixed-split baseline",
+        "4+4 (even, not profiled)",
+        lambda i: replace(i, setup=replace(i.setup, fixed_split=4)),
+        AGENTIC_ONLY,
+    ),
+    ("max_staleness", "2", lambda i: replace(i, setup=replace(i.setup, max_staleness=2)), BOTH),
+    ("max_staleness", "4", lambda i: replace(i, setup=replace(i.setup, max_staleness=4)), BOTH),
+    ("mechanism", "keep_kv_on_sync on", _cm(keep_kv_on_sync=True), AGENTIC_ONLY),
+    ("mechanism", "kv_offload on", _cm(kv_offload=True), REASONING_ONLY),
+    ("mechanism", "both on", _cm(keep_kv_on_sync=True, kv_offload=True), BOTH),
+)
+
+
+def sensitivity(
+    inp: Inputs,
+    levers: tuple[tuple[str, str, Callable[[Inputs], Inputs], tuple[str, ...]], ...] = LEVERS,
+    echo: Callable[[str], None] = print,
+) -> list[dict]:
+    """Each lever's headlines (one assumption changed, the rest at their defaults); a headline a lever
+    cannot move is the default's, marked as not rerun."""
+    base = headlines(inp)
+    rows = [{"assumption": "defaults", "value": "(as in the docstring)", **base, "rerun": list(BOTH)}]
+    echo(f"sensitivity: defaults {base}")
+    for assumption, value, change, workloads in levers:
+        row = {"assumption": assumption, "value": value, **base, **headlines(change(inp), workloads)}
+        row["rerun"] = list(workloads)
+        rows.append(row)
+        echo(f"sensitivity: {assumption} = {value}: { ({k: row[k] for k in TARGETS}) }")
+    return rows
+
+
+def print_sensitivity(rows: list[dict]) -> None:
+    print("\n## sensitivity (one assumption changed at a time; * = meets the target; - = cannot move it)")
+    print("| assumption | value | colocated time / sync (reasoning) | switching / sync (agentic) "
+          "| switching / fixed (agentic) |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    owner = {"colocated_time_ratio_vs_sync": "reasoning"}
+    for row in rows:
+        cells = []
+        for key in TARGETS:
+            moved = owner.get(key, "agentic") in row["rerun"]
+            cells.append(f"{row[key]}{'*' if met(key, row[key]) else ''}" if moved else "-")
+        print(f"| {row['assumption']} | {row['value']} | " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -931,13 +1177,39 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-staleness", type=int, default=Setup.max_staleness)
     ap.add_argument("--stale-policy", choices=list(StalePolicy), default=str(StalePolicy.KEEP))
     ap.add_argument("--small", action="store_true", help="a quick run: 4 devices, 4 steps, small batches")
+    ap.add_argument("--fixed-split", type=int, default=0, help="rollout devices of the fixed-split baseline "
+                    "(default 0: the best profiled split)")  # fmt: skip
+    ap.add_argument(
+        "--keep-kv-on-sync",
+        action="store_true",
+        help="separate modes: in-flight KV and cached prefixes survive a weight update (PipelineRL)",
+    )
+    ap.add_argument(
+        "--kv-offload",
+        action="store_true",
+        help="colocated: partial rollouts' KV waits in host memory over a step instead of recompute",
+    )
+    ap.add_argument(
+        "--recompute-old-logprobs",
+        action="store_true",
+        help="the trainer recomputes the old log-probs (one more forward; verl's default)",
+    )
+    ap.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also print each headline with one assumption at a low and a high value (minutes)",
+    )
     args = ap.parse_args(argv)
-    cm, reasoning, agentic = CostModel(), REASONING, AGENTIC
+    cm = CostModel(keep_kv_on_sync=args.keep_kv_on_sync, kv_offload=args.kv_offload,
+                   train_recompute_old_logprobs=args.recompute_old_logprobs)  # fmt: skip
+    reasoning, agentic = REASONING, AGENTIC
     setup = Setup(steps=args.steps, max_staleness=args.max_staleness, seed=args.seed,
-                  stale_policy=StalePolicy(args.stale_policy))  # fmt: skip
+                  stale_policy=StalePolicy(args.stale_policy), fixed_split=args.fixed_split)  # fmt: skip
     if args.small:
         setup = replace(setup, devices=4, steps=4, profile_steps=2)
         reasoning, agentic = replace(reasoning, batch_groups=16), replace(agentic, batch_groups=8)
+    if not 0 <= args.fixed_split < setup.devices:
+        raise SystemExit(f"--fixed-split must be in 1..{setup.devices - 1} (0: the best profiled split)")
     used: list[str] = []
     if args.calibration:
         cm, agentic, used = calibrate(cm, agentic, args.calibration)
@@ -962,10 +1234,32 @@ def main(argv: list[str] | None = None) -> None:
             3,
         ),
         "separate_workload": "agentic",
+        "targets_met": {k: met(k, v) for k, v in summary_headlines(reports).items()},
+        "mechanisms": {
+            "keep_kv_on_sync": cm.keep_kv_on_sync,
+            "kv_offload": cm.kv_offload,
+            "train_recompute_old_logprobs": cm.train_recompute_old_logprobs,
+        },  # fmt: skip
+        "max_staleness": setup.max_staleness,
         "calibration_keys": used,
         "workloads": {name: rep["rows"] for name, rep in reports.items()},
     }
+    if args.sensitivity:
+        rows = sensitivity(Inputs(cm, reasoning, agentic, setup), echo=lambda line: print(line, flush=True))
+        print_sensitivity(rows)
+        summary["sensitivity"] = rows
     print(json.dumps(summary))
+
+
+def summary_headlines(reports: dict) -> dict[str, float]:
+    r, a = reports["reasoning"]["rows"], reports["agentic"]["rows"]
+    return {
+        "colocated_time_ratio_vs_sync": r["colocated_async"]["time_ratio_vs_sync"],
+        "separate_switch_throughput_vs_sync": a["separate_switching"]["throughput_vs_sync"],
+        "separate_switch_throughput_vs_fixed_async": round(
+            a["separate_switching"]["groups_per_hour"] / a["fixed_split_async"]["groups_per_hour"], 3
+        ),
+    }
 
 
 if __name__ == "__main__":

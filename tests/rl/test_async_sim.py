@@ -7,7 +7,20 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.async_sim import AGENTIC, REASONING, CostModel, Mode, Result, Sim, Workload, calibrate
+from benchmarks.async_sim import (
+    AGENTIC,
+    LEVERS,
+    REASONING,
+    CostModel,
+    Inputs,
+    Mode,
+    Result,
+    Setup,
+    Sim,
+    Workload,
+    calibrate,
+    sensitivity,
+)
 from harnessrl.rl.admission import StalePolicy
 
 DEVICES, STEPS, STALENESS = 4, 3, 1
@@ -23,6 +36,8 @@ def run(
     cm: CostModel | None = None,
     rollout_devices: int = 2,
     stale_policy: StalePolicy = StalePolicy.DROP,
+    max_staleness: int = STALENESS,
+    seed: int = 0,
 ) -> tuple[Sim, Result]:
     sim = Sim(
         mode,
@@ -31,8 +46,8 @@ def run(
         devices=DEVICES,
         rollout_devices=rollout_devices,
         steps=STEPS,
-        max_staleness=STALENESS,
-        seed=0,
+        max_staleness=max_staleness,
+        seed=seed,
         stale_policy=stale_policy,
     )
     return sim, sim.run()
@@ -141,3 +156,82 @@ def test_calibration_replaces_the_cost_model(tmp_path):
     path.write_text(json.dumps({"weight_sync_s": -1}))
     with pytest.raises(SystemExit, match="weight_sync_s must be a number > 0"):
         calibrate(CostModel(), AGENTIC, path)
+
+
+def test_costs_by_hand():
+    cm = CostModel(
+        prefill_tokens_per_s=1000.0, attn_tokens=1000.0, train_tokens_per_s=1000.0, train_ref_tokens=0
+    )
+    # a token at position t costs 1 + t / attn_tokens dense-token units
+    assert cm.prefill_s(0, 1000) == pytest.approx(1.5)
+    assert cm.prefill_s(1000, 2000) == pytest.approx(2.5)
+    assert cm.prefill_s(0, 2000) == pytest.approx(cm.prefill_s(0, 1000) + cm.prefill_s(1000, 2000))
+    assert cm.train_seq_s(1000) == pytest.approx(1.5)
+    assert replace(cm, train_recompute_old_logprobs=True).train_seq_s(1000) == pytest.approx(2.0)
+    default = CostModel()
+    # the measured rate holds at its reference length; shorter sequences train faster per token, longer slower
+    assert default.train_seq_s(8192) == pytest.approx(8192 / default.train_tokens_per_s)
+    assert default.train_seq_s(1000) / 1000 < default.train_seq_s(32_000) / 32_000
+    assert default.host_copy_s(1000) == pytest.approx(1000 * 131_072 / 25e9)
+
+
+@pytest.mark.parametrize("workload", list(SMALL))
+def test_colocated_without_staleness_is_sync(workload):
+    # sync is colocated with nothing in flight at a step: no other difference may creep in
+    _, sync = run(Mode.SYNC, SMALL[workload])
+    _, coloc = run(Mode.COLOCATED, SMALL[workload], max_staleness=0)
+    assert coloc.wall_s == sync.wall_s
+    assert (coloc.trained_ids, coloc.staleness_list) == (sync.trained_ids, sync.staleness_list)
+    assert sync.recomputed_tokens == 0  # nothing aborted, no prefix lost between an agentic session's turns
+
+
+@pytest.mark.parametrize("workload", list(SMALL))
+@pytest.mark.parametrize("mode", [Mode.FIXED, Mode.SWITCH])
+def test_keeping_kv_across_weight_updates_saves_recompute_and_time(workload, mode):
+    off = run(mode, SMALL[workload], stale_policy=StalePolicy.KEEP)[1]
+    on = run(
+        mode, SMALL[workload], replace(CostModel(), keep_kv_on_sync=True), stale_policy=StalePolicy.KEEP
+    )[1]
+    assert off.recomputed_tokens > 0
+    assert on.recomputed_tokens < off.recomputed_tokens
+    assert on.wall_s <= off.wall_s
+
+
+@pytest.mark.parametrize("workload", list(SMALL))
+def test_kv_offload_replaces_recompute_by_a_copy(workload):
+    off = run(Mode.COLOCATED, SMALL[workload], stale_policy=StalePolicy.KEEP)[1]
+    on = run(
+        Mode.COLOCATED, SMALL[workload], replace(CostModel(), kv_offload=True), stale_policy=StalePolicy.KEEP
+    )[1]
+    assert off.recomputed_tokens > 0
+    assert on.recomputed_tokens < off.recomputed_tokens
+    assert on.wall_s <= off.wall_s
+    # the copy is not free: with a slow host link offloading loses
+    slow = replace(CostModel(), kv_offload=True, host_bytes_per_s=1e8)
+    assert run(Mode.COLOCATED, SMALL[workload], slow, stale_policy=StalePolicy.KEEP)[1].wall_s > off.wall_s
+
+
+def test_sensitivity_moves_in_the_documented_direction():
+    inp = Inputs(
+        CostModel(),
+        replace(SMALL["reasoning"], length_growth=1.0),
+        replace(SMALL["agentic"], length_growth=1.0),
+        Setup(devices=DEVICES, steps=STEPS, max_staleness=STALENESS, profile_steps=2),
+    )
+    levers = {(a, v): (a, v, change, wls) for a, v, change, wls in LEVERS}
+    chosen = (
+        levers["tail sigma (reasoning / agentic turns)", "0.6 / 0.3"],
+        levers["agentic tool time mean", "3 s"],
+        levers["agentic tool time mean", "30 s"],
+    )
+    rows = sensitivity(inp, chosen, echo=lambda _: None)
+    base, low_tail, short_tools, long_tools = rows
+    # a heavier tail (up to the response cap) widens sync's bubble: colocated takes a smaller share of
+    # sync's time. Beyond the cap it turns (docs/rl.md): sync's step is capped, the work keeps growing.
+    assert base["colocated_time_ratio_vs_sync"] < low_tail["colocated_time_ratio_vs_sync"]
+    # longer tool calls leave sync's engines idle while async serves other sessions
+    key = "separate_switch_throughput_vs_sync"
+    assert short_tools[key] < base[key] < long_tools[key]
+    # a lever that cannot move a headline reports the default's, and says it was not rerun
+    assert long_tools["colocated_time_ratio_vs_sync"] == base["colocated_time_ratio_vs_sync"]
+    assert long_tools["rerun"] == ["agentic"]
