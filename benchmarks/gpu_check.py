@@ -4,8 +4,9 @@ On a machine with a CUDA GPU (within 10 minutes): installs the `[local,gpu]` ext
 on the tiny model with harnessrl's worker extension, runs one trainer step (FSDP2, bf16 autocast, nccl) that
 raises the likelihood of a fixed continuation, syncs the weights into vLLM from the checkpoint directory, and
 asserts that vLLM now samples the new policy: the logprobs of its greedy answer to a fixed prompt match the
-trained model's (and not the old one's). With two or more GPUs it does the same again over the NCCL broadcast
-path (NCCL cannot put the trainer and a vLLM worker on one device, so one GPU skips that part). Without a GPU it
+trained model's (and not the old one's). Then it does the same again by broadcast, as the RL loop's
+`--weight-sync broadcast` does (harnessrl.rl.publish.BroadcastPublisher): over nccl with two or more GPUs, over
+gloo through host memory on one (NCCL cannot put the trainer and a vLLM worker on one device). Without a GPU it
 prints one line saying it skipped and why, and exits 0.
 
     python3 benchmarks/gpu_check.py            # what `make gpu-check` runs
@@ -255,26 +256,28 @@ async def _inner(args: argparse.Namespace) -> dict[str, Any]:
         check = await step_and_check(1, by_path)
         print(f"gpu-check: checkpoint-path sync: {check.why()}", flush=True)
 
-        if gpus < 2:
-            result["sync_2"] = (
-                "skipped: NCCL needs 2 GPUs (it cannot put the trainer and a vLLM worker on one)"
-            )
-        else:  # the NCCL fast path: the trainer (rank 0, GPU 1) broadcasts to vLLM's worker (rank 1, GPU 0)
-            from harnessrl.engine.vllm_worker import BroadcastInit, BroadcastSender, tensor_specs
+        # the broadcast path, as the RL loop drives it (harnessrl.rl.publish.BroadcastPublisher): with 2+ GPUs
+        # nccl from the trainer (rank 0, GPU 1) to vLLM's worker (rank 1, GPU 0); on one GPU gloo through host
+        # memory (NCCL cannot put the trainer and a vLLM worker on one device)
+        from harnessrl.rl.publish import BroadcastPublisher
 
-            master_port = free_port()
-            init = BroadcastInit("127.0.0.1", master_port, rank_offset=1, world_size=2)
-            joining = asyncio.to_thread(BroadcastSender, "127.0.0.1", master_port, 2, torch.device(device))
-            _, sender = await asyncio.gather(client.init_weight_broadcast(init), joining)
-            old.load_state_dict({k: v.to(device) for k, v in full_state_dict(model).items()}, strict=False)
+        backend = "nccl" if gpus >= 2 else "gloo"
+        result["broadcast_backend"] = backend
+        old.load_state_dict({k: v.to(device) for k, v in full_state_dict(model).items()}, strict=False)
+        publisher = BroadcastPublisher(
+            client, asyncio.get_running_loop(), name="gpu-check", device=device, backend=backend
+        )
 
-            async def by_broadcast(version: int) -> None:
-                named = [(k, v.to(device, torch.bfloat16)) for k, v in full_state_dict(model).items()]
-                send = lambda: asyncio.to_thread(sender.send, named)  # noqa: E731
-                await client.load_weights_broadcast(tensor_specs(named), version, send)
+        async def by_broadcast(version: int) -> None:
+            named = [(k, v.to(device, torch.bfloat16)) for k, v in full_state_dict(model).items()]
+            await asyncio.to_thread(publisher.publish, version, named)
+            phases["broadcast_join_s"] = publisher.join_s
 
+        try:
             check = await step_and_check(2, by_broadcast)
-            print(f"gpu-check: NCCL broadcast sync: {check.why()}", flush=True)
+        finally:
+            publisher.close()
+        print(f"gpu-check: {backend} broadcast sync: {check.why()}", flush=True)
         checks = [v for k, v in result.items() if k.startswith("sync_") and isinstance(v, dict)]
         result["ok"] = result["engine_vs_trainer_before"] <= args.tol and all(c["ok"] for c in checks)
         return result

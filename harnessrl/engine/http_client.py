@@ -9,7 +9,9 @@ freeze), loads through the harnessrl worker extension (`/collective_rpc`), flush
 (`/reset_prefix_cache`) and resumes. vLLM reports no policy version, so against vLLM `generate` streams and
 tags each token with the version this client had when the token arrived; the version moves on just before
 `/resume`, so tokens sampled before the sync and after it are tagged apart (as LocalEngine tags them).
-The weight-sync client stays in this module (which makes it ~400 lines) because the protocol it finds decides
+By broadcast (`init_weight_broadcast` once, `receive_weights_broadcast` per sync, while the trainer sends):
+ours is `POST /init_broadcast` and `POST /receive_weights`; vLLM the extension's methods, paused as above.
+The weight-sync client stays in this module (which makes it ~430 lines) because the protocol it finds decides
 how `generate` tags versions.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -41,9 +43,9 @@ from harnessrl.engine.vllm_worker import (
     BroadcastInit,
     LoadRequest,
     ReceiveRequest,
-    TensorSpec,
 )
 from harnessrl.engine.weight_sync import VLLM_FIX, VLLM_VERSION, WeightSyncProtocol, WeightSyncUnsupported
+from harnessrl.rl.modes import WeightSyncMode
 
 
 class HTTPEngine:
@@ -66,6 +68,7 @@ class HTTPEngine:
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._protocol: WeightSyncProtocol | None = None
         self._sync_checked = False
+        self.workers = 1  # ranks this engine brings to a weight broadcast (vLLM: one per worker)
 
     def __repr__(self) -> str:
         return f"HTTPEngine({self.base_url!r})"
@@ -260,16 +263,25 @@ class HTTPEngine:
             self._protocol = WeightSyncProtocol.VLLM if owner == "vllm" else WeightSyncProtocol.HARNESSRL
         return self._protocol
 
-    async def check_weight_sync(self) -> None:
-        """Asks the server whether it can take new weights; WeightSyncUnsupported (one line) when it cannot.
-        Against vLLM this also adopts the policy version the extension reports (a restarted client)."""
+    async def check_weight_sync(self, mode: WeightSyncMode = WeightSyncMode.CHECKPOINT) -> None:
+        """Asks the server whether it can take new weights (by `mode`); WeightSyncUnsupported (one line) when it
+        cannot. Against vLLM this also adopts the policy version the extension reports (a restarted client)."""
         if await self.weight_sync_protocol() is WeightSyncProtocol.HARNESSRL:
-            status, _ = await self._request("GET", "/load_weights")
+            status, text = await self._request("GET", "/load_weights")
             if status != 200:
                 raise WeightSyncUnsupported(
                     f"{self.base_url} cannot take new weights: GET /load_weights answered HTTP {status} "
                     f"(serve the model with `harnessrl engine serve`, or with vLLM: {VLLM_FIX})"
                 )
+            if mode is WeightSyncMode.BROADCAST:
+                receives = _receives([_json_or_none(text)])
+                if WeightSyncMode.BROADCAST not in receives:
+                    raise WeightSyncUnsupported(
+                        f"{self.base_url} cannot take weights by broadcast (GET /load_weights lists "
+                        f"{sorted(receives) or 'no receive modes'}: a harnessrl engine server older than this "
+                        "client): serve it with this harnessrl version, or use --weight-sync checkpoint"
+                    )
+            self.workers = 1
             self._sync_checked = True
             return
         status, text = await self._request("POST", "/collective_rpc", {"method": INFO})
@@ -313,7 +325,13 @@ class HTTPEngine:
                 f"{self.base_url} (vLLM) cannot pause generation around a weight update (GET /is_paused "
                 f"answered HTTP {status}): use vLLM {VLLM_VERSION} as docs/engine.md says"
             )
+        if mode is WeightSyncMode.BROADCAST and WeightSyncMode.BROADCAST not in _receives(answers):
+            raise WeightSyncUnsupported(
+                f"{self.base_url} (vLLM) cannot take weights by broadcast: its worker extension lists "
+                f"{sorted(_receives(answers))}: install this harnessrl version on the vLLM server"
+            )
         self.policy_version = max(self.policy_version, int(versions.pop() or 0))
+        self.workers = len(answers)
         self._sync_checked = True
 
     async def load_weights(self, checkpoint_dir: str, version: int) -> None:
@@ -327,41 +345,40 @@ class HTTPEngine:
         await self._vllm_update(LOAD, request, int(version))
 
     async def init_weight_broadcast(self, init: BroadcastInit) -> list[Any]:
-        """The workers join the trainer's NCCL group (blocks until the trainer, rank 0, joins too: run it
-        alongside `vllm_worker.BroadcastSender`). Returns the workers' answers ({"rank", "world_size"})."""
+        """The server's workers join the trainer's broadcast group (ranks `init.rank_offset` on; `self.workers`
+        of them). Blocks until every rank has joined: run it alongside the trainer's `WeightGroup`. Returns the
+        workers' answers ({"rank", "world_size"})."""
         if not self._sync_checked:
-            await self.check_weight_sync()
+            await self.check_weight_sync(WeightSyncMode.BROADCAST)
+        if self._protocol is WeightSyncProtocol.HARNESSRL:
+            return [await self._call("POST", "/init_broadcast", json.loads(init.to_json()))]
         reply = await self._call(
             "POST", "/collective_rpc", {"method": INIT_BROADCAST, "args": [init.to_json()]}
         )
         return _rpc_results(reply, self.base_url)
 
-    async def load_weights_broadcast(
-        self, tensors: Sequence[TensorSpec], version: int, send: Callable[[], Awaitable[object]]
-    ) -> None:
-        """NCCL fast path (vLLM only; the workers joined the trainer's group with `harnessrl_init_broadcast`):
-        the workers receive `tensors` while `send()` broadcasts them from the trainer, rank 0."""
-        if await self.weight_sync_protocol() is not WeightSyncProtocol.VLLM:
-            raise WeightSyncUnsupported(
-                f"{self.base_url}: the NCCL fast path needs a vLLM server; use load_weights"
-            )
-        request = ReceiveRequest(tuple(tensors), int(version)).to_json()
-        await self._vllm_update(RECEIVE, request, int(version), send)
+    async def receive_weights_broadcast(self, version: int) -> None:
+        """Receives one update by broadcast (the trainer sends it meanwhile, `broadcast.send_weights`) and
+        tags later tokens `version`. Ours applies it between two decode steps and flushes its prefix cache;
+        vLLM is paused around it as for `load_weights`."""
+        if self._protocol is WeightSyncProtocol.HARNESSRL:
+            reply = await self._call("POST", "/receive_weights", {"version": int(version)})
+            if not (isinstance(reply, dict) and reply.get("policy_version") == int(version)):
+                raise EngineError(
+                    f"{self.base_url}/receive_weights answered {reply!r:.200}, not version {version}"
+                )
+            self.policy_version = int(version)
+            return
+        await self._vllm_update(RECEIVE, ReceiveRequest(int(version)).to_json(), int(version))
 
-    async def _vllm_update(
-        self, method: str, request: str, version: int, send: Callable[[], Awaitable[object]] | None = None
-    ) -> None:
+    async def _vllm_update(self, method: str, request: str, version: int) -> None:
         """Pause (requests in flight freeze) → the extension's `method` on every worker → prefix cache flush
         → resume. A failure after the pause leaves the engine paused: it must not sample a half-loaded policy."""
         if not self._sync_checked:
             await self.check_weight_sync()
         await self._call("POST", "/pause", params={"mode": "keep"})
         try:
-            rpc = self._call("POST", "/collective_rpc", {"method": method, "args": [request]})
-            if send is None:
-                reply = await rpc
-            else:
-                reply, _ = await asyncio.gather(rpc, send())
+            reply = await self._call("POST", "/collective_rpc", {"method": method, "args": [request]})
             answers = _rpc_results(reply, self.base_url)
             wrong = [a for a in answers if not (isinstance(a, dict) and a.get("policy_version") == version)]
             if wrong:
@@ -380,6 +397,19 @@ class HTTPEngine:
 
     async def abort(self, request_ids: list[str] | None = None) -> None:
         await self._call("POST", "/abort", {} if request_ids is None else {"request_ids": list(request_ids)})
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def _receives(answers: list[Any]) -> set[str]:
+    """The receive modes every answer lists (`"receives"`; none listed: checkpoint only, an older server)."""
+    modes = [set(a.get("receives") or ["checkpoint"]) if isinstance(a, dict) else set() for a in answers]
+    return set.intersection(*modes) if modes else set()
 
 
 def _rpc_results(body: Any, source: str) -> list[Any]:

@@ -247,7 +247,11 @@ class LocalEngine(SchedulerLoop):
         """Swaps in the weights of a Hugging Face checkpoint dir (safetensors) between two decode steps.
         Blocks until applied. Requests in flight continue on the new weights (their tokens record the
         version that sampled them)."""
-        state = read_checkpoint(self.model, Path(checkpoint_dir))
+        self.load_state_sync(read_checkpoint(self.model, Path(checkpoint_dir)), version)
+
+    def load_state_sync(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """The same swap from tensors in memory (checked against the model: `weights.check_state`), e.g.
+        received by broadcast (`harnessrl engine serve`'s `/receive_weights`)."""
         sync = WeightSync(state, int(version), Future())
         with self._lock:
             if self._closed:

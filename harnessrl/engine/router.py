@@ -22,7 +22,7 @@ import itertools
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -242,6 +242,28 @@ class Router:
             raise EngineError(f"{len(missing)} replica(s) cannot load weights (e.g. {missing[0]!r})")
         try:
             await asyncio.gather(*(e.load_weights(checkpoint_dir, version) for e in loaders))
+        finally:
+            self.reset_residency()
+
+    @property
+    def workers(self) -> int:
+        """Ranks the replicas bring to a weight broadcast (known once ensure_weight_sync asked them)."""
+        return sum(int(getattr(e, "workers", 1)) for e in self.engines)
+
+    async def init_weight_broadcast(self, init: Any) -> list[Any]:
+        """Every replica joins the trainer's broadcast group, at consecutive ranks from `init.rank_offset`."""
+        calls, offset = [], int(init.rank_offset)
+        replicas: list[Any] = list(self.engines)  # HTTPEngines (ensure_weight_sync checked them)
+        for engine in replicas:
+            calls.append(engine.init_weight_broadcast(replace(init, rank_offset=offset)))
+            offset += int(getattr(engine, "workers", 1))
+        return [answer for answers in await asyncio.gather(*calls) for answer in answers]
+
+    async def receive_weights_broadcast(self, version: int) -> None:
+        """Every replica receives the same broadcast (one update: the trainer sends it once)."""
+        replicas: list[Any] = list(self.engines)
+        try:
+            await asyncio.gather(*(e.receive_weights_broadcast(version) for e in replicas))
         finally:
             self.reset_residency()
 

@@ -8,7 +8,12 @@ Endpoints
 - `GET  /health`, `GET /v1/models`
 - `GET  /stats`  (ours) the engine's counters: prefix cache hit rate, prefill/decode seconds and FLOP/s
 - `POST /load_weights {"path", "version"}` (ours; vLLM: `/collective_rpc` + harnessrl's worker extension);
-  `GET /load_weights` says the server takes weights (`{"policy_version"}`; asked by ensure_weight_sync)
+  `GET /load_weights` says the server takes weights (`{"policy_version", "receives"}`; asked by
+  ensure_weight_sync)
+- `POST /init_broadcast {"master_address", "master_port", "rank_offset", "world_size", "backend"}` (ours): join
+  the trainer's weight broadcast group (rank `rank_offset`); answers once every rank has joined
+- `POST /receive_weights {"version"}` (ours): receive one update by broadcast, apply it between two decode steps
+  (prefix cache flushed); answers once applied (`{"policy_version", "tensors"}`)
 - `POST /abort {"request_ids": [...]}` or `{}` for all (ours; vLLM aborts when the client disconnects)
 """
 
@@ -28,11 +33,14 @@ from aiohttp import web
 from harnessrl.engine.base import EngineError, EngineRequestError, SamplingParams
 from harnessrl.engine.completions_api import build_response, build_stream_chunk, error_body
 from harnessrl.engine.local import LocalEngine
+from harnessrl.engine.vllm_worker import RECEIVES, BroadcastInit, ReceiveRequest, WeightSyncRequestError
+from harnessrl.engine.weights import check_state
 
 logger = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", LocalEngine)
 MODEL_NAME_KEY = web.AppKey("model_name", str)
+GROUP_KEY = web.AppKey("weight_group", dict)  # {"group": the broadcast WeightGroup once joined}
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -233,7 +241,58 @@ async def load_weights(request: web.Request) -> web.Response:
 
 
 async def weight_sync_info(request: web.Request) -> web.Response:
-    return web.json_response({"policy_version": request.app[ENGINE_KEY].policy_version})
+    engine = request.app[ENGINE_KEY]
+    return web.json_response({"policy_version": engine.policy_version, "receives": list(RECEIVES)})
+
+
+async def init_broadcast(request: web.Request) -> web.Response:
+    from harnessrl.engine.broadcast import BroadcastError, WeightGroup
+
+    try:
+        init = BroadcastInit.from_json(json.dumps(await _json(request)))
+    except WeightSyncRequestError as e:
+        return _error(str(e), 400)
+    holder = request.app[GROUP_KEY]
+    old = holder.pop("group", None)
+    if old is not None:
+        old.close()
+    engine = request.app[ENGINE_KEY]
+    try:
+        holder["group"] = await asyncio.to_thread(
+            WeightGroup,
+            init.master_address,
+            init.master_port,
+            init.rank_offset,
+            init.world_size,
+            init.backend,
+            engine.device,
+        )
+    except (BroadcastError, RuntimeError, ValueError) as e:  # torch's store/rendezvous errors
+        return _error(f"cannot join the weight broadcast group: {e}", 500)
+    return web.json_response({"rank": init.rank_offset, "world_size": init.world_size})
+
+
+async def receive_weights(request: web.Request) -> web.Response:
+    from harnessrl.engine.broadcast import BroadcastError
+    from harnessrl.engine.broadcast import receive_weights as receive
+
+    try:
+        version = ReceiveRequest.from_json(json.dumps(await _json(request))).version
+    except WeightSyncRequestError as e:
+        return _error(str(e), 400)
+    group = request.app[GROUP_KEY].get("group")
+    if group is None:
+        return _error("no weight broadcast group: POST /init_broadcast first", 409)
+    engine = request.app[ENGINE_KEY]
+    try:  # the whole update is received before it is checked, so the sender never blocks on this engine
+        state = await asyncio.to_thread(lambda: dict(receive(group, str(version))))
+        check_state(engine.model, state, "broadcast")
+        await asyncio.to_thread(engine.load_state_sync, state, version)
+    except EngineError as e:
+        return _error(str(e), 400)
+    except (BroadcastError, RuntimeError) as e:
+        return _error(f"weight broadcast failed: {e}", 500)
+    return web.json_response({"policy_version": engine.policy_version, "tensors": len(state)})
 
 
 async def abort(request: web.Request) -> web.Response:
@@ -250,12 +309,15 @@ def build_app(engine: LocalEngine, model_name: str | None = None) -> web.Applica
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app[ENGINE_KEY] = engine
     app[MODEL_NAME_KEY] = model_name or Path(engine.model_dir).name
+    app[GROUP_KEY] = {}
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/load_weights", load_weights)
     app.router.add_get("/load_weights", weight_sync_info)
+    app.router.add_post("/init_broadcast", init_broadcast)
+    app.router.add_post("/receive_weights", receive_weights)
     app.router.add_post("/abort", abort)
     return app
 

@@ -10,12 +10,13 @@ worker (tensor-parallel rank) and returns one answer per worker:
 - in process or in a Ray actor holding `LLM` / `AsyncLLM`: the same call on the engine (`sync_in_process`).
 
 Two ways in: `harnessrl_load_weights` reads a checkpoint directory of safetensors (a local path, or `s3://`
-fetched with harnessrl.store: every replica pulls what the trainer wrote), and the NCCL fast path
-(`harnessrl_init_broadcast` once: a process group with the trainer as rank 0, built the way vLLM's RLHF
-examples do with StatelessProcessGroup + PyNcclCommunicator; then `harnessrl_receive_weights` per sync: the
-trainer broadcasts each tensor, named in the request with its dtype and shape, see `BroadcastSender`). The
-caller pauses generation around the update and resets the prefix cache after it (engine-level, not worker,
-operations). vllm, torch and CUDA are imported inside functions only: this module imports anywhere.
+fetched with harnessrl.store: every replica pulls what the trainer wrote), and the broadcast path
+(`harnessrl_init_broadcast` once: joins a process group with the trainer as rank 0, nccl on GPUs or gloo,
+`harnessrl.engine.broadcast.WeightGroup`; then `harnessrl_receive_weights` per sync: the worker receives the
+buckets the trainer broadcasts, each announced by a header of names, dtypes and shapes, and loads every tensor
+as it arrives). The caller pauses generation around the update and resets the prefix cache after it
+(engine-level, not worker, operations). vllm, torch and CUDA are imported inside functions only: this module
+imports anywhere (and never imports vllm itself).
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-PROTOCOL = 1  # bumped when a method's arguments or answer change
+PROTOCOL = 2  # bumped when a method's arguments or answer change (2: broadcast with in-band headers)
 INFO = "harnessrl_weight_sync_info"
 LOAD = "harnessrl_load_weights"
 INIT_BROADCAST = "harnessrl_init_broadcast"
 RECEIVE = "harnessrl_receive_weights"
 CLOSE_BROADCAST = "harnessrl_close_broadcast"
 EXTENSION = "harnessrl.WeightSyncExtension"  # what `INFO` answers in "extension"
+RECEIVES = ("checkpoint", "broadcast")  # listed by `INFO` and our server's `GET /load_weights`
 
 
 class WeightSyncRequestError(ValueError):
@@ -83,58 +85,39 @@ class LoadRequest:
 
 @dataclass(frozen=True)
 class BroadcastInit:
-    master_address: str
+    master_address: str  # where the trainer (rank 0) hosts the group's store
     master_port: int
-    rank_offset: int  # rank of this engine's first worker (the trainer is 0; engine i at 1 + i × its workers)
+    rank_offset: int  # this engine's first worker's rank (trainer 0; then the workers of earlier engines)
     world_size: int  # trainer + every worker of every engine that joins
+    backend: str = "nccl"  # harnessrl.engine.broadcast.Backend: nccl (GPUs) or gloo
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, request: str) -> BroadcastInit:
-        body = _fields(request, ("master_address", "master_port", "rank_offset", "world_size"))
+        body = _fields(request, ("master_address", "master_port", "rank_offset", "world_size", "backend"))
+        if body["backend"] not in ("nccl", "gloo"):
+            raise WeightSyncRequestError(f"backend must be nccl or gloo, got {body['backend']!r}")
         return cls(
             str(body["master_address"]),
             _int(body, "master_port"),
             _int(body, "rank_offset"),
             _int(body, "world_size"),
+            str(body["backend"]),
         )
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str  # checkpoint (Hugging Face) name; the model's load_weights maps it
-    dtype: str  # torch dtype name, e.g. "bfloat16"
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class ReceiveRequest:
-    tensors: tuple[TensorSpec, ...]  # in the order the trainer broadcasts them
-    version: int
+    version: int  # the tensors themselves are announced in band, bucket by bucket (engine/broadcast.py)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"tensors": [[t.name, t.dtype, list(t.shape)] for t in self.tensors], "version": self.version}
-        )
+        return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, request: str) -> ReceiveRequest:
-        body = _fields(request, ("tensors", "version"))
-        rows = body["tensors"]
-        if not isinstance(rows, list) or not rows:
-            raise WeightSyncRequestError("tensors must be a non-empty list of [name, dtype, shape]")
-        specs = []
-        for row in rows:
-            if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str)):
-                raise WeightSyncRequestError(f"tensors: expected [name, dtype, shape], got {row!r}")
-            specs.append(TensorSpec(row[0], str(row[1]), tuple(int(d) for d in row[2])))
-        return cls(tuple(specs), _int(body, "version"))
-
-
-def tensor_specs(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named)
+        return cls(_int(_fields(request, ("version",)), "version"))
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
@@ -188,13 +171,19 @@ class WeightSyncExtension:
     """Mixed into vLLM's worker class (`--worker-extension-cls`). Every method answers a JSON-able dict. Every
     name is prefixed `harnessrl_`: vLLM refuses an extension whose attributes the worker already has."""
 
-    model_runner: Any  # these two are the vLLM worker's (annotations only: nothing shadows them)
+    model_runner: Any  # these three are the vLLM worker's (annotations only: nothing shadows them)
     device: Any
+    rank: int  # the worker's rank within its engine (vLLM's WorkerBase sets it)
     _harnessrl_version: int = 0
     _harnessrl_group: Any = None
 
     def harnessrl_weight_sync_info(self) -> dict[str, Any]:
-        return {"extension": EXTENSION, "protocol": PROTOCOL, "policy_version": self._harnessrl_version}
+        return {
+            "extension": EXTENSION,
+            "protocol": PROTOCOL,
+            "policy_version": self._harnessrl_version,
+            "receives": list(RECEIVES),
+        }
 
     def harnessrl_load_weights(self, request: str) -> dict[str, Any]:
         req = LoadRequest.from_json(request)
@@ -218,39 +207,35 @@ class WeightSyncExtension:
         return {"policy_version": req.version, "tensors": count}
 
     def harnessrl_init_broadcast(self, request: str) -> dict[str, Any]:
-        from vllm.distributed.parallel_state import get_world_group  # pyright: ignore[reportMissingImports]
+        from harnessrl.engine.broadcast import WeightGroup
 
         init = BroadcastInit.from_json(request)
-        rank = get_world_group().rank + init.rank_offset
-        self._harnessrl_group = nccl_group(
-            init.master_address, init.master_port, rank, init.world_size, self.device
+        rank = self.rank + init.rank_offset
+        if self._harnessrl_group is not None:
+            self._harnessrl_group.close()
+            self._harnessrl_group = None
+        self._harnessrl_group = WeightGroup(
+            init.master_address, init.master_port, rank, init.world_size, init.backend, self.device
         )
         return {"rank": rank, "world_size": init.world_size}
 
     def harnessrl_receive_weights(self, request: str) -> dict[str, Any]:
-        import torch
+        from harnessrl.engine.broadcast import receive_weights
 
         req = ReceiveRequest.from_json(request)
         group = self._harnessrl_group
         if group is None:
             raise RuntimeError(f"{RECEIVE}: no broadcast group; call {INIT_BROADCAST} first")
         model = self.model_runner.model
-        loaded: set[str] | None = set()
-        stream = torch.cuda.current_stream() if torch.device(self.device).type == "cuda" else None
-        for spec in req.tensors:
-            dtype = getattr(torch, spec.dtype, None)
-            if not isinstance(dtype, torch.dtype):
-                raise WeightSyncRequestError(f"{spec.name}: unknown dtype {spec.dtype!r}")
-            buffer = torch.empty(spec.shape, dtype=dtype, device=self.device)
-            group.broadcast(buffer, src=0, stream=stream)
-            _, names = load_into(model, [(spec.name, buffer)])
-            loaded = None if loaded is None or names is None else loaded | names
+        count, loaded = load_into(model, receive_weights(group, str(req.version)))
         check_loaded(model, loaded, "broadcast")
         self._harnessrl_synchronize()
         self._harnessrl_version = req.version
-        return {"policy_version": req.version, "tensors": len(req.tensors)}
+        return {"policy_version": req.version, "tensors": count}
 
     def harnessrl_close_broadcast(self) -> dict[str, Any]:
+        if self._harnessrl_group is not None:
+            self._harnessrl_group.close()
         self._harnessrl_group = None
         return {"closed": True}
 
@@ -260,39 +245,6 @@ class WeightSyncExtension:
         device = getattr(self, "device", None)
         if device is not None and getattr(device, "type", "cpu") == "cuda":
             torch.cuda.synchronize(device)
-
-
-def nccl_group(master_address: str, master_port: int, rank: int, world_size: int, device: Any) -> Any:
-    """A NCCL communicator over a process group of its own (vLLM's StatelessProcessGroup), so the trainer and
-    vLLM's workers meet without touching either side's global torch.distributed group."""
-    from vllm.distributed.device_communicators.pynccl import (  # pyright: ignore[reportMissingImports]
-        PyNcclCommunicator,
-    )
-    from vllm.distributed.utils import StatelessProcessGroup  # pyright: ignore[reportMissingImports]
-
-    group = StatelessProcessGroup.create(
-        host=master_address, port=master_port, rank=rank, world_size=world_size
-    )
-    return PyNcclCommunicator(group, device=device)
-
-
-class BroadcastSender:
-    """Trainer side of the NCCL fast path: rank 0 of the group the workers join with `harnessrl_init_broadcast`
-    (needs vllm installed on the trainer too, and a GPU other than the engines')."""
-
-    def __init__(self, master_address: str, master_port: int, world_size: int, device: Any) -> None:
-        self.group = nccl_group(master_address, master_port, 0, world_size, device)
-
-    def send(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Broadcasts the tensors in the order of the `ReceiveRequest` built from the same iterable."""
-        import torch
-
-        count = 0
-        for _, tensor in named:
-            self.group.broadcast(tensor.contiguous(), src=0, stream=torch.cuda.current_stream())
-            count += 1
-        torch.cuda.synchronize()
-        return count
 
 
 async def sync_in_process(llm: Any, checkpoint_dir: str, version: int) -> list[dict[str, Any]]:

@@ -7,6 +7,10 @@ engine keeps sampling the old policy.
   `GET /load_weights`; a vLLM server must run the worker extension (`harnessrl.engine.vllm_worker`) with its
   dev endpoints on (`/collective_rpc`).
 
+With `mode=broadcast` the engine must also join the trainer's broadcast group: `HTTPEngine` (our server, or
+vLLM with the extension) and a `Router` of them can; an in-process `LocalEngine` cannot (it shares the trainer's
+process: use checkpoint mode, or serve it and pass its URL).
+
 The answer is `WeightSyncUnsupported` with one line naming the engine and the fix.
 """
 
@@ -18,6 +22,7 @@ from enum import StrEnum
 
 from harnessrl.engine.base import EngineError, WeightLoadingEngine
 from harnessrl.engine.router import Router
+from harnessrl.rl.modes import WeightSyncMode
 
 EXTENSION_CLS = "harnessrl.engine.vllm_worker.WeightSyncExtension"
 VLLM_VERSION = (
@@ -40,17 +45,20 @@ class WeightSyncProtocol(StrEnum):
     VLLM = "vllm"  # vLLM + WeightSyncExtension: /pause, /collective_rpc, /reset_prefix_cache, /resume
 
 
-async def ensure_weight_sync(engine: object, name: str) -> None:
-    """Raises WeightSyncUnsupported (one line: `name`, the engine, the fix) unless `engine` can take weights."""
+async def ensure_weight_sync(
+    engine: object, name: str, mode: WeightSyncMode = WeightSyncMode.CHECKPOINT
+) -> None:
+    """Raises WeightSyncUnsupported (one line: `name`, the engine, the fix) unless `engine` can take weights
+    the way `mode` sends them."""
     try:
-        await _probe(engine)
+        await _probe(engine, WeightSyncMode(mode))
     except WeightSyncUnsupported as e:
         raise WeightSyncUnsupported(f"{name}: {e}") from e
 
 
-async def _probe(engine: object) -> None:
+async def _probe(engine: object, mode: WeightSyncMode) -> None:
     if isinstance(engine, Router):
-        results = await asyncio.gather(*(_probe(e) for e in engine.engines), return_exceptions=True)
+        results = await asyncio.gather(*(_probe(e, mode) for e in engine.engines), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         for r in failed:
             if not isinstance(r, WeightSyncUnsupported):
@@ -61,10 +69,17 @@ async def _probe(engine: object) -> None:
         return
     check = getattr(engine, "check_weight_sync", None)
     if callable(check):
-        result = check()
+        result = check(mode)
         if inspect.isawaitable(result):
             await result
         return
+    if mode is WeightSyncMode.BROADCAST:
+        raise WeightSyncUnsupported(
+            f"the in-process {type(engine).__name__} cannot join a weight broadcast (it shares the trainer's "
+            "process); use "
+            "--weight-sync checkpoint, or serve it (harnessrl engine serve, or vLLM with the worker extension) "
+            "and pass --engine-url"
+        )
     if not isinstance(engine, WeightLoadingEngine):
         raise WeightSyncUnsupported(
             f"{engine!r} has no load_weights(checkpoint_dir, version); use LocalEngine, HTTPEngine "

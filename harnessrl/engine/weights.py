@@ -27,6 +27,12 @@ def read_checkpoint(model: torch.nn.Module, directory: Path) -> dict[str, torch.
             state.update(load_file(file))
         except (SafetensorError, OSError) as e:
             raise EngineError(f"{file}: cannot read safetensors ({e})") from e
+    check_state(model, state, str(directory))
+    return state
+
+
+def check_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """EngineError naming `source` and the parameters unless `state` holds exactly the model's (shapes too)."""
     params = dict(model.named_parameters())
     config = getattr(model, "config", None)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
@@ -34,17 +40,16 @@ def read_checkpoint(model: torch.nn.Module, directory: Path) -> dict[str, torch.
     unexpected = sorted(set(state) - set(params) - tied)
     if missing or unexpected:
         raise EngineError(
-            f"{directory}: checkpoint does not match the served model "
+            f"{source}: checkpoint does not match the served model "
             f"({len(missing)} missing, e.g. {missing[:3]}; "
             f"{len(unexpected)} unexpected, e.g. {unexpected[:3]})"
         )
     for name, tensor in state.items():
         if name in params and tensor.shape != params[name].shape:
             raise EngineError(
-                f"{directory}: {name} has shape {tuple(tensor.shape)}, "
+                f"{source}: {name} has shape {tuple(tensor.shape)}, "
                 f"the served model has {tuple(params[name].shape)}"
             )
-    return state
 
 
 def copy_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:

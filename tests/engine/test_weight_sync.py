@@ -1,7 +1,7 @@
 """Weight sync reaches every engine, or the stage refuses to start: `ensure_weight_sync` against real loopback
 servers (ours, one without a weight endpoint, the vLLM stand-in with and without dev mode / the extension), and
 the vLLM protocol end to end against tests/support/fake_vllm.py, whose workers run the real
-`WeightSyncExtension` on the real tiny model."""
+`WeightSyncExtension` on the real tiny model. The broadcast path: test_weight_sync_broadcast.py."""
 
 import asyncio
 import json
@@ -16,16 +16,16 @@ from harnessrl.engine.router import Router
 from harnessrl.engine.vllm_worker import (
     INFO,
     LOAD,
+    BroadcastInit,
     LoadRequest,
     ReceiveRequest,
     WeightSyncRequestError,
     sync_in_process,
-    tensor_specs,
 )
 from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
 from harnessrl.tinymodel import load_model, load_tokenizer, tiny_model_dir
 from tests.engine.support import GREEDY, RecordedServer, recorded, run
-from tests.support.fake_vllm import FakeVLLM, FakeWorker, QueueGroup, miniature_model
+from tests.support.fake_vllm import FakeVLLM, FakeWorker, miniature_model
 
 FIX = "--worker-extension-cls harnessrl.engine.vllm_worker.WeightSyncExtension"
 
@@ -197,7 +197,12 @@ def test_vllm_sync_changes_outputs_as_the_checkpoint_does(prompt, base_model, pe
         f"/collective_rpc:{INFO}",
     ]
     assert info["results"] == [
-        {"extension": "harnessrl.WeightSyncExtension", "protocol": 1, "policy_version": 1}
+        {
+            "extension": "harnessrl.WeightSyncExtension",
+            "protocol": 2,
+            "policy_version": 1,
+            "receives": ["checkpoint", "broadcast"],
+        }
     ]
 
 
@@ -290,30 +295,15 @@ def test_every_replica_pulls_an_s3_checkpoint(s3_env, prompt, mini):
         assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
 
 
-def test_broadcast_path_receives_tensors_by_name_dtype_and_shape(prompt, mini):
-    """The NCCL fast path's orchestration and receive side; QueueGroup stands in for NCCL on CPU."""
-    model_dir, _, new_model = mini
-    named = [(n, p.detach()) for n, p in new_model.named_parameters()]
-
-    async def go(fake, client):
-        group = QueueGroup()
-        fake.worker._harnessrl_group = group  # what harnessrl_init_broadcast sets up with NCCL
-        await client.load_weights_broadcast(
-            tensor_specs(named), 5, lambda: asyncio.to_thread(group.send, named)
-        )
-        return await client.generate(prompt, GREEDY, 4)
-
-    gen = run(with_fake(go, model_dir))
-    assert gen.token_policy_versions == [5] * 4
-    assert close(gen.logprobs, teacher_forced(new_model, prompt, gen.token_ids))
-
-
 # ---- the extension's requests and in-process use -----------------------------------------------------
 
 
 def test_extension_requests_round_trip_and_name_bad_fields():
-    spec = ReceiveRequest(tensor_specs([("w", torch.zeros(2, 3, dtype=torch.bfloat16))]), 2)
-    assert ReceiveRequest.from_json(spec.to_json()) == spec and spec.tensors[0].dtype == "bfloat16"
+    assert ReceiveRequest.from_json(ReceiveRequest(2).to_json()) == ReceiveRequest(2)
+    init = BroadcastInit("10.0.0.1", 29500, 1, 3, "gloo")
+    assert BroadcastInit.from_json(init.to_json()) == init
+    with pytest.raises(WeightSyncRequestError, match="backend must be nccl or gloo, got 'mpi'"):
+        BroadcastInit.from_json(json.dumps({**json.loads(init.to_json()), "backend": "mpi"}))
     assert LoadRequest.from_json(LoadRequest("s3://b/k", 3).to_json()) == LoadRequest("s3://b/k", 3)
     for bad, message in [
         ("not json", "not a JSON string"),

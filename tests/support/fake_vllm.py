@@ -9,14 +9,14 @@ runs the named method on each worker as vLLM does: the worker is `FakeWorker`, w
 vLLM's model API (`load_weights(weights=...)` returning the loaded names) over the real model, so the
 weights generation uses really change. What is not vLLM: generation is a plain loop (one token per forward,
 its own key/value cache per request, which `reset_prefix_cache?reset_running_requests=true` drops so the
-request recomputes on the new weights, as vLLM's preemption does), and NCCL is replaced by `QueueGroup`.
+request recomputes on the new weights, as vLLM's preemption does), and the broadcast group runs over gloo on
+the CPU (the extension builds it with the same code as over nccl; the worker's `rank` is 0, one worker).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import secrets
 import time
 import uuid
@@ -66,34 +66,11 @@ class PlainWorker:
     def __init__(self, hf_model: torch.nn.Module) -> None:
         self.model_runner = ModelRunner(VLLMModelAPI(hf_model))
         self.device = torch.device("cpu")
+        self.rank = 0  # vLLM's WorkerBase: the worker's rank within the engine (tensor parallel size 1 here)
 
 
 class FakeWorker(PlainWorker, WeightSyncExtension):
     """vLLM's worker with `--worker-extension-cls harnessrl.engine.vllm_worker.WeightSyncExtension`."""
-
-
-class QueueGroup:
-    """Stands in for the NCCL communicator on CPU: the trainer `send`s tensors, each worker's `broadcast(buffer,
-    src=0)` copies the next one into its buffer (checking dtype and shape, as NCCL's byte count would)."""
-
-    def __init__(self) -> None:
-        self.pending: queue.Queue[torch.Tensor] = queue.Queue()
-
-    def send(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
-        count = 0
-        for _, tensor in named:
-            self.pending.put(tensor.detach().clone())
-            count += 1
-        return count
-
-    def broadcast(self, buffer: torch.Tensor, src: int, stream: Any = None) -> None:
-        assert src == 0
-        tensor = self.pending.get(timeout=60)
-        if tensor.dtype != buffer.dtype or tensor.shape != buffer.shape:
-            raise RuntimeError(
-                f"broadcast of {tensor.dtype}{tuple(tensor.shape)} into {buffer.dtype}{tuple(buffer.shape)}"
-            )
-        buffer.copy_(tensor)
 
 
 class FakeVLLM:

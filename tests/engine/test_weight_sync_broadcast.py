@@ -1,0 +1,217 @@
+"""Weights by broadcast, end to end over gloo on this CPU: the trainer side is the loop's own
+`BroadcastPublisher` (the same code that runs nccl on GPUs), the receivers are real `harnessrl engine serve`
+processes behind the Router, and the vLLM stand-in whose worker runs the real `WeightSyncExtension`. Also the
+one-line refusal of engines that cannot take a broadcast."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from aiohttp import web
+
+from harnessrl.engine.base import EngineError
+from harnessrl.engine.broadcast import BroadcastError, WeightGroup, buckets, receive_weights, send_weights
+from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.engine.router import Router
+from harnessrl.engine.vllm_worker import INFO, INIT_BROADCAST, RECEIVE
+from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
+from harnessrl.rl.modes import WeightSyncMode
+from harnessrl.rl.publish import BroadcastPublisher
+from harnessrl.tinymodel import load_model, load_tokenizer
+from tests.engine.support import GREEDY
+from tests.support.fake_vllm import FakeVLLM, miniature_model
+from tests.support.weight_sync import close, serve_process, teacher_forced
+
+BROADCAST = WeightSyncMode.BROADCAST
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    return load_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "Name a fruit."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory) -> tuple[Path, torch.nn.Module, torch.nn.Module]:
+    """(model dir, its model, a differently seeded model of the same shape: the "trained" weights)."""
+    model_dir = miniature_model(tmp_path_factory.mktemp("mini"), seed=0)
+    other = miniature_model(tmp_path_factory.mktemp("mini-trained"), seed=1)
+    return model_dir, load_model(model_dir).eval(), load_model(other).eval()
+
+
+@pytest.fixture
+def background_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """The event loop the engine clients live on (the RL loop's gateway loop plays this part)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+
+
+def on(loop: asyncio.AbstractEventLoop, coro):
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=120)
+
+
+def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broadcast(
+    mini, prompt, background_loop
+):
+    model_dir, base, trained = mini
+    procs = [serve_process(model_dir) for _ in range(2)]
+    clients = [HTTPEngine(url) for _, url in procs]
+    router = Router(clients, "round_robin")
+    publisher = BroadcastPublisher(router, background_loop, name="engines", bucket_bytes=64 * 1024)
+    try:
+        before = [on(background_loop, c.generate(prompt, GREEDY, 6)) for c in clients]
+        publisher.publish(1, trained.named_parameters())
+        after = [on(background_loop, c.generate(prompt, GREEDY, 6)) for c in clients]
+        publisher.publish(2, base.named_parameters())  # the same group, a second update
+        back = [on(background_loop, c.generate(prompt, GREEDY, 6)) for c in clients]
+        health = [on(background_loop, c._call("GET", "/health")) for c in clients]
+        procs[1][0].kill()  # an engine dies between two syncs: the next one fails at once, naming it
+        procs[1][0].wait()
+        t0 = time.monotonic()
+        with pytest.raises(BroadcastError, match=f"receiver failed before update 3 started: {procs[1][1]}"):
+            publisher.publish(3, trained.named_parameters())
+        failed_after_s = time.monotonic() - t0
+    finally:
+        publisher.close()
+        for c in clients:
+            on(background_loop, c.close())
+        for proc, _ in procs:
+            proc.kill()
+            proc.wait()
+    assert router.workers == 2 and publisher.group is None  # closed
+    for gen in before + back:
+        assert close(gen.logprobs, teacher_forced(base, prompt, gen.token_ids))
+    for gen, old in zip(after, before, strict=True):
+        assert gen.token_policy_versions == [1] * len(gen.token_ids)
+        assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
+        assert not close(gen.logprobs, teacher_forced(base, prompt, gen.token_ids))
+        assert gen.token_ids != old.token_ids or not close(gen.logprobs, old.logprobs)
+    assert [h["policy_version"] for h in health] == [2, 2]
+    assert failed_after_s < 30  # not the group's 600 s timeout
+
+
+def test_vllm_stand_in_receives_by_broadcast_through_the_extension(mini, prompt, background_loop):
+    model_dir, base, trained = mini
+    fake = FakeVLLM(model_dir)
+    url = on(background_loop, fake.start())
+    client = HTTPEngine(url)
+    publisher = BroadcastPublisher(client, background_loop, name="vllm")
+    try:
+        publisher.publish(3, trained.named_parameters())
+        gen = on(background_loop, client.generate(prompt, GREEDY, 6))
+        info = on(background_loop, client._call("POST", "/collective_rpc", {"method": INFO}))
+    finally:
+        publisher.close()
+        on(background_loop, client.close())
+        on(background_loop, fake.stop())
+    assert gen.token_policy_versions == [3] * 6
+    assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
+    assert info["results"][0]["policy_version"] == 3
+    assert fake.calls[:6] == [
+        f"/collective_rpc:{INFO}",
+        f"/collective_rpc:{INIT_BROADCAST}",
+        "/pause?mode=keep",
+        f"/collective_rpc:{RECEIVE}",
+        "/reset_prefix_cache?reset_running_requests=true",
+        "/resume",
+    ]
+
+
+def test_buckets_pack_mixed_dtypes_and_a_receiver_gets_every_tensor_back():
+    named = [
+        ("a", torch.arange(5, dtype=torch.float32)),
+        ("b", torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)),
+        ("c", torch.arange(3, dtype=torch.int64)),
+        ("big", torch.ones(100, dtype=torch.float32)),
+    ]
+    packed = [[(s.name, s.offset) for s, _ in b] for b in buckets(named, bucket_bytes=64)]
+    assert packed == [[("a", 0), ("b", 32)], [("c", 0)], [("big", 0)]]  # 16-byte aligned; big alone
+    store = WeightGroup.host_store("127.0.0.1", timeout_s=30)
+    got: dict[str, torch.Tensor] = {}
+
+    def receiver() -> None:
+        group = WeightGroup("127.0.0.1", store.port, 1, 2, "gloo", timeout_s=30)
+        got.update({n: t.clone() for n, t in receive_weights(group)})
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    sender = WeightGroup("127.0.0.1", store.port, 0, 2, "gloo", timeout_s=30, store=store)
+    assert send_weights(sender, iter(named), bucket_bytes=64) == 4
+    thread.join(timeout=30)
+    assert list(got) == ["a", "b", "c", "big"]
+    for name, tensor in named:
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor)
+    with pytest.raises(BroadcastError, match="rank 2 outside a group of 2"):
+        WeightGroup("127.0.0.1", store.port, 2, 2, "gloo", timeout_s=5)
+
+
+# ---- engines that cannot take a broadcast ---------------------------------------------------------------
+
+
+class OlderServer:
+    """`harnessrl engine serve` as it answered before the broadcast path: GET /load_weights lists no modes."""
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "policy", "owned_by": "harnessrl"}]})
+
+    async def weight_sync_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"policy_version": 0})
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/load_weights", self.weight_sync_info)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+def test_engines_that_cannot_take_a_broadcast_are_refused_in_one_line(engine, url):
+    older = OlderServer()
+
+    async def go():
+        old_url = await older.start()
+        ours, old = HTTPEngine(url), HTTPEngine(old_url)
+        try:
+            await ensure_weight_sync(old, "rl stage engine")  # by checkpoint it can
+            with pytest.raises(WeightSyncUnsupported) as by_http:
+                await ensure_weight_sync(Router([ours, old]), "rl stage engine", BROADCAST)
+            with pytest.raises(WeightSyncUnsupported) as in_process:
+                await ensure_weight_sync(Router([ours, engine]), "rl stage engine", BROADCAST)
+            await ensure_weight_sync(ours, "rl stage engine", BROADCAST)
+            with pytest.raises(EngineError, match="409.*POST /init_broadcast first"):
+                await ours.receive_weights_broadcast(1)
+            return old_url, str(by_http.value), str(in_process.value)
+        finally:
+            await ours.close()
+            await old.close()
+            await older.stop()
+
+    old_url, by_http, in_process = asyncio.run(go())
+    assert by_http == (
+        f"rl stage engine: router replica {old_url} cannot take weights by broadcast (GET /load_weights lists "
+        "['checkpoint']: a harnessrl engine server older than this client): serve it with this harnessrl "
+        "version, or use --weight-sync checkpoint"
+    )
+    assert "\n" not in in_process and in_process.startswith(
+        "rl stage engine: router replica the in-process LocalEngine cannot join a weight broadcast"
+    )
+    assert "--weight-sync checkpoint" in in_process and "--engine-url" in in_process
