@@ -195,6 +195,14 @@ def drop_left(cache: Cache, columns: int) -> None:
         layer._publish()
 
 
+def drop_right(cache: Cache, columns: int) -> None:
+    """Forgets the last `columns` columns of every row (speculative drafts the model did not keep): the next
+    write overwrites them."""
+    for layer in _layers(cache):
+        layer.end -= columns
+        layer._publish()
+
+
 def row_kv(cache: Cache, row: int, lo: int, hi: int) -> torch.Tensor:
     """A copy of one row's keys/values for window columns [lo, hi): `[layers, 2, heads, hi - lo, dim]`."""
     parts = []

@@ -42,6 +42,8 @@ from harnessrl.engine.weights import read_checkpoint
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_SPECULATIVE_TOKENS = 6
+
 
 class LocalEngine(SchedulerLoop):
     """`Engine` on a local transformers causal LM. Thread-safe; `generate` may be awaited from any event loop.
@@ -52,6 +54,8 @@ class LocalEngine(SchedulerLoop):
     - `prefix_cache_mb`: memory budget of the prefix cache (None: 1024; 0 turns it off); `block_tokens`: its
       block size.
     - `step_tokens`: tokens one scheduler step computes: one per decoding request plus prefill chunks.
+    - `speculative_tokens`: prompt-lookup drafts a decoding request may feed per step (`speculative.py`;
+      0 turns speculative decoding off). Exact: the tokens, and their logprobs, are the model's.
     - Default stop tokens: the tokenizer's eos and `<|im_end|>`; `stop_token_ids` adds to them (as in vLLM).
       The stop token is included in `token_ids` (it was sampled, so it is trainable).
     - `finish_reason`: a `FinishReason` (stop token, max_tokens or a full context, abort).
@@ -69,6 +73,7 @@ class LocalEngine(SchedulerLoop):
         prefix_cache_mb: float | None = None,
         step_tokens: int = DEFAULT_STEP_TOKENS,
         block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
     ) -> None:
         from harnessrl.tinymodel import load_model, load_tokenizer, tiny_model_dir
 
@@ -92,13 +97,20 @@ class LocalEngine(SchedulerLoop):
         self.vocab_size = int(config.vocab_size)
         self.default_stop = self._default_stop_ids()
         prefix_cache_mb = DEFAULT_PREFIX_CACHE_MB if prefix_cache_mb is None else prefix_cache_mb
-        if max_batch < 1 or step_tokens < 1 or block_tokens < 1 or prefix_cache_mb < 0:
+        if (
+            max_batch < 1
+            or step_tokens < 1
+            or block_tokens < 1
+            or prefix_cache_mb < 0
+            or speculative_tokens < 0
+        ):
             raise EngineError(
-                "need max_batch, step_tokens and block_tokens >= 1 and prefix_cache_mb >= 0, got "
-                f"{max_batch}, {step_tokens}, {block_tokens} and {prefix_cache_mb}"
+                "need max_batch, step_tokens and block_tokens >= 1, prefix_cache_mb and speculative_tokens >= 0, "
+                f"got {max_batch}, {step_tokens}, {block_tokens}, {prefix_cache_mb} and {speculative_tokens}"
             )
         self.max_batch = max_batch
         self.step_tokens = step_tokens
+        self.speculative_tokens = speculative_tokens
         self.policy_version = policy_version
         self.steps = 0  # decode steps run (for tests and metrics)
         heads = int(config.num_key_value_heads)
@@ -278,6 +290,7 @@ class LocalEngine(SchedulerLoop):
             prefix_cache_capacity_blocks=self.prefix_cache.capacity_blocks,
             block_tokens=self.prefix_cache.block_tokens,
             step_tokens=self.step_tokens,
+            speculative_tokens=self.speculative_tokens,
             threads=torch.get_num_threads(),
             adaptive_threads=self._adaptive is not None,
             thread_switches=self._adaptive.switches if self._adaptive else 0,

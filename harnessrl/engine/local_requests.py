@@ -12,6 +12,7 @@ from transformers.cache_utils import Cache
 
 from harnessrl.engine.base import EngineRequestError, FinishReason, Generation, SamplingParams
 from harnessrl.engine.sampling import RowSampling, SampledToken
+from harnessrl.engine.speculative import NgramIndex
 
 
 def validate_request(
@@ -59,13 +60,13 @@ class LocalRequest:
     versions: list[int] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     cached: int = 0  # tokens of this request in the KV cache
-    pending_token: int = -1  # sampled but not yet fed to the model
     aborted: bool = False
     # prefill: its own one-row KV cache until the whole prompt is in it (then it joins the decode batch)
     prefill_cache: Cache | None = None
     prefix_hit: int = 0  # prompt tokens whose keys/values came from the prefix cache
     blocks_in_prefix_cache: int = 0  # leading full blocks of prompt + output known to be in the prefix cache
     kv_epoch: int = -1  # prefix cache epoch when its KV started (a flush since: its KV must not be shared)
+    index: NgramIndex | None = None  # prompt + output, for speculative drafts (set when decoding starts)
     prefill_started_at: float = 0.0
     prefill_s: float = 0.0
     first_token_at: float = 0.0
@@ -83,9 +84,19 @@ class LocalRequest:
         self.versions.append(version)
         if token.top is not None:
             self.tops.append(token.top)
-        self.pending_token = token.token_id
+        if self.index is not None:
+            self.index.extend([token.token_id])
         if self.listener is not None:
             self.listener((token.token_id, token.logprob, version))
+
+    def unfed(self) -> list[int]:
+        """Tokens sampled but not yet fed to the model (their keys/values are not in the cache): the last one,
+        or a few more after a speculative step that kept more tokens for this row than for another."""
+        return self.out_ids[self.cached - len(self.prompt) :]
+
+    def remaining(self, max_context: int) -> int:
+        """Tokens it may still emit (max_tokens, and the model's context)."""
+        return min(self.max_tokens, max_context - len(self.prompt)) - len(self.out_ids)
 
     def tokens(self) -> list[int]:
         """The tokens whose keys/values are in the KV cache: the prompt, then the sampled tokens fed back."""

@@ -29,7 +29,8 @@ from harnessrl.engine.local_requests import LocalRequest
 from harnessrl.engine.local_stats import EngineStats, ModelShape
 from harnessrl.engine.packed import Chunk, StepPlan
 from harnessrl.engine.prefix_cache import PrefixCache, block_keys
-from harnessrl.engine.sampling import SampledToken, sample
+from harnessrl.engine.sampling import SampledToken, sample, verify
+from harnessrl.engine.speculative import NgramIndex
 from harnessrl.engine.threads import AdaptiveThreads
 from harnessrl.engine.weights import copy_weights
 
@@ -52,6 +53,7 @@ class SchedulerLoop:
     max_context: int
     max_batch: int
     step_tokens: int
+    speculative_tokens: int
     policy_version: int
     steps: int
     prefix_cache: PrefixCache
@@ -158,23 +160,32 @@ class SchedulerLoop:
         return chunks
 
     def _step(self) -> None:
-        """One forward pass: a token for every decoding request plus prefill chunks within the step's token
-        budget (`packed.py`). Then the decode rows sample, and a request whose whole prompt is now in its cache
-        samples its first token and joins the decode batch."""
+        """One forward pass: the tokens of every decoding request plus prefill chunks within the step's token
+        budget (`packed.py`). A decoding request feeds the tokens it has sampled but not yet fed (usually one)
+        and, with speculative decoding, prompt-lookup drafts; it then emits the tokens the model itself
+        produces (`sampling.verify`). A request whose whole prompt is now in its cache samples its first token
+        and joins the decode batch."""
         rows = list(self._active)  # joining requests are appended to self._active below
-        chunks = self._plan_chunks(max(self.step_tokens - len(rows), self.prefix_cache.block_tokens))
+        feeds = [r.unfed() for r in rows]
+        drafts = self._drafts(rows, sum(len(f) for f in feeds))
+        decode_tokens = sum(len(f) + len(d) for f, d in zip(feeds, drafts, strict=True))
+        chunks = self._plan_chunks(max(self.step_tokens - decode_tokens, self.prefix_cache.block_tokens))
         if not rows and not chunks:
             return
         start = time.perf_counter()
-        ids = [r.pending_token for r in rows]
-        positions = [r.cached for r in rows]
+        ids: list[int] = []
+        positions: list[int] = []
+        keep: list[int] = []  # logits rows: after each row's last unfed token and after each draft, ...
+        slots: list[int] = []
+        columns = max((len(f) + len(d) for f, d in zip(feeds, drafts, strict=True)), default=1)
+        for r, (request, fed, draft) in enumerate(zip(rows, feeds, drafts, strict=True)):
+            keep += range(len(ids) + len(fed) - 1, len(ids) + len(fed) + len(draft))
+            slots += range(r * columns, r * columns + len(fed) + len(draft))
+            ids += fed + draft
+            positions += range(request.cached, request.cached + len(fed) + len(draft))
         plan = StepPlan()
         if rows:
-            width = kv.cache_length(self._cache)
-            pads = torch.tensor([width - r.cached for r in rows])
-            mask = torch.arange(width + 1)[None, :] >= pads[:, None]
-            plan = StepPlan(self._cache, len(rows), mask[:, None, None, :].to(self.device))
-        keep = list(range(len(rows)))
+            plan = self._decode_plan(rows, columns, slots)
         completing: list[LocalRequest] = []
         for request, n in chunks:
             assert request.prefill_cache is not None
@@ -182,7 +193,7 @@ class SchedulerLoop:
             ids += request.prompt[request.cached : request.cached + n]
             positions += range(request.cached, request.cached + n)
             if request.cached + n == len(request.prompt):
-                keep.append(len(ids) - 1)
+                keep.append(len(ids) - 1)  # ... then each completing prefill's last token
                 completing.append(request)
         out = self.model(
             input_ids=torch.tensor([ids], device=self.device),
@@ -194,27 +205,122 @@ class SchedulerLoop:
         )
         logits = out.logits[0]
         flops = 0.0
-        for request in rows:
-            flops += self._shape.flops(1, request.cached, logits_rows=1)
-            request.cached += 1
+        for request, fed, draft in zip(rows, feeds, drafts, strict=True):
+            flops += self._shape.flops(len(fed) + len(draft), request.cached, logits_rows=len(draft) + 1)
         for request, n in chunks:
             flops += self._shape.flops(n, request.cached, logits_rows=int(request in completing))
             request.cached += n
             assert request.prefill_cache is not None
             self._share(request, request.prefill_cache, 0, 0)
+        decode_logits = len(keep) - len(completing)
+        emitted = 0
         if rows:
-            for request, token in zip(rows, sample(logits[: len(rows)], [r.row for r in rows]), strict=True):
-                self._accept(request, token)
+            emitted = self._verify(rows, feeds, drafts, columns, logits[:decode_logits])
             self.steps += 1
         for i, request in enumerate(completing):
             self._prefilling.remove(request)
-            self._join_batch(request, logits[len(rows) + i : len(rows) + i + 1])
-        self._count_step(time.perf_counter() - start, flops, len(rows), sum(n for _, n in chunks))
+            self._join_batch(request, logits[decode_logits + i : decode_logits + i + 1])
+        self._count_step(
+            time.perf_counter() - start,
+            flops,
+            len(rows),
+            sum(n for _, n in chunks),
+            decode_tokens,
+            sum(len(d) for d in drafts),
+            emitted,
+        )
 
-    def _count_step(self, seconds: float, flops: float, rows: int, prefill_tokens: int) -> None:
+    def _drafts(self, rows: list[LocalRequest], fed: int) -> list[list[int]]:
+        """Each decoding row's prompt-lookup drafts (`speculative.py`): at most `speculative_tokens`, none past
+        the request's end, and all of them together within half of the step's token budget."""
+        budget = self.step_tokens // 2 - fed
+        drafts: list[list[int]] = []
+        for request in rows:
+            room = min(self.speculative_tokens, request.remaining(self.max_context) - 1, budget)
+            draft = request.index.draft(room) if request.index is not None and room > 0 else []
+            budget -= len(draft)
+            drafts.append(draft)
+        return drafts
+
+    def _decode_plan(self, rows: list[LocalRequest], columns: int, slots: list[int]) -> StepPlan:
+        """The decode rows' part of the step: their attention mask (the row's own window columns; among the
+        new columns, those at or before the query's) and, for several tokens per row, where each goes."""
+        width = kv.cache_length(self._cache)
+        pads = torch.tensor([width - r.cached for r in rows])
+        own = torch.arange(width)[None, :] >= pads[:, None]
+        if columns == 1:
+            mask = torch.cat((own, torch.ones(len(rows), 1, dtype=torch.bool)), dim=1)
+            return StepPlan(
+                self._cache, len(rows), mask[:, None, None, :].to(self.device), decode_tokens=len(rows)
+            )
+        causal = torch.ones(columns, columns, dtype=torch.bool).tril_()
+        mask = torch.cat(
+            (own[:, None, :].expand(-1, columns, -1), causal[None].expand(len(rows), -1, -1)), dim=2
+        )
+        return StepPlan(
+            self._cache,
+            len(rows),
+            mask.to(self.device),
+            columns=columns,
+            slots=torch.tensor(slots, dtype=torch.long, device=self.device),
+            decode_tokens=len(slots),
+        )
+
+    def _verify(
+        self,
+        rows: list[LocalRequest],
+        feeds: list[list[int]],
+        drafts: list[list[int]],
+        columns: int,
+        logits: torch.Tensor,
+    ) -> int:
+        """Emits each decode row's tokens (its drafts the model keeps, then one of its own), then keeps in the
+        batch cache the columns every row computed validly — `m`, the fewest over the rows: every row's cache
+        must end at the shared write column. A row's kept tokens beyond `m` stay unfed and are fed again
+        (recomputed) next step. Returns the tokens emitted."""
+        valid: list[int] = []
+        emitted = 0
+        for request, fed, draft, tokens in zip(
+            rows, feeds, drafts, verify(logits, [r.row for r in rows], drafts), strict=True
+        ):
+            kept = 0
+            for token in tokens:
+                self._accept(request, token)
+                kept += int(kept < len(draft) and token.token_id == draft[kept])
+                if token.token_id in request.stop:
+                    break
+            emitted += len(request.out_ids) - (request.cached + len(fed) - len(request.prompt))
+            valid.append(len(fed) + kept)
+        m = min(valid)
+        width = kv.cache_length(self._cache) - columns  # before this step's columns
+        for i, (request, v) in enumerate(zip(rows, valid, strict=True)):
+            if v > m and self._finished_reason(request):  # its keys/values past m are lost at retirement
+                before = request.cached
+                # like every finishing request, without its last token (never fed in a plain step)
+                request.cached = min(before + v, len(request.prompt) + len(request.out_ids) - 1)
+                self._share(request, self._cache, i, width - before)
+                request.cached = before
+            request.cached += m
+        if columns > m:
+            kv.drop_right(self._cache, columns - m)
+        return emitted
+
+    def _count_step(
+        self,
+        seconds: float,
+        flops: float,
+        rows: int,
+        prefill_tokens: int,
+        decode_tokens: int = 0,
+        drafted: int = 0,
+        emitted: int = 0,
+    ) -> None:
         """Steps that carried prefill tokens count as prefill (with the decode rows that rode along), the
         others as decode."""
         stats = self._stats
+        stats.decode_fed_tokens += decode_tokens
+        stats.speculative_drafted_tokens += drafted
+        stats.decode_emitted_tokens += emitted
         if prefill_tokens:
             stats.prefill_forward_s += seconds
             stats.prefill_flops += flops
@@ -255,6 +361,8 @@ class SchedulerLoop:
 
     def _join_batch(self, request: LocalRequest, logits: torch.Tensor) -> None:
         self._accept(request, sample(logits, [request.row])[0])
+        if self.speculative_tokens:
+            request.index = NgramIndex(request.prompt + request.out_ids)
         single, request.prefill_cache = request.prefill_cache, None
         if request.result.done() or self._finished_reason(request):
             self._finish(request, self._finished_reason(request) or FinishReason.ABORT)
@@ -273,7 +381,7 @@ class SchedulerLoop:
             return FinishReason.ABORT
         if request.out_ids and request.out_ids[-1] in request.stop:
             return FinishReason.STOP
-        if len(request.out_ids) >= request.max_tokens or request.cached + 1 >= self.max_context:
+        if request.remaining(self.max_context) <= 0:
             return FinishReason.LENGTH
         return None
 

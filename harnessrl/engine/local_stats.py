@@ -58,7 +58,10 @@ class EngineStats:
     decode_forward_s: float = 0.0
     decode_flops: float = 0.0
     decode_steps: int = 0  # steps with decode rows (either kind)
-    decode_row_tokens: int = 0  # tokens fed by decode rows (rows x steps)
+    decode_row_tokens: int = 0  # decode rows summed over steps (rows x steps)
+    decode_fed_tokens: int = 0  # tokens decode rows fed (pending tokens and speculative drafts)
+    decode_emitted_tokens: int = 0  # tokens decode rows emitted (without each request's first token)
+    speculative_drafted_tokens: int = 0  # prompt-lookup drafts fed
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     def as_dict(self) -> dict[str, object]:
@@ -72,6 +75,9 @@ class EngineStats:
             if self.prefill_forward_s
             else 0.0,
             decode_flops_per_s=self.decode_flops / self.decode_forward_s if self.decode_forward_s else 0.0,
+            decode_tokens_per_row_step=self.decode_emitted_tokens / self.decode_row_tokens
+            if self.decode_row_tokens
+            else 0.0,
             prefix_cache_hit_rate=round(self.prefix_cache.hit_rate, 4),
             prefix_cache=self.prefix_cache.as_dict(),
         )

@@ -35,12 +35,32 @@ class Chunk:
 
 @dataclass
 class StepPlan:
-    """The packed sequence is [decode rows..., chunk 0 tokens..., chunk 1 tokens..., ...]."""
+    """The packed sequence is [decode tokens..., chunk 0 tokens..., chunk 1 tokens..., ...].
+
+    A decode row feeds one token (its pending token), or with speculative decoding several (tokens not yet in
+    its cache, then drafts): `columns` new columns are then written for every row, row r's j-th fed token at
+    column j, and `slots` gives each packed decode token's place `r * columns + j` in that grid."""
 
     batch: Cache | None = None  # the decode batch's cache (None: no decode rows this step)
     rows: int = 0
-    row_mask: torch.Tensor | None = None  # [rows, 1, 1, window + 1] bool: the row's own columns
+    # [rows, 1, 1, window + 1] bool (one column each) or [rows, columns, window + columns] (several): the
+    # row's own columns, and among the new ones those at or before the query's own (causal)
+    row_mask: torch.Tensor | None = None
     chunks: list[Chunk] = field(default_factory=list)
+    columns: int = 1
+    slots: torch.Tensor | None = None  # [decode tokens] long, when columns > 1
+    decode_tokens: int = 0  # packed decode tokens (rows when columns == 1)
+    _grouped_mask: torch.Tensor | None = None  # row_mask expanded to the query heads of a kv head (cached)
+
+    def grouped_mask(self, groups: int) -> torch.Tensor:
+        """[rows, 1, columns * groups, window + columns]: query (j, g) of a kv head is row j's token."""
+        if self._grouped_mask is None:
+            assert self.row_mask is not None
+            n, c, w = self.row_mask.shape
+            self._grouped_mask = (
+                self.row_mask[:, :, None, :].expand(n, c, groups, w).reshape(n, 1, c * groups, w)
+            )
+        return self._grouped_mask
 
 
 def packed_attention(
@@ -61,7 +81,9 @@ def packed_attention(
     heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[-1]
     groups = heads // kv_heads
     out = query.new_empty(query.shape[2], heads, dim)
-    if plan.rows:
+    if plan.rows and plan.columns > 1:
+        _decode_columns(plan, layer_idx, query, key, value, out, scaling)
+    elif plan.rows:
         assert plan.batch is not None and plan.row_mask is not None
         n = plan.rows
         new_k = key[0, :, :n].transpose(0, 1).unsqueeze(2)  # [rows, kv_heads, 1, dim]
@@ -82,6 +104,38 @@ def packed_attention(
         )
         out[s:e] = attended[0].transpose(0, 1)
     return out.unsqueeze(0), None
+
+
+def _decode_columns(
+    plan: StepPlan,
+    layer_idx: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    scaling: float | None,
+) -> None:
+    """Decode rows feeding several tokens each: scattered into a [rows, columns] grid (a row feeding fewer
+    leaves zeros, whose columns no kept query sees and the scheduler drops), written to the batch cache as
+    `columns` new columns, attended with the row's mask (window + causal among the new columns)."""
+    assert plan.batch is not None and plan.slots is not None
+    n, c, t, slots = plan.rows, plan.columns, plan.decode_tokens, plan.slots
+    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[-1]
+    groups = heads // kv_heads
+
+    def grid(x: torch.Tensor) -> torch.Tensor:  # [1, h, T, dim] -> [rows, h, columns, dim]
+        h = x.shape[1]
+        full = x.new_zeros(n * c, h, dim).index_copy_(0, slots, x[0, :, :t].transpose(0, 1))
+        return full.view(n, c, h, dim).transpose(1, 2)
+
+    keys, values = kv.layer(plan.batch, layer_idx).update(grid(key), grid(value))
+    # queries [rows, kv_heads, columns * groups, dim]: head kv * groups + g of column j at j * groups + g
+    q = grid(query).reshape(n, kv_heads, groups, c, dim).transpose(2, 3).reshape(n, kv_heads, c * groups, dim)
+    rows = functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=plan.grouped_mask(groups), scale=scaling
+    )
+    rows = rows.reshape(n, kv_heads, c, groups, dim).transpose(1, 2).reshape(n * c, heads, dim)
+    out[:t] = rows.index_select(0, slots)
 
 
 def register() -> str:

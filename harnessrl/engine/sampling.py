@@ -31,22 +31,26 @@ class SampledToken:
     top: list[tuple[int, float]] | None  # (token id, logprob) alternatives, best first, if asked for
 
 
-def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
-    """`logits`: [batch, vocab] for the next position of each row."""
+def distributions(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`logits` as float on CPU, the log-probs each row draws from: log_softmax(logits / temperature) within
+    its top-p nucleus, renormalized; greedy rows: the plain log_softmax). `logits`: [rows, vocab]."""
     # Sampling runs on CPU (per-request CPU generators; [batch, vocab] is small next to a forward pass).
     logits = logits.detach().float().cpu()
     temps = torch.tensor([r.temperature for r in rows], dtype=logits.dtype)
-    greedy = temps <= 0
-    scale = torch.where(greedy, torch.ones_like(temps), temps)
+    scale = torch.where(temps <= 0, torch.ones_like(temps), temps)
     logp = torch.log_softmax(logits / scale[:, None], dim=-1)
-
     nucleus_rows = [i for i, r in enumerate(rows) if 0 < r.top_p < 1 and r.temperature > 0]
     if nucleus_rows:
-        logp = logp.clone()
         idx = torch.tensor(nucleus_rows)
         top_p = torch.tensor([rows[i].top_p for i in nucleus_rows], dtype=logits.dtype)
         logp[idx] = _restrict_to_nucleus(logp[idx], top_p)
+    return logits, logp
 
+
+def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
+    """`logits`: [batch, vocab] for the next position of each row."""
+    logits, logp = distributions(logits, rows)
+    greedy = torch.tensor([r.temperature <= 0 for r in rows])
     chosen = torch.empty(len(rows), dtype=torch.long)
     sampled_rows = [i for i in range(len(rows)) if not bool(greedy[i])]
     if len(sampled_rows) < len(rows):
@@ -55,7 +59,7 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     if sampled_rows:
         idx = torch.tensor(sampled_rows)
         # u in (0, 1]: one draw per row from that row's own generator (inverse-CDF sampling).
-        u = torch.stack([1.0 - torch.rand((), generator=rows[i].generator) for i in sampled_rows])
+        u = torch.stack([_uniform(rows[i].generator) for i in sampled_rows])
         cdf = torch.cumsum(logp[idx].exp(), dim=-1)
         picks = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1).to(cdf.dtype)).squeeze(-1)
         chosen[idx] = picks.clamp_(max=logits.shape[-1] - 1)
@@ -73,6 +77,59 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
             top = list(zip(top_ids.tolist(), top_vals.tolist(), strict=True))
         out.append(SampledToken(ids[i], lps[i], top))
     return out
+
+
+def verify(
+    logits: torch.Tensor, rows: list[RowSampling], drafts: list[list[int]]
+) -> list[list[SampledToken]]:
+    """Speculative decoding's acceptance, exact: row r fed its drafts after its pending token, and its
+    `len(drafts[r]) + 1` logits rows (consecutive in `logits`, row after row) are the model's next-token
+    logits after the pending token and after each draft. Walking them in order, each position's token is
+    drawn from the model's distribution p there, given that every earlier draft was kept: greedy rows take
+    the argmax; sampled rows keep the draft d with probability p(d) (the rejection rule for a proposal that
+    is certain, q(d) = 1) and otherwise draw from p without d, renormalized — so the emitted token is
+    distributed exactly as p. The walk stops at the first token that differs from its draft (or after the
+    last draft: a bonus token). Each token's logprob is log p(token), as `sample` reports it. Returns the
+    emitted tokens of each row (at least one)."""
+    per_position = [row for row, draft in zip(rows, drafts, strict=True) for _ in range(len(draft) + 1)]
+    logits, logp = distributions(logits, per_position)
+    argmax = logits.argmax(dim=-1).tolist()
+    out: list[list[SampledToken]] = []
+    position = 0
+    for row, draft in zip(rows, drafts, strict=True):
+        tokens: list[SampledToken] = []
+        for i in range(len(draft) + 1):
+            here = logp[position + i]
+            proposal = draft[i] if i < len(draft) else None
+            token = argmax[position + i] if row.temperature <= 0 else _draw(here, row.generator, proposal)
+            top = None
+            if row.top_logprobs > 0:
+                best = here.topk(row.top_logprobs)
+                top = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+            tokens.append(SampledToken(token, float(here[token]), top))
+            if token != proposal:
+                break
+        out.append(tokens)
+        position += len(draft) + 1
+    return out
+
+
+def _uniform(generator: torch.Generator) -> torch.Tensor:
+    """u in (0, 1] from the row's own generator."""
+    return 1.0 - torch.rand((), generator=generator)
+
+
+def _draw(logp: torch.Tensor, generator: torch.Generator, proposal: int | None) -> int:
+    """One token from exp(`logp`) [vocab]; with a `proposal`, the rejection rule: keep it with probability
+    p(proposal), else draw from p without it."""
+    if proposal is not None:
+        if bool(_uniform(generator) <= logp[proposal].exp()):
+            return proposal
+        logp = logp.clone()
+        logp[proposal] = float("-inf")
+    cdf = torch.cumsum(logp.exp(), dim=-1)
+    pick = int(torch.searchsorted(cdf, (_uniform(generator) * cdf[-1]).reshape(1).to(cdf.dtype)))
+    return min(pick, logp.shape[-1] - 1)
 
 
 _NUCLEUS_CANDIDATES = 1024

@@ -1,0 +1,110 @@
+"""Speculative decoding with prompt-lookup drafts: the drafts, the exact acceptance rule, and the engine's
+output with speculation equal to its output without (greedy token for token; sampled logprobs the model's)."""
+
+import math
+
+import pytest
+import torch
+
+from harnessrl.engine.base import SamplingParams
+from harnessrl.engine.sampling import RowSampling, _draw, _restrict_to_nucleus, verify
+from harnessrl.engine.speculative import NgramIndex
+from tests.engine.agentic import AgenticWorkload
+from tests.engine.support import run
+
+
+def test_ngram_index_drafts_what_followed_the_latest_match_of_the_longest_suffix():
+    index = NgramIndex([1, 2, 3, 4, 5, 9, 2, 3, 7, 8], max_n=3)
+    assert index.draft(3) == []  # the suffix (..., 8) never occurred before
+    index.extend([9, 2, 3])  # suffix (9, 2, 3) occurred at 5..7, followed by 7, 8, 9, 2
+    assert index.draft(4) == [7, 8, 9, 2]
+    index.extend([4])  # (3, 4) occurred once, followed by 5, 9
+    assert index.draft(2) == [5, 9]
+    assert index.draft(0) == []
+    index.extend([6])
+    assert index.draft(3) == []
+
+
+def _row(temperature: float, seed: int = 0, top_p: float = 1.0) -> RowSampling:
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return RowSampling(temperature, top_p, generator)
+
+
+def test_verify_greedy_keeps_drafts_while_they_are_the_argmax():
+    logits = torch.full((4, 6), -5.0)
+    for position, best in enumerate([2, 3, 1, 4]):
+        logits[position, best] = 5.0
+    out = verify(logits, [_row(0.0)], [[2, 3, 5]])  # the third draft (5) is not the argmax (1)
+    assert [t.token_id for t in out[0]] == [2, 3, 1]
+    assert out[0][0].logprob == pytest.approx(float(torch.log_softmax(logits[0], -1)[2]))
+    # all drafts kept: the bonus token from the last position; no drafts: one token
+    assert [t.token_id for t in verify(logits[:3], [_row(0.0)], [[2, 3]])[0]] == [2, 3, 1]
+    two_rows = verify(torch.cat((logits[:1], logits[:2])), [_row(0.0), _row(0.0)], [[], [0]])
+    assert [[t.token_id for t in row] for row in two_rows] == [[2], [2]]
+
+
+def test_verify_sampled_rule_draws_exactly_from_the_model_distribution():
+    """A draft kept with probability p(draft), else a token from p without it: the emitted token is distributed
+    as p (whatever the draft), and its logprob is log p(token) under temperature and top-p."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    temperature, top_p = 0.8, 0.9
+    p = _restrict_to_nucleus(torch.log_softmax(logits[:1] / temperature, -1), torch.tensor([top_p]))[0].exp()
+    for draft in (1, 4):  # a likely draft, and one outside the nucleus (never kept)
+        row = _row(temperature, seed=draft, top_p=top_p)
+        first = verify(logits, [row], [[draft]])[0][0]
+        assert first.logprob == pytest.approx(math.log(p[first.token_id]), abs=1e-5)
+        counts = torch.zeros(5)
+        draws = 4000
+        for _ in range(draws):
+            counts[_draw(p.log(), row.generator, draft)] += 1
+        # every bin within 4.5 standard deviations of its expected count
+        sd = (draws * p * (1 - p)).sqrt()
+        assert ((counts - draws * p).abs() <= 4.5 * sd + 1).all(), (counts / draws, p)
+    assert counts[4] == 0
+
+
+@pytest.fixture(scope="module")
+def plain_engine():
+    """The model without speculative decoding: the reference."""
+    from harnessrl.engine.local import LocalEngine
+
+    eng = LocalEngine(max_batch=8, speculative_tokens=0)
+    yield eng
+    eng.close()
+
+
+def test_speculative_greedy_equals_plain_greedy_token_for_token(engine, plain_engine):
+    """Three concurrent agentic sessions (their histories repeat tool names and listings, so drafts are kept):
+    the same tokens and logprobs with speculation as without, with fewer decode steps."""
+    workload = AgenticWorkload(engine.tokenizer, sessions=3, turns=2, max_tokens=16)
+    plain = run(workload.run(plain_engine))
+    before = engine.stats()
+    fast = run(workload.run(engine))
+    after = engine.stats()
+    assert [t.outputs for t in fast] == [t.outputs for t in plain]
+    emitted = after["decode_emitted_tokens"] - before["decode_emitted_tokens"]
+    row_steps = after["decode_row_tokens"] - before["decode_row_tokens"]
+    assert after["speculative_drafted_tokens"] > before["speculative_drafted_tokens"]
+    assert emitted > 1.3 * row_steps  # drafts were kept: more tokens than row-steps
+
+
+def test_speculative_sampled_logprobs_are_the_models(engine, chat):
+    """A sampled request whose drafts are kept: every token's logprob equals a full forward pass's
+    log_softmax(logits / T) within the top-p nucleus."""
+    prompt = chat("Repeat this line ten times: the cat sat on the mat. the cat sat on the mat.")
+    temperature, top_p = 0.5, 0.95
+    before = engine.stats()
+    gen = run(engine.generate(prompt, SamplingParams(temperature=temperature, top_p=top_p, seed=3), 40))
+    after = engine.stats()
+    assert after["decode_emitted_tokens"] - before["decode_emitted_tokens"] > (
+        after["decode_row_tokens"] - before["decode_row_tokens"]
+    )
+    ids = torch.tensor([prompt + gen.token_ids])
+    with torch.inference_mode():
+        logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    logp = _restrict_to_nucleus(
+        torch.log_softmax(logits / temperature, dim=-1), torch.full((len(logits),), top_p)
+    )
+    expected = logp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=2e-3)
