@@ -14,7 +14,8 @@ rollouts per task; `eval_k=1` is greedy).
 
 `rl-loop` runs engine(s), gateway, rollout workers, verifiers and the trainer for `steps` optimizer steps
 (mode `sync` | `colocated` | `separate`, docs/rl.md); weights sync into the engines in place, so no step
-starts cold. The rounds unrolled into separate generate → verify → train steps are `harnessrl-rounds`
+starts cold. `rl_gpus` is read when the run starts: the step's GPU request (the compiled `resourceCount` is that
+parameter) and its trainer ranks (`nproc`) both follow it. The rounds unrolled into separate generate → verify → train steps are `harnessrl-rounds`
 (pipelines/rounds.py). GPU steps (difficulty, cold-start, rl-loop, evaluate) are placed on GPU nodes and the steps that stream large
 objects get the S3 credentials from a Secret; kfp.local ignores both, so the same pipeline runs locally and
 on a cluster.
@@ -72,6 +73,7 @@ def build_full(cold_start: bool = False):
         max_staleness: int = 1,
         save_every: int = 0,
         config_json: str = "{}",
+        rl_gpus: int = 1,  # the rl-loop step's GPUs and trainer ranks, set per run
         eval_k: int = 4,
         cold_start_epochs: int = 3,  # harnessrl-full-cold-start only, as the next one
         cold_start_config_json: str = "{}",  # the sft stage's settings (harnessrl.train.sft.SftConfig)
@@ -124,8 +126,9 @@ def build_full(cold_start: bool = False):
             specs_json=specs_json,
             config_json=config_json,
             seed=seed,
+            nproc=rl_gpus,
         )
-        gpu_step(trained, gpus=1)
+        gpu_step(trained, gpus=rl_gpus)
         use_s3_credentials(trained)
         evaluation = evaluate(
             tasks=selection.outputs["held_out"],

@@ -40,8 +40,9 @@ def gpu_step(
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping] | None = None,
 ) -> dsl.PipelineTask:
-    """Requests `gpus` accelerators plus CPU/memory and pins the step to GPU nodes (selector + toleration)."""
-    if gpus < 1:
+    """Requests `gpus` accelerators plus CPU/memory and pins the step to GPU nodes (selector + toleration).
+    `gpus` may be a pipeline parameter: the count is then set when the run starts (KFP's `resourceCount`)."""
+    if isinstance(gpus, int) and gpus < 1:
         raise ValueError(f"gpu_step: gpus must be >= 1, got {gpus}")
     task.set_accelerator_type(accelerator).set_accelerator_limit(gpus)
     task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)

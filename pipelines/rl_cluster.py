@@ -20,6 +20,7 @@ import json
 from collections.abc import Sequence
 
 from kfp import dsl
+from kfp.dsl import pipeline_channel
 
 from components.launch_rl.component import delete_rl_job, launch_rl
 
@@ -37,11 +38,15 @@ def add_rl_on_ray(
     gpu_image: str = "",
     timeout_s: float = 0.0,
     data_pvc: str = "",
+    nproc: int = 1,
     run_id: str = dsl.PIPELINE_JOB_ID_PLACEHOLDER,
 ) -> dsl.PipelineTask:
     """`rl_args`: the arguments of `harnessrl stage rl`, as a list or a JSON string (e.g. a pipeline parameter).
-    Returns the launcher task (to chain evaluation after it)."""
-    args_json = rl_args if isinstance(rl_args, str) else json.dumps(list(rl_args))
+    The sizes (`workers`, `gpus_per_worker`, `driver_gpus`, `nproc`: the driver's trainer ranks) may be
+    pipeline parameters: the launcher reads them when it runs. Returns the launcher task (to chain evaluation
+    after it)."""
+    given = isinstance(rl_args, str | pipeline_channel.PipelineChannel)  # a JSON string, maybe a parameter
+    args_json = rl_args if given else json.dumps(list(rl_args))
     cleanup = delete_rl_job(run_id=run_id, namespace=namespace)
     cleanup.set_caching_options(False).set_display_name("delete-rayjob")
     with dsl.ExitHandler(cleanup, name="rl-on-ray"):
@@ -58,6 +63,7 @@ def add_rl_on_ray(
             worker_memory=worker_memory,
             timeout_s=timeout_s,
             data_pvc=data_pvc,
+            nproc=nproc,
         )
         launch.set_caching_options(False).set_display_name("rl-on-ray")
     return launch

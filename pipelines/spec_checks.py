@@ -4,6 +4,7 @@ that credentials come from Secrets. Used by tests and by `harnessrl compile --ch
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -63,19 +64,45 @@ class CompiledPipeline:
     def gpu_tasks(self) -> list[tuple[str, str, str]]:
         return [t for t in self.tasks() if self.resources(t[2]).get("accelerator")]
 
+    def accelerator_count(self, label: str) -> int | str:
+        """Executor `label`'s accelerator count: a number, or the name of the pipeline parameter that sets it
+        when the run starts (`resourceCount` is then that parameter's placeholder)."""
+        acc = self.resources(label).get("accelerator", {})
+        raw = str(acc.get("resourceCount") or acc.get("count") or 0)
+        runtime = _RUNTIME_PARAMETER.fullmatch(raw)
+        return runtime.group(1) if runtime else int(raw)
+
+
+# how the compiler writes a resource set from a pipeline parameter
+_RUNTIME_PARAMETER = re.compile(r"\{\{\$\.inputs\.parameters\['pipelinechannel--(.+)'\]\}\}")
+
 
 def gpu_problems(
-    compiled: CompiledPipeline, label: str, *, gpus: int | None = None, accelerator: str = "nvidia.com/gpu"
+    compiled: CompiledPipeline,
+    label: str,
+    *,
+    gpus: int | str | None = None,
+    accelerator: str = "nvidia.com/gpu",
 ) -> list[str]:
-    """What is missing for executor `label` to land on a GPU node with its GPUs; [] when placement is complete."""
+    """What is missing for executor `label` to land on a GPU node with its GPUs; [] when placement is complete.
+    `gpus`: the expected count, or the pipeline parameter expected to set it at run time."""
     problems: list[str] = []
     res = compiled.resources(label)
     acc = res.get("accelerator", {})
     kind = acc.get("resourceType") or acc.get("type")
-    count = int(acc.get("resourceCount") or acc.get("count") or 0)
+    count = compiled.accelerator_count(label)
     if kind != accelerator:
         problems.append(f"{label}: accelerator type {kind!r}, expected {accelerator!r}")
-    if count < 1 or (gpus is not None and count != gpus):
+    if isinstance(count, str):
+        params = compiled.spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+        default = params.get(count, {}).get("defaultValue")
+        if gpus is not None and count != gpus:
+            problems.append(f"{label}: accelerator count set at run time by {count!r}, expected {gpus}")
+        elif count not in params or (default is not None and int(default) < 1):
+            problems.append(
+                f"{label}: accelerator count from {count!r}: no pipeline parameter >= 1 by that name"
+            )
+    elif count < 1 or (gpus is not None and count != gpus):
         problems.append(f"{label}: accelerator count {count}, expected {gpus or '>= 1'}")
     for key in ("resourceCpuRequest", "resourceCpuLimit", "resourceMemoryRequest", "resourceMemoryLimit"):
         if not res.get(key):

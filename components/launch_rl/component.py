@@ -25,10 +25,13 @@ def launch_rl(
     timeout_s: float = 0.0,
     poll_s: float = 5.0,
     data_pvc: str = "",
+    nproc: int = 1,
 ):
     """`harnessrl stage rl <rl_args>` as a RayJob: `workers` GPU workers with `gpus_per_worker` GPUs each,
     the driver (trainer) on `driver_gpus` of them. image "" = the project image; timeout_s 0 = the RayJob's
-    own deadline; data_pvc: a PersistentVolumeClaim mounted at /data on every Ray pod (task sets, outputs)."""
+    own deadline; data_pvc: a PersistentVolumeClaim mounted at /data on every Ray pod (task sets, outputs);
+    nproc > 1: that many trainer ranks in the driver (`--nproc`), which then gets at least `nproc` GPUs. All of
+    them are read when the step runs, so a pipeline may pass its parameters."""
     import json
 
     from harnessrl.cluster import IMAGE
@@ -47,6 +50,7 @@ def launch_rl(
         gpu_image=gpu_image or None,
         workers=(group,),
         driver_gpus=driver_gpus,
+        nproc=nproc,
         image=image or IMAGE,
         data_pvc=data_pvc or None,
     )

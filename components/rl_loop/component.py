@@ -1,7 +1,9 @@
 """KFP component `rl_loop` (thin: the work is in harnessrl.rl.loop.run_rl). One long-running GPU step on the
 cluster: the engine(s), gateway, rollout workers, verifiers and trainer for `steps` optimizer steps. Its
 work directory lives beside the `model` artifact, so a retried step on the same artifact path resumes from
-its last checkpoint instead of starting over."""
+its last checkpoint instead of starting over. With `nproc` > 1 the step runs the loop under torchrun with that many
+trainer ranks, one GPU each (harnessrl.rl.ranks); the pipeline sets `nproc` and the step's GPU count from the
+same parameter."""
 
 from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
@@ -30,11 +32,13 @@ def rl_loop(
     seed: int = 0,
     resume: bool = True,
     upload_to: str = "",
+    nproc: int = 1,
 ):
     """The RL loop (sync | colocated | separate): generate → verify → train → sync weights, for `steps` steps.
 
     engine_url: remote engines, comma-separated (several: behind the router); "" = in-process engine.
     upload_to: s3:// prefix that checkpoints and the final model are streamed to ("" = none).
+    nproc: trainer ranks (one GPU each; rank 0 also runs the engine, gateway and rollouts).
     """
     import json
     import os
@@ -46,6 +50,7 @@ def rl_loop(
     from harnessrl.rl.config import RLConfig
     from harnessrl.rl.loop import RLInputs, run_rl
     from harnessrl.rl.modes import WorkloadKind
+    from harnessrl.rl.ranks import launch
     from harnessrl.rollout.specs import parse_specs
 
     configure_logging()
@@ -58,26 +63,31 @@ def rl_loop(
         max_staleness=max_staleness,
         save_every=save_every,
         seed=seed,
+        nproc=nproc,
     )
     cfg_d.setdefault("train", {}).setdefault("train", {})["seed"] = seed
     cfg = RLConfig.from_dict(cfg_d)
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
     work = Path(model.path).parent / (Path(model.path).name + ".work")
-    summary = run_rl(
-        cfg,
-        RLInputs(
-            WorkloadKind.SWE,
-            Path(tasks.path),
-            work,
-            policy=policy.path,
-            specs=specs,
-            engine_urls=[u.strip() for u in engine_url.split(",") if u.strip()],
-            resume=resume,
-            model_out=Path(model.path),
-            upload_to=upload_to or None,
-        ),
-        echo=lambda line: print(line, flush=True),
+    inputs = RLInputs(
+        WorkloadKind.SWE,
+        Path(tasks.path),
+        work,
+        policy=policy.path,
+        specs=specs,
+        engine_urls=[u.strip() for u in engine_url.split(",") if u.strip()],
+        resume=resume,
+        model_out=Path(model.path),
+        upload_to=upload_to or None,
     )
+    if cfg.nproc > 1:  # the ranks read the specs from a file
+        work.mkdir(parents=True, exist_ok=True)
+        if specs is not None:
+            (work / "specs.json").write_text(specs_json)
+            inputs.specs = work / "specs.json"
+        summary = launch(cfg, inputs)
+    else:
+        summary = run_rl(cfg, inputs, echo=lambda line: print(line, flush=True))
 
     def link_tree(src: Path, dest: Path) -> None:  # hard links: checkpoints are large, same file system
         shutil.rmtree(dest, ignore_errors=True)

@@ -111,6 +111,9 @@ class RayJobSpec:
     gpu_image: str | None = None  # workers' image (a CUDA build); default: `image`
     workers: Sequence[WorkerGroup] = (WorkerGroup(),)
     driver_gpus: float = 1.0  # entrypointNumGpus: the driver (trainer) runs on a GPU worker
+    nproc: int = (
+        1  # trainer ranks in the driver (`--nproc`, torchrun in its pod): it gets at least that many GPUs
+    )
     head_cpu: str = "4"
     head_memory: str = "16Gi"
     env: Mapping[str, str] = field(
@@ -126,7 +129,12 @@ class RayJobSpec:
 
     @property
     def entrypoint(self) -> str:
-        return shlex.join(["harnessrl", "stage", "rl", *self.rl_args])
+        ranks = ["--nproc", str(self.nproc)] if self.nproc > 1 else []
+        return shlex.join(["harnessrl", "stage", "rl", *self.rl_args, *ranks])
+
+    @property
+    def entrypoint_gpus(self) -> float:
+        return max(self.driver_gpus, self.nproc) if self.nproc > 1 else self.driver_gpus
 
 
 def _env(spec: RayJobSpec) -> list[dict[str, Any]]:
@@ -176,6 +184,12 @@ def _with_data(pod: dict[str, Any], spec: RayJobSpec) -> dict[str, Any]:
 
 
 def render_rayjob(spec: RayJobSpec) -> dict[str, Any]:
+    widest = max((g.gpus for g in spec.workers), default=0)
+    if spec.nproc < 1 or (spec.nproc > 1 and spec.nproc > widest):
+        raise ValueError(
+            f"nproc {spec.nproc}: the driver's trainer ranks need one GPU each on one worker, and the widest "
+            f"worker group has {widest} GPU(s) per pod; raise gpus_per_worker or lower nproc"
+        )
     head = _container(
         "ray-head",
         spec.image,
@@ -227,8 +241,8 @@ def render_rayjob(spec: RayJobSpec) -> dict[str, Any]:
             "workerGroupSpecs": groups,
         },
     }
-    if spec.driver_gpus:
-        body["entrypointNumGpus"] = spec.driver_gpus
+    if spec.entrypoint_gpus:
+        body["entrypointNumGpus"] = spec.entrypoint_gpus
     if spec.env:
         body["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": dict(spec.env)}, sort_keys=True)
     return {

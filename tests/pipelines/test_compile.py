@@ -1,6 +1,7 @@
 """Every registered pipeline compiles, kfp loads it back, and cluster placement is what the stages need."""
 
 import os
+from typing import Any
 
 import pytest
 import yaml
@@ -19,13 +20,14 @@ from pipelines.spec_checks import (
     secret_env_problems,
 )
 
-# What the cluster needs, stated independently of pipelines/full.py: GPUs per step, and the steps that
-# stream big objects to the store (S3 credentials from the Secret).
-GPU_STAGES = {
+# What the cluster needs, stated independently of pipelines/full.py: GPUs per step (a number, or the pipeline
+# parameter that sets it when the run starts), and the steps that stream big objects to the store (S3
+# credentials from the Secret).
+GPU_STAGES: dict[str, int | str] = {
     "estimate-difficulty": 1,
     "generate-rollouts": 1,
     "train-grpo": 1,
-    "rl-loop": 1,
+    "rl-loop": "rl_gpus",
     "evaluate": 1,
     "sft": 1,
 }
@@ -143,6 +145,7 @@ def test_gpu_step_helper_and_checker(tmp_path):
     label = gpu_task[2]
     assert gpu_problems(pipeline, label, gpus=4) == []
     assert gpu_problems(pipeline, label, gpus=2) == [f"{label}: accelerator count 4, expected 2"]
+    assert gpu_problems(pipeline, label, gpus="gpus") == [f"{label}: accelerator count 4, expected gpus"]
     res = pipeline.resources(label)
     assert (res["resourceCpuLimit"], res["resourceMemoryLimit"]) == ("16", "128G")
     assert pipeline.platform[label]["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}
@@ -157,6 +160,30 @@ def test_gpu_step_helper_and_checker(tmp_path):
     assert placement_problems(pipeline) == []
     (problem,) = placement_problems(pipeline, s3_components={"validate"})  # the CPU copy has no Secret env
     assert "not taken from a Secret" in problem
+
+
+def test_kfp_local_runs_a_step_whose_gpu_count_is_a_parameter(tmp_path):
+    """kfp.local takes the task inputs the compiler adds for a runtime accelerator count (it places nothing)."""
+    from kfp import local
+
+    @dsl.component
+    def ranks_seen(nproc: int) -> int:
+        return nproc
+
+    seen: Any = ranks_seen  # a component called with a pipeline parameter (pyright reads the Python types)
+
+    @dsl.pipeline(name="gpus-per-run")
+    def gpus_per_run(gpus: int = 1) -> int:
+        task = seen(nproc=gpus)
+        gpu_step(task, gpus=gpus)
+        return task.output
+
+    path = compile_to_file(gpus_per_run, tmp_path / "gpus.yaml")
+    (task,) = CompiledPipeline.load(path).gpu_tasks()
+    assert CompiledPipeline.load(path).accelerator_count(task[2]) == "gpus"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    run: Any = gpus_per_run
+    assert run(gpus=3).output == 3
 
 
 def test_compile_cli(tmp_path, capsys):

@@ -159,6 +159,37 @@ def test_full_has_no_other_artifact_edges_and_passes_the_loop_settings(compiled_
     assert root["mode"]["defaultValue"] == "colocated"
 
 
+def test_rl_gpus_sizes_the_loop_step_when_the_run_starts(compiled_full, compiled_cold_start):
+    for pipeline, dag, by_display in (compiled_full, compiled_cold_start):
+
+        def label(display: str, pipeline=pipeline, dag=dag, by_display=by_display) -> str:
+            return pipeline.spec["components"][dag[by_display[display]]["componentRef"]["name"]][
+                "executorLabel"
+            ]
+
+        loop = label("rl-loop")
+        # the count is the parameter's placeholder, resolved by KFP when the run starts: no literal count
+        assert pipeline.resources(loop)["accelerator"] == {
+            "resourceCount": "{{$.inputs.parameters['pipelinechannel--rl_gpus']}}",
+            "resourceType": "nvidia.com/gpu",
+            "type": "nvidia.com/gpu",
+        }
+        params = dag[by_display["rl-loop"]]["inputs"]["parameters"]
+        assert params["pipelinechannel--rl_gpus"] == {"componentInputParameter": "rl_gpus"}
+        assert params["nproc"] == {"componentInputParameter": "rl_gpus"}  # the trainer ranks follow it
+        assert pipeline.spec["root"]["inputDefinitions"]["parameters"]["rl_gpus"] == {
+            "defaultValue": 1.0,
+            "isOptional": True,
+            "parameterType": "NUMBER_INTEGER",
+        }
+        assert pipeline.accelerator_count(loop) == "rl_gpus"
+        assert gpu_problems(pipeline, loop, gpus=1) == [
+            f"{loop}: accelerator count set at run time by 'rl_gpus', expected 1"
+        ]
+        for display in ("estimate-difficulty", "evaluate"):  # the other GPU steps keep a fixed count
+            assert pipeline.accelerator_count(label(display)) == 1, display
+
+
 def test_gpu_steps_and_s3_credentials(compiled, compiled_full):
     full, full_dag, full_display = compiled_full
 
@@ -167,8 +198,9 @@ def test_gpu_steps_and_s3_credentials(compiled, compiled_full):
             "executorLabel"
         ]
 
-    for display in ("estimate-difficulty", "rl-loop", "evaluate"):
+    for display in ("estimate-difficulty", "evaluate"):
         assert gpu_problems(full, full_label(display), gpus=1) == [], display
+    assert gpu_problems(full, full_label("rl-loop"), gpus="rl_gpus") == []
     assert secret_env_problems(full, full_label("rl-loop")) == []
     pipeline, dag, by_display = compiled
 

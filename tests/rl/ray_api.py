@@ -21,6 +21,7 @@ class RayAPI:
     def __init__(self, final: str = "SUCCEEDED", lines: int = 5, exists: bool = False, stuck: bool = False):
         self.final, self.lines, self.stuck = final, lines, stuck
         self.objects: dict[str, dict] = {}
+        self.created: list[dict] = []  # every RayJob body POSTed, kept after its deletion
         self.requests: list[tuple[str, str, dict]] = []
         self.polls = 0
         self.driver_done = threading.Event()
@@ -40,6 +41,7 @@ class RayAPI:
             status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists"}
             return web.json_response({**status, "code": 409}, status=409)
         self.objects[name] = body
+        self.created.append(body)
         return web.json_response(body, status=201)
 
     async def get(self, request: web.Request) -> web.Response:

@@ -125,6 +125,17 @@ def test_rendered_rayjob_validates_against_the_kuberay_crd():
         validate_rayjob(broken)
 
 
+def test_trainer_ranks_in_the_driver_get_a_gpu_each():
+    doc = render_rayjob(spec(workers=(WorkerGroup(gpus=4),), nproc=4))
+    validate_rayjob(doc)
+    assert shlex.split(doc["spec"]["entrypoint"])[-2:] == ["--nproc", "4"]
+    assert doc["spec"]["entrypointNumGpus"] == 4  # driver_gpus (1) raised to one GPU per rank
+    single = render_rayjob(spec(workers=(WorkerGroup(gpus=4),)))["spec"]
+    assert "--nproc" not in single["entrypoint"] and single["entrypointNumGpus"] == 1
+    with pytest.raises(ValueError, match="nproc 8: .* widest worker group has 4 GPU"):
+        render_rayjob(spec(workers=(WorkerGroup(gpus=4),), nproc=8))
+
+
 def test_the_committed_smoke_rayjob_validates_too():
     (doc,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rayjob-smoke.yaml").read_text()) if d]
     VALIDATOR.validate(doc)

@@ -16,6 +16,7 @@ def test_component_interface():
     assert inputs["tasks"].startswith("system.Dataset") and inputs["policy"].startswith("system.Model")
     for name in ("mode", "steps", "batch_groups", "group_size", "max_staleness", "save_every", "engine_url"):
         assert name in inputs
+    assert inputs["nproc"] == "Integer" and spec.inputs["nproc"].default == 1
     assert {"specs_json", "config_json", "seed"} <= set(inputs)
     outputs = {name: str(o.type) for name, o in spec.outputs.items()}
     assert outputs == {
@@ -41,9 +42,11 @@ def test_cli_flags_override_the_config_file(tmp_path):
     config = tmp_path / "rl.json"
     config.write_text('{"mode": "sync", "steps": 3, "train": {"train": {"optim": {"lr": 1e-6}}}}')
     cfg = build_config(
-        _parse("--config", str(config), "--mode", "separate", "--lr", "3e-5", "--save-every", "2")
+        _parse(
+            "--config", str(config), "--mode", "separate", "--lr", "3e-5", "--save-every", "2", "--nproc", "2"
+        )
     )
-    assert cfg.mode is RLMode.SEPARATE and cfg.steps == 3 and cfg.save_every == 2
+    assert cfg.mode is RLMode.SEPARATE and cfg.steps == 3 and cfg.save_every == 2 and cfg.nproc == 2
     assert cfg.train.train.optim.lr == 3e-5
 
 
@@ -51,6 +54,9 @@ def test_bad_settings_name_the_field(tmp_path):
     config = tmp_path / "rl.json"
     config.write_text('{"mode": "fast"}')
     with pytest.raises(ValueError, match="mode must be one of sync, colocated, separate"):
+        build_config(_parse("--config", str(config)))
+    config.write_text('{"nproc": 0}')
+    with pytest.raises(ValueError, match="nproc must be >= 1, got 0"):
         build_config(_parse("--config", str(config)))
     config.write_text('{"stepz": 3}')
     with pytest.raises(ValueError, match="stepz"):

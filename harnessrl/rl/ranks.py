@@ -1,0 +1,258 @@
+"""Trainer ranks inside the RL loop: `harnessrl stage rl --nproc N` runs the stage under torchrun with N ranks.
+
+Rank 0 runs the whole loop as with one rank (engines, gateway, rollouts, verification, checkpoints, metrics,
+reports) and its `Learner`. The other ranks hold only their part of the trainer (FSDP2, the train stage's
+harnessrl.train.distributed) and wait in `follow` for rank 0 to say which collective comes next:
+
+- SETUP, first: where every rank loads the starting weights (and trainer state, on a resume);
+- STEP: the optimizer step's planned items; each rank trains on its share (`shard_items`) and FSDP averages the
+  gradients, as in the train stage;
+- WEIGHTS: gather the full weights (weight sync into the engines, the final model);
+- CHECKPOINT: the full weights, then the trainer state (both collectives);
+- STOP: leave. Rank 0 sends it when the loop ends, and when it fails outside a collective.
+
+The other ranks wait for the next command on torchrun's store, not in a collective: the wait lasts as long
+as rank 0's rollouts take (hours, on real tasks), while collectives time out after the process group's
+timeout (30 min for gloo). A rank that dies takes the others with it: torchrun stops every rank when one exits non-zero, and the
+launching process names the failed rank (harnessrl.train.launch.run_ranks). Single node (`--standalone`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from harnessrl.train import distributed as dist_mod
+from harnessrl.train.batching import SeqItem
+from harnessrl.train.distributed import DistContext
+
+if TYPE_CHECKING:
+    from harnessrl.rl.config import RLConfig
+    from harnessrl.rl.loop import RLInputs
+    from harnessrl.train.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+class Command(StrEnum):
+    SETUP = "setup"
+    STEP = "step"
+    WEIGHTS = "weights"
+    CHECKPOINT = "checkpoint"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Setup:
+    model_dir: str  # starting weights: the policy or the checkpoint resumed from
+    checkpoint: str | None  # trainer state to load (a resume)
+    pad_id: int
+
+
+def in_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def init_ranks(cfg: RLConfig) -> DistContext:
+    """This process's place among the trainer ranks (the process group is started when there are several)."""
+    from harnessrl.train.round import _device
+
+    ctx = dist_mod.init_from_env(_device(cfg.train.device))
+    if ctx.world_size != cfg.nproc:
+        dist_mod.shutdown()
+        raise ValueError(
+            f"nproc is {cfg.nproc} but this process is one of {ctx.world_size} torchrun ranks; "
+            f"run `harnessrl stage rl --nproc N` without torchrun (it starts the ranks itself)"
+        )
+    return ctx
+
+
+def trainer_threads(threads: int, world_size: int) -> int:
+    """torch CPU threads of one trainer rank: the train config's count, else the cores shared by the ranks."""
+    return threads or max(1, (os.cpu_count() or 1) // world_size)
+
+
+class _Doorbell:
+    """Numbered commands rung on torchrun's store (TCPStore at MASTER_ADDR:MASTER_PORT): rank 0 rings before
+    each broadcast, the others wait for the ring as long as it takes, then join the broadcast."""
+
+    def __init__(self) -> None:
+        from torch.distributed import PrefixStore, TCPStore  # pyright: ignore[reportPrivateImportUsage]
+
+        store = TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(minutes=5),
+        )
+        self.store = PrefixStore("harnessrl/rl/ranks/", store)
+        self.seq = 0
+
+    def ring(self) -> None:
+        self.store.set(str(self.seq), "1")
+        self.seq += 1
+
+    def wait(self) -> None:
+        key, pause = [str(self.seq)], 0.001
+        while not self.store.check(key):
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        self.seq += 1
+
+
+class TrainerRanks:
+    """Rank 0's side: each collective is announced to the other ranks first. With one rank, nothing is sent.
+    `broken` is set while a collective runs, so a failure inside one does not send STOP into a half-done
+    collective (torchrun stops the other ranks then)."""
+
+    def __init__(self, ctx: DistContext | None = None):
+        self.ctx = ctx or DistContext()
+        self.broken = False
+        self.stopped = False
+        self.bell = _Doorbell() if self.ctx.enabled else None
+
+    def _tell(self, command: Command, payload: Any = None) -> None:
+        if self.bell is not None:
+            self.bell.ring()
+            dist.broadcast_object_list([str(command), payload], src=0)
+
+    @contextlib.contextmanager
+    def collective(self, command: Command, payload: Any = None) -> Iterator[None]:
+        self._tell(command, payload)
+        self.broken = True
+        yield
+        self.broken = False
+
+    def shard(self, items: Sequence[SeqItem]) -> list[SeqItem]:
+        return dist_mod.shard_items(items, self.ctx.rank, self.ctx.world_size)
+
+    def stop(self) -> None:
+        if self.stopped or not self.ctx.enabled:
+            return
+        self.stopped = True
+        try:
+            if not self.broken:
+                self._tell(Command.STOP)
+        except Exception:  # a rank already gone: torchrun stops the rest
+            logger.warning("could not tell the other trainer ranks to stop", exc_info=True)
+        finally:
+            dist_mod.shutdown()
+
+
+def _receive(bell: _Doorbell) -> tuple[Command, Any]:
+    bell.wait()
+    box: list[Any] = [None, None]
+    dist.broadcast_object_list(box, src=0)
+    return Command(box[0]), box[1]
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    seen: set[int] = set()
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        seen.add(id(p))
+    return tied
+
+
+def gather_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The full tensors, one at a time, in state-dict order (a tied weight once, under its first name). Under
+    FSDP each sharded tensor is all-gathered: every rank must run this to the end, in lockstep."""
+    from torch.distributed.tensor import DTensor
+
+    tied = _tied_names(model)
+    for name, t in model.state_dict().items():
+        if name in tied:
+            continue
+        yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+
+
+def build_trainer(cfg: RLConfig, ctx: DistContext, setup: Setup) -> tuple[Any, Trainer]:
+    """The policy model on this rank's device (sharded with FSDP2 when there are several ranks) and its
+    Trainer, as the train stage builds them."""
+    from harnessrl.tinymodel import load_model
+    from harnessrl.train.checkpoint import load_checkpoint_state
+    from harnessrl.train.trainer import Trainer, seed_everything
+
+    seed_everything(cfg.train.train.seed)
+    model = load_model(Path(setup.model_dir))
+    torch.nn.Module.to(model, ctx.device)
+    if ctx.enabled:
+        dist_mod.wrap_fsdp(model)
+    trainer = Trainer(model, cfg.train.train, device=ctx.device, pad_id=setup.pad_id)
+    if setup.checkpoint is not None:
+        trainer.load_state_dict(load_checkpoint_state(Path(setup.checkpoint))[0])
+    return model, trainer
+
+
+def follow(cfg: RLConfig, ctx: DistContext) -> None:
+    """A rank other than 0: its part of every collective rank 0 announces, until STOP."""
+    try:
+        bell = _Doorbell()
+        command, setup = _receive(bell)
+        if command is Command.STOP:
+            return
+        torch.set_num_threads(trainer_threads(cfg.train.threads, ctx.world_size))
+        model, trainer = build_trainer(cfg, ctx, setup)
+        logger.info("trainer rank %d of %d ready on %s", ctx.rank, ctx.world_size, ctx.device)
+        while True:
+            command, payload = _receive(bell)
+            if command is Command.STOP:
+                return
+            if command is Command.STEP:
+                trainer.step(dist_mod.shard_items(payload, ctx.rank, ctx.world_size))
+            elif command in (Command.WEIGHTS, Command.CHECKPOINT):
+                for _ in gather_weights(model):
+                    pass
+                if command is Command.CHECKPOINT:
+                    trainer.state_dict()
+            else:
+                raise RuntimeError(f"trainer rank {ctx.rank}: unexpected {command} from rank 0")
+    finally:
+        dist_mod.shutdown()
+
+
+def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> dict[str, Any]:
+    """`harnessrl stage rl` under torchrun with `cfg.nproc` ranks (this process waits; the ranks' output
+    passes through live). Returns rank 0's summary (OUT/metrics.json); raises launch.RanksFailed naming the
+    rank that failed."""
+    from harnessrl.io import atomic_write_json
+    from harnessrl.train.launch import run_ranks, stage_command
+
+    if inputs.specs is not None and not isinstance(inputs.specs, str | Path):
+        raise TypeError("specs: with nproc > 1 give a spec file path (the ranks read it)")
+    out = inputs.out
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "rl_config.json"
+    atomic_write_json(config, json.loads(json.dumps(cfg.to_dict(), default=list)))
+    args = ["--workload", str(inputs.workload), "--tasks", str(inputs.tasks), "--out", str(out)]
+    args += ["--config", str(config)]
+    if inputs.policy:
+        args += ["--policy", inputs.policy]
+    if inputs.specs is not None:
+        args += ["--specs", str(inputs.specs)]
+    for url in inputs.engine_urls:
+        args += ["--engine-url", url]
+    if inputs.model_out is not None:
+        args += ["--model-out", str(inputs.model_out)]
+    if inputs.upload_to:
+        args += ["--upload-to", inputs.upload_to]
+    if inputs.resume:
+        args.append("--resume")
+    run_ranks(
+        stage_command(cfg.nproc, "rl", args), cfg.nproc, timeout=timeout, stream=True, what="trainer rank"
+    )
+    return json.loads((out / "metrics.json").read_text(encoding="utf-8"))

@@ -1,0 +1,172 @@
+"""Trainer ranks inside the RL loop, for real: `harnessrl stage rl --nproc 2` (torchrun, gloo on CPU, FSDP2 on a
+4-layer cut of the tiny model) against one rank on the same data order and seed, and a rank killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from harnessrl.io import read_jsonl
+from harnessrl.train.launch import RankFailure, RanksFailed, run_ranks, torchrun_prefix
+from tests.rl.test_stage import REPO, rl_command
+
+
+def _config(tmp_path: Path) -> str:
+    path = tmp_path / "rl.json"
+    # one torch thread per rank and per engine: the float reductions do not depend on the machine
+    path.write_text(json.dumps({"prompt_max_tokens": 8, "engine_threads": 1, "train": {"threads": 1}}))
+    return str(path)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def _assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_train_the_same_weights_as_one(rl_policy: Path, prompt_tasks: Path, tmp_path: Path):
+    # one rank: one step; two ranks: the same step, a checkpoint, and a second step sampled after the sync
+    extra = {1: ("--steps", "1"), 2: ("--steps", "2", "--save-every", "1")}
+    runs = {n: tmp_path / f"nproc{n}" for n in (1, 2)}
+    procs = {
+        n: subprocess.Popen(
+            rl_command(
+                prompt_tasks, rl_policy, out, "--mode", "sync", "--config", _config(tmp_path), *extra[n]
+            )
+            + ["--nproc", str(n)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n, out in runs.items()
+    }
+    outputs = {n: p.communicate(timeout=600) for n, p in procs.items()}
+    for n, p in procs.items():
+        assert p.returncode == 0, outputs[n][1][-3000:]
+    summaries = {n: json.loads(outputs[n][0].strip().splitlines()[-1]) for n in runs}
+    assert summaries[1]["trainer_ranks"] == 1 and summaries[2]["trainer_ranks"] == 2
+
+    one, two = (list(read_jsonl(runs[n] / "steps.jsonl")) for n in (1, 2))
+    assert [r["step"] for r in one] == [1] and [r["step"] for r in two] == [1, 2]
+    assert one[0]["outcome"] == "trained", one
+    a, b = one[0], two[0]
+    for key in ("groups", "outcome", "version", "reward_mean", "rollouts_trained", "sequences", "tokens"):
+        assert b[key] == a[key], key  # the same data: same groups, rollouts and tokens
+    assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3)
+
+    before, after_one = _weights(rl_policy), _weights(runs[1] / "model")
+    assert max(float((after_one[k] - before[k]).abs().max()) for k in before) > 5e-5  # it really trained
+    # after step 1, the checkpoint rank 0 gathered from the 2 ranks holds the weights one rank trained...
+    ckpt = runs[2] / "checkpoints" / "step-000001"
+    _assert_same_weights(_weights(ckpt), after_one)
+    # ...and the full (unsharded) optimizer state
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    assert state["optimizer_format"] == "full_fqn" and state["global_step"] == 1
+    exp_avg = state["optimizer"]["state"]["model.embed_tokens.weight"]["exp_avg"]
+    assert exp_avg.shape == before["model.embed_tokens.weight"].shape
+    # the engine got the same full weights as the final model
+    final = _weights(runs[2] / "model")
+    _assert_same_weights(_weights(runs[2] / "work" / "sync" / f"v{two[-1]['version']:06d}"), final)
+
+
+def _processes_with(marker: str) -> dict[int, str]:
+    """pid -> RANK (or "") of the live processes whose command line holds `marker`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker not in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                continue
+            if (entry / "stat").read_text().split(") ", 1)[1].startswith("Z"):
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        rank = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RANK=")]
+        found[int(entry.name)] = rank[0] if rank else ""
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_rank_fails_the_stage_naming_it(rl_policy: Path, prompt_tasks: Path, tmp_path: Path):
+    out = tmp_path / "killed"
+    cmd = rl_command(
+        prompt_tasks,
+        rl_policy,
+        out,
+        "--mode",
+        "sync",
+        "--steps",
+        "3",
+        "--nproc",
+        "2",
+        "--config",
+        _config(tmp_path),
+    )
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr or ():
+            lines.append(line)
+            if "trainer rank 1 of 2 ready" in line:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(300), "".join(lines[-40:])  # rank 1 now waits while rank 0 runs the rollouts
+        ranks = _processes_with(str(out))
+        (victim,) = [pid for pid, rank in ranks.items() if rank == "1"]
+        assert "0" in ranks.values()
+        os.kill(victim, signal.SIGKILL)
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    stderr = "".join(lines)
+    assert proc.returncode == 2, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("harnessrl: error:")]
+    assert errors == [
+        "harnessrl: error: trainer rank 1 of 2 failed (killed by SIGKILL); torchrun stopped every rank"
+    ], stderr[-3000:]
+    deadline = time.monotonic() + 30
+    while _processes_with(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(str(out)) == {}, "a rank outlived the stage"
+    assert not (out / "metrics.json").exists()
+
+
+def test_run_ranks_names_the_rank_that_failed(tmp_path: Path):
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(60)\n"
+    )
+    t0 = time.monotonic()
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks([*torchrun_prefix(2), str(script)], 2, timeout=120)
+    assert time.monotonic() - t0 < 50  # rank 0 was stopped, not waited for
+    assert failed.value.failures[0] == RankFailure(1, 3)
+    assert str(failed.value).startswith("rank 1 of 2 failed (exit code 3); torchrun stopped every rank")
+    assert sys.executable in str(failed.value)
