@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harnessrl.choices import parse_choice
-from harnessrl.rl.modes import RLMode
+from harnessrl.rl.modes import RLMode, WeightSyncMode
 from harnessrl.train.round import TrainConfig
 
 
@@ -28,7 +28,6 @@ class RLConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     replicas: int = 1  # local engines behind a Router (several --engine-url values do the same remotely)
-    nproc: int = 1  # trainer ranks (torchrun; FSDP2 over the ranks' GPUs, or gloo on CPU): harnessrl.rl.ranks
     engine_threads: int | None = None  # LocalEngine torch threads (None: adaptive)
     max_batch: int = 32  # LocalEngine batch slots
     lend_slots: int = 0  # separate mode: extra rollouts the trainer's share runs while lent (0: one batch)
@@ -41,18 +40,20 @@ class RLConfig:
     tool_format: str = (
         ""  # the gateway's tool-call parser (hermes | qwen | ...); "": read off the chat template
     )
+    weight_sync: WeightSyncMode = WeightSyncMode.CHECKPOINT  # how weights reach the engines (rl/publish.py)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
         from harnessrl.rl.admission import StalePolicy
 
         self.mode = parse_choice(RLMode, self.mode, "mode")
+        self.weight_sync = parse_choice(WeightSyncMode, self.weight_sync, "weight_sync")
         parse_choice(StalePolicy, self.stale_policy, "stale_policy")
         if self.tool_format:
             from harnessrl.gateway.toolcalls import ToolParser
 
             parse_choice(ToolParser, self.tool_format, "tool_format")
-        for name in ("steps", "batch_groups", "group_size", "replicas", "nproc", "max_batch"):
+        for name in ("steps", "batch_groups", "group_size", "replicas", "max_batch"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("concurrency", "max_staleness", "max_groups_per_step", "save_every", "lend_slots"):
