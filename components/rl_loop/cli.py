@@ -2,6 +2,8 @@
 
 One process runs the engine(s), the gateway, rollout workers, verifiers and the trainer for --steps
 optimizer steps. Prints one line per step (`rl step=… reward_mean=… …`) and, at the end, one JSON summary.
+With --nproc N the stage runs under torchrun: rank 0 runs the loop, and the trainer is sharded over all N
+ranks (FSDP2; one GPU per rank, or gloo on CPU).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def register(commands, stages) -> None:
     p.add_argument("--concurrency", type=int, help="rollouts in flight (default: by mode)")
     p.add_argument("--save-every", type=int)
     p.add_argument("--replicas", type=int, help="local engine replicas behind the router")
+    p.add_argument("--nproc", type=int, help="trainer ranks (torchrun; one GPU each); default 1")
     p.add_argument("--seed", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT")
@@ -71,6 +74,7 @@ def build_config(args: argparse.Namespace):
         "concurrency",
         "save_every",
         "replicas",
+        "nproc",
         "seed",
         "weight_sync",
     ):
@@ -87,6 +91,8 @@ def _run(args: argparse.Namespace) -> int:
     from harnessrl.cli import UserError
     from harnessrl.engine.base import EngineError
     from harnessrl.rl.loop import RLInputs, run_rl
+    from harnessrl.rl.ranks import in_torchrun, launch
+    from harnessrl.train.launch import RanksFailed
 
     cfg = build_config(args)
     inputs = RLInputs(
@@ -100,9 +106,19 @@ def _run(args: argparse.Namespace) -> int:
         model_out=Path(args.model_out) if args.model_out else None,
         upload_to=args.upload_to,
     )
+    if cfg.nproc > 1 and not in_torchrun():
+        try:  # the ranks print the step lines and the summary themselves
+            launch(cfg, inputs)
+        except RanksFailed as e:
+            first = e.failures[0] if e.failures else None
+            if first is not None and first.rank == 0 and first.exitcode == 2:
+                return 2  # rank 0 has already printed its `harnessrl: error: ...` line
+            raise UserError(str(e)) from None
+        return 0
     try:
         summary = run_rl(cfg, inputs, echo=lambda line: print(line, flush=True))
     except EngineError as e:  # e.g. WeightSyncUnsupported: one line naming the engine and the fix
         raise UserError(str(e)) from None
-    print(json.dumps(summary))
+    if summary:  # {} on trainer ranks other than 0
+        print(json.dumps(summary))
     return 0

@@ -28,6 +28,7 @@ class RLConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     replicas: int = 1  # local engines behind a Router (several --engine-url values do the same remotely)
+    nproc: int = 1  # trainer ranks (torchrun; FSDP2 over the ranks' GPUs, or gloo on CPU): harnessrl.rl.ranks
     engine_threads: int | None = None  # LocalEngine torch threads (None: adaptive)
     max_batch: int = 32  # LocalEngine batch slots
     lend_slots: int = 0  # separate mode: extra rollouts the trainer's share runs while lent (0: one batch)
@@ -53,7 +54,7 @@ class RLConfig:
             from harnessrl.gateway.toolcalls import ToolParser
 
             parse_choice(ToolParser, self.tool_format, "tool_format")
-        for name in ("steps", "batch_groups", "group_size", "replicas", "max_batch"):
+        for name in ("steps", "batch_groups", "group_size", "replicas", "nproc", "max_batch"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("concurrency", "max_staleness", "max_groups_per_step", "save_every", "lend_slots"):

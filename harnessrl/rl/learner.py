@@ -1,15 +1,15 @@
 """The trainer's side of the loop: one optimizer step on finished groups, weight sync into the engine(s),
 checkpoints. The step reuses the train stage's code path (data.assemble → round.plan_round →
 round.step_items → Trainer.step), so advantages, loss aggregation, PPO clip and TIS on the behaviour
-log-probs are the train stage's, not a second copy."""
+log-probs are the train stage's, not a second copy. With several trainer ranks (harnessrl.rl.ranks) the Learner
+lives on rank 0: each step's items, and each gather of the full weights, is announced to the other ranks."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ import torch
 from harnessrl.rl.config import RLConfig
 from harnessrl.rl.groups import Group
 from harnessrl.rl.publish import WeightPublisher, make_publisher
+from harnessrl.rl.ranks import Command, TrainerRanks, gather_weights, trainer_threads
 from harnessrl.train.checkpoint import save_checkpoint, save_model, upload_dir
 from harnessrl.train.data import RewardRow, assemble
 from harnessrl.train.round import plan_round, step_items
@@ -50,9 +51,11 @@ class Learner:
         engine: Any,
         *,
         upload_to: str | None = None,
+        ranks: TrainerRanks | None = None,
     ):
         self.model, self.tokenizer, self.trainer, self.cfg = model, tokenizer, trainer, cfg
         self.out, self.identity, self.engine, self.upload_to = out, identity, engine, upload_to
+        self.ranks = ranks or TrainerRanks()
         self.loop: asyncio.AbstractEventLoop | None = None  # set once the gateway runs
         # one optimizer step per call, on exactly the groups given; the loop did dynamic sampling
         self.plan_cfg = replace(cfg.train, groups_per_step=0, epochs=1, history=None, record_round=None)
@@ -81,9 +84,10 @@ class Learner:
         # torch's thread count is process-wide and the local engine adapts it to the machine's load; the
         # step runs at the train config's count (0: every core) whatever the engine chose last
         engine_threads = torch.get_num_threads()
-        torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+        torch.set_num_threads(trainer_threads(cfg.threads, self.ranks.ctx.world_size))
         try:
-            m: dict[str, Any] = dict(self.trainer.step(items))
+            with self.ranks.collective(Command.STEP, items):  # every rank trains on its share of the items
+                m: dict[str, Any] = dict(self.trainer.step(self.ranks.shard(items)))
         finally:
             torch.set_num_threads(engine_threads)
         m["train_s"] = time.perf_counter() - t0
@@ -102,6 +106,16 @@ class Learner:
         m.pop("step", None)  # the trainer's own counter; the loop's step is the row's
         return m
 
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's full (unsharded) tensors, one at a time, on the trainer's device. A collective with
+        several trainer ranks: on rank 0 it first tells the other ranks (waiting in ranks.follow) to join, so a
+        caller just consumes it here, once and to the end."""
+        with self.ranks.collective(Command.WEIGHTS):
+            yield from gather_weights(self.model)
+
+    def _cpu_weights(self) -> dict[str, torch.Tensor]:
+        return {name: t.cpu() for name, t in self.full_weights()}
+
     def sync_weights(self, version: int) -> float:
         """Publishes the weights to every engine as `version` (`cfg.weight_sync`: a checkpoint path the engines
         load, or a broadcast to them; harnessrl.rl.publish); returns its seconds."""
@@ -114,17 +128,21 @@ class Learner:
                 sync_root=self.out / "work" / "sync",
                 fingerprint=self.identity.digest,
             )
-        return self.publisher.publish(version, self.model.named_parameters())
+        return self.publisher.publish(version, self.full_weights())
 
     def checkpoint(self, step: int, meta: dict[str, Any]) -> Path:
+        with self.ranks.collective(Command.CHECKPOINT):  # the same two collectives on every rank, in order
+            weights = {name: t.cpu() for name, t in gather_weights(self.model)}
+            trainer_state = self.trainer.state_dict()
         ckpt = save_checkpoint(
             self.out / "checkpoints",
             step,
             self.model,
             self.tokenizer,
-            self.trainer.state_dict(),
+            trainer_state,
             {**self.identity.to_meta(), **meta, "config": self.cfg.to_dict()},
             keep=self.cfg.keep_checkpoints,
+            state_dict=weights,
         )
         if self.upload_to:
             upload_dir(ckpt, f"{self.upload_to.rstrip('/')}/checkpoints/{ckpt.name}")
@@ -136,6 +154,7 @@ class Learner:
             self.tokenizer,
             model_out,
             self.identity.digest,
+            state_dict=self._cpu_weights(),
             extra_json={
                 "harnessrl_rl.json": {**self.identity.to_meta(), **meta, "config": self.cfg.to_dict()}
             },

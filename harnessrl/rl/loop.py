@@ -29,6 +29,7 @@ from harnessrl.rl.drivers import Driver, StepCounts
 from harnessrl.rl.groups import DataOrder, PassRates, RolloutPool
 from harnessrl.rl.learner import Learner, run_on
 from harnessrl.rl.modes import StepOutcome, WorkloadKind
+from harnessrl.rl.ranks import Command, Setup, TrainerRanks, build_trainer, follow, init_ranks
 from harnessrl.rl.workloads import GatewayAccess, PromptWorkload, SWEWorkload, Workload
 from harnessrl.train.fingerprint import RunIdentity, policy_digest
 
@@ -117,7 +118,23 @@ def engine_busy_s(replicas: list[Any]) -> float | None:
 
 
 def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Runs the stage; returns the summary (also `out/metrics.json`)."""
+    """Runs the stage; returns the summary (also `out/metrics.json`). Under torchrun (`cfg.nproc` ranks,
+    harnessrl.rl.ranks) rank 0 runs the loop and the other ranks only their part of the trainer ({})."""
+
+    ctx = init_ranks(cfg)
+    if not ctx.is_main:
+        follow(cfg, ctx)
+        return {}
+    ranks = TrainerRanks(ctx)
+    try:
+        return _run_loop(cfg, inputs, echo, ranks)
+    finally:
+        ranks.stop()
+
+
+def _run_loop(
+    cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None, ranks: TrainerRanks
+) -> dict[str, Any]:
     import torch
 
     from harnessrl.engine.weight_sync import ensure_weight_sync
@@ -125,16 +142,14 @@ def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None =
     from harnessrl.gateway.toolcalls import ToolParser
     from harnessrl.rl.report import write_report
     from harnessrl.rollout.model_server import resolve_tool_parser
-    from harnessrl.tinymodel import load_model, load_tokenizer, tiny_model_dir
+    from harnessrl.tinymodel import load_tokenizer, tiny_model_dir
     from harnessrl.train.checkpoint import (
         check_checkpoints,
         clean_checkpoints,
         fetch_policy,
-        load_checkpoint_state,
         read_meta,
         sweep_partials,
     )
-    from harnessrl.train.trainer import Trainer, seed_everything
 
     out = inputs.out
     out.mkdir(parents=True, exist_ok=True)
@@ -195,13 +210,13 @@ def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None =
         if ckpt is not None and inputs.engine_urls:  # a remote engine still serves what it started with
             run_on(gateway_loop, engine.load_weights(str(ckpt), version))
 
-        seed_everything(cfg.train.train.seed)
-        model = load_model(ckpt or policy_dir)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        trainer = Trainer(model, cfg.train.train, pad_id=pad_id or 0)
-        if ckpt is not None:
-            trainer.load_state_dict(load_checkpoint_state(ckpt)[0])
-        learner = Learner(model, tokenizer, trainer, cfg, out, identity, engine, upload_to=inputs.upload_to)
+        setup = Setup(str(ckpt or policy_dir), None if ckpt is None else str(ckpt), pad_id or 0)
+        with ranks.collective(Command.SETUP, setup):  # every trainer rank builds its part of the model
+            model, trainer = build_trainer(cfg, ranks.ctx, setup)
+        learner = Learner(
+            model, tokenizer, trainer, cfg, out, identity, engine, upload_to=inputs.upload_to, ranks=ranks
+        )
         learner.loop = gateway_loop
         from harnessrl.rl.metrics import MetricsSink
 
@@ -273,7 +288,7 @@ def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None =
                 learner.checkpoint(step, _loop_meta(sink.rows, version, order, pass_rates))
         driver.stop()
         summary = summarize(sink.rows, cfg, pool, time.perf_counter() - started)
-        summary.update(engine_rates(replicas))
+        summary.update(engine_rates(replicas), trainer_ranks=ranks.ctx.world_size)
         learner.save_final(model_out, {"steps": step, "version": version})
         atomic_write_json(out / "metrics.json", summary)
         write_report(out, summary, sink.rows, cfg)
