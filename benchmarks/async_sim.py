@@ -7,7 +7,8 @@ report belong together and are read together; the policies themselves are the re
 
     .venv/bin/python benchmarks/async_sim.py [--calibration FILE] [--max-staleness 1]
         [--stale-policy keep|drop] [--steps 16] [--seed 0] [--small] [--fixed-split K]
-        [--keep-kv-on-sync] [--kv-offload] [--recompute-old-logprobs] [--sensitivity]
+        [--keep-kv-on-sync] [--kv-offload] [--kv-offload-at-hand-back] [--recompute-old-logprobs]
+        [--sensitivity]
 
 Last line: one JSON object with `colocated_time_ratio_vs_sync` (reasoning workload, where Uni-Agent reports
 its -35.4% wall-clock), `separate_switch_throughput_vs_sync` and `separate_switch_throughput_vs_fixed_async`
@@ -81,10 +82,13 @@ Colocated step: as in the loop (gateway pause with abort), every in-flight reque
 partial rollout (its tokens stay, its KV is lost: the engine sleeps so the trainer gets the memory), sessions
 in a tool call finish it meanwhile, the batch trains on every device, the weights sync, and the aborted
 requests resume, re-prefilling their whole context. `kv_offload` (`--kv-offload`): their KV is copied to host
-memory before the step and back when each resumes, at `host_bytes_per_s` (25 GB/s, about half of PCIe Gen5
-x16) instead of recomputed (old weights' KV, as with `keep_kv_on_sync`; vLLM's KV offloading connector,
+memory before the step and back when each resumes, at `host_bytes_per_s` (25 GB/s, ~40% of PCIe Gen5
+x16's peak) instead of recomputed (old weights' KV, as with `keep_kv_on_sync`; vLLM's KV offloading connector,
 https://docs.vllm.ai/en/latest/api/vllm/v1/kv_offload/, or LMCache; up to ~58 GB of host memory per GPU). The
 loop does not do it (a GPU-path item). Cached prefixes of sessions in a tool call are lost either way.
+`handback_kv_offload` (`--kv-offload-at-hand-back`) does the same at a role-switch hand-back: the lent
+engines' in-flight KV goes to host memory and resumes on a rollout engine from there; the copy delays the
+hand-back, so it trades trainer time for rollout time (not in the loop either).
 
 Role switch: lending the trainer's devices costs `switch_s` = 12 s out + back (offload trainer states to
 host, wake an engine with the current weights; the reverse), half each way, the devices idle meanwhile; the
@@ -189,9 +193,10 @@ class CostModel:
     switch_s: float = 12.0
     switch_prior_s: float = 30.0
     kv_bytes_per_token: int = 131_072  # 32 layers x 8 KV heads x 128 dims x (K, V) x bf16
-    host_bytes_per_s: float = 25e9  # device <-> host copy (PCIe Gen5 x16, about half its peak)
+    host_bytes_per_s: float = 25e9  # device <-> host copy (PCIe Gen5 x16: ~40% of its 64 GB/s peak)
     keep_kv_on_sync: bool = False  # separate modes: in-flight KV survives a weight update (PipelineRL)
-    kv_offload: bool = False  # colocated: in-flight KV goes to host memory over a training step
+    kv_offload: bool = False  # colocated: the KV of requests aborted for a step waits in host memory
+    handback_kv_offload: bool = False  # role switch: the lent engines' in-flight KV goes to host at hand-back
 
     def step_s(self, contexts: float, seqs: int) -> float:
         return self.decode_step_s + seqs * self.decode_token_s + contexts / 1000 * self.decode_kv_s_per_ktoken
@@ -836,16 +841,28 @@ class Sim:
 
     def hand_back(self) -> None:
         resumed = []
+        copy_s = 0.0
         for rep in self.lent:
-            resumed.extend(rep.evict_all())
+            evicted = rep.evict_all()
+            if self.cm.handback_kv_offload:  # to host first (the trainer needs the memory), then to an engine
+                for ro in evicted:
+                    ro.on_host = ro.context
+                copy_s = max(copy_s, self.cm.host_copy_s(sum(ro.context for ro in evicted)))
+            resumed.extend(evicted)
             rep.live = False
         self.lent = []
         self.set_trainer("switching_back", DeviceState.SWITCH)
         self.switch_started = self.now
-        for ro in resumed:
+        if copy_s:
+            self.at(self.now + copy_s, self._resume, resumed)
+        else:
+            self._resume(resumed)
+        self.at(self.now + copy_s + self.cm.switch_s / 2, self._handed_back)
+
+    def _resume(self, rollouts: list[Rollout]) -> None:
+        for ro in rollouts:
             self.submit(ro)
         self.dispatch()
-        self.at(self.now + self.cm.switch_s / 2, self._handed_back)
 
     def _handed_back(self) -> None:
         self.switch.observe_switch(self.switch_out_s + self.now - self.switch_started)  # out + back
@@ -1133,7 +1150,8 @@ LEVERS: tuple[tuple[str, str, Callable[[Inputs], Inputs], tuple[str, ...]], ...]
     ("max_staleness", "4", lambda i: replace(i, setup=replace(i.setup, max_staleness=4)), BOTH),
     ("mechanism", "keep_kv_on_sync on", _cm(keep_kv_on_sync=True), AGENTIC_ONLY),
     ("mechanism", "kv_offload on", _cm(kv_offload=True), REASONING_ONLY),
-    ("mechanism", "both on", _cm(keep_kv_on_sync=True, kv_offload=True), BOTH),
+    ("mechanism", "handback_kv_offload on", _cm(handback_kv_offload=True), AGENTIC_ONLY),
+    ("mechanism", "all three on", _cm(keep_kv_on_sync=True, kv_offload=True, handback_kv_offload=True), BOTH),
 )
 
 
@@ -1187,7 +1205,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--kv-offload",
         action="store_true",
-        help="colocated: partial rollouts' KV waits in host memory over a step instead of recompute",
+        help="colocated: the KV of requests aborted for a step waits in host memory instead of recompute",
+    )
+    ap.add_argument(
+        "--kv-offload-at-hand-back",
+        action="store_true",
+        help="role switch: the lent engines' in-flight KV goes to host memory at hand-back, not recomputed",
     )
     ap.add_argument(
         "--recompute-old-logprobs",
@@ -1201,6 +1224,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     cm = CostModel(keep_kv_on_sync=args.keep_kv_on_sync, kv_offload=args.kv_offload,
+                   handback_kv_offload=args.kv_offload_at_hand_back,
                    train_recompute_old_logprobs=args.recompute_old_logprobs)  # fmt: skip
     reasoning, agentic = REASONING, AGENTIC
     setup = Setup(steps=args.steps, max_staleness=args.max_staleness, seed=args.seed,
@@ -1238,6 +1262,7 @@ def main(argv: list[str] | None = None) -> None:
         "mechanisms": {
             "keep_kv_on_sync": cm.keep_kv_on_sync,
             "kv_offload": cm.kv_offload,
+            "handback_kv_offload": cm.handback_kv_offload,
             "train_recompute_old_logprobs": cm.train_recompute_old_logprobs,
         },  # fmt: skip
         "max_staleness": setup.max_staleness,

@@ -199,16 +199,27 @@ def test_keeping_kv_across_weight_updates_saves_recompute_and_time(workload, mod
 
 @pytest.mark.parametrize("workload", list(SMALL))
 def test_kv_offload_replaces_recompute_by_a_copy(workload):
-    off = run(Mode.COLOCATED, SMALL[workload], stale_policy=StalePolicy.KEEP)[1]
-    on = run(
-        Mode.COLOCATED, SMALL[workload], replace(CostModel(), kv_offload=True), stale_policy=StalePolicy.KEEP
-    )[1]
+    keep = StalePolicy.KEEP
+    off = run(Mode.COLOCATED, SMALL[workload], stale_policy=keep)[1]
+    on = run(Mode.COLOCATED, SMALL[workload], replace(CostModel(), kv_offload=True), stale_policy=keep)[1]
     assert off.recomputed_tokens > 0
     assert on.recomputed_tokens < off.recomputed_tokens
     assert on.wall_s <= off.wall_s
     # the copy is not free: with a slow host link offloading loses
     slow = replace(CostModel(), kv_offload=True, host_bytes_per_s=1e8)
-    assert run(Mode.COLOCATED, SMALL[workload], slow, stale_policy=StalePolicy.KEEP)[1].wall_s > off.wall_s
+    assert run(Mode.COLOCATED, SMALL[workload], slow, stale_policy=keep)[1].wall_s > off.wall_s
+
+
+@pytest.mark.parametrize("workload", list(SMALL))
+def test_kv_offload_at_hand_back_saves_recompute_and_costs_the_trainer_the_copy(workload):
+    # one rollout engine of 8 sequences: the lent engines hold work when a batch is ready
+    base = replace(CostModel(), max_seqs=8)
+    off = run(Mode.SWITCH, SMALL[workload], base, 1, StalePolicy.KEEP)[1]
+    on = run(Mode.SWITCH, SMALL[workload], replace(base, handback_kv_offload=True), 1, StalePolicy.KEEP)[1]
+    assert off.lends > 0
+    assert on.recomputed_tokens < off.recomputed_tokens
+    # the copy delays the hand-back: switch time grows (it may or may not pay back in wall time)
+    assert on.state_s["switch"] > off.state_s["switch"]
 
 
 def test_sensitivity_moves_in_the_documented_direction():
