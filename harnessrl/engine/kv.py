@@ -195,6 +195,15 @@ def drop_left(cache: Cache, columns: int) -> None:
         layer._publish()
 
 
+def row_kv_at(cache: Cache, row: int, columns: torch.Tensor) -> torch.Tensor:
+    """A copy of one row's keys/values at window `columns`: `[layers, 2, heads, len(columns), dim]`."""
+    parts = []
+    for layer in _layers(cache):
+        keys, values = layer.window()
+        parts.append(torch.stack((keys[row].index_select(1, columns), values[row].index_select(1, columns))))
+    return torch.stack(parts)
+
+
 def drop_right(cache: Cache, columns: int) -> None:
     """Forgets the last `columns` columns of every row (speculative drafts the model did not keep): the next
     write overwrites them."""

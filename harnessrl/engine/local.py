@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
-from harnessrl.engine import kv
 from harnessrl.engine.base import (
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_PREFIX_CACHE_MB,
@@ -133,7 +132,7 @@ class LocalEngine(SchedulerLoop):
         self._abort_ids: set[str] = set()
         self._abort_all = False
         self._active: list[LocalRequest] = []
-        self._cache = kv.new_cache(self.num_layers)
+        self._reset_batch()
         self._closed = False
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="harnessrl-engine", daemon=True)

@@ -70,6 +70,9 @@ class SchedulerLoop:
     _abort_all: bool
     _active: list[LocalRequest]
     _cache: Cache
+    # [rows, window] bool: the batch cache's columns that hold each row's tokens (left padding, and the drafts
+    # it did not keep where another row kept more, are not its own)
+    _columns: torch.Tensor
     _closed: bool
 
     def _run(self) -> None:
@@ -211,7 +214,7 @@ class SchedulerLoop:
             flops += self._shape.flops(n, request.cached, logits_rows=int(request in completing))
             request.cached += n
             assert request.prefill_cache is not None
-            self._share(request, request.prefill_cache, 0, 0)
+            self._share(request, request.prefill_cache, 0)
         decode_logits = len(keep) - len(completing)
         emitted = 0
         if rows:
@@ -245,9 +248,8 @@ class SchedulerLoop:
     def _decode_plan(self, rows: list[LocalRequest], columns: int, slots: list[int]) -> StepPlan:
         """The decode rows' part of the step: their attention mask (the row's own window columns; among the
         new columns, those at or before the query's) and, for several tokens per row, where each goes."""
-        width = kv.cache_length(self._cache)
-        pads = torch.tensor([width - r.cached for r in rows])
-        own = torch.arange(width)[None, :] >= pads[:, None]
+        assert self._columns.shape == (len(rows), kv.cache_length(self._cache))
+        own = self._columns
         if columns == 1:
             mask = torch.cat((own, torch.ones(len(rows), 1, dtype=torch.bool)), dim=1)
             return StepPlan(
@@ -274,35 +276,31 @@ class SchedulerLoop:
         columns: int,
         logits: torch.Tensor,
     ) -> int:
-        """Emits each decode row's tokens (its drafts the model keeps, then one of its own), then keeps in the
-        batch cache the columns every row computed validly — `m`, the fewest over the rows: every row's cache
-        must end at the shared write column. A row's kept tokens beyond `m` stay unfed and are fed again
-        (recomputed) next step. Returns the tokens emitted."""
+        """Emits each decode row's tokens (its drafts the model keeps, then one of its own). Every row wrote
+        `columns` new columns; the batch keeps as many as the row that kept most needs, and a row that kept
+        fewer marks the rest as not its own (holes its mask hides from then on). Returns the tokens emitted."""
         valid: list[int] = []
         emitted = 0
-        for request, fed, draft, tokens in zip(
-            rows, feeds, drafts, verify(logits, [r.row for r in rows], drafts), strict=True
-        ):
+        checked = verify(logits, [r.row for r in rows], drafts)
+        for request, fed, draft, tokens in zip(rows, feeds, drafts, checked, strict=True):
             kept = 0
             for token in tokens:
                 self._accept(request, token)
                 kept += int(kept < len(draft) and token.token_id == draft[kept])
                 if token.token_id in request.stop:
                     break
-            emitted += len(request.out_ids) - (request.cached + len(fed) - len(request.prompt))
-            valid.append(len(fed) + kept)
-        m = min(valid)
-        width = kv.cache_length(self._cache) - columns  # before this step's columns
-        for i, (request, v) in enumerate(zip(rows, valid, strict=True)):
-            if v > m and self._finished_reason(request):  # its keys/values past m are lost at retirement
-                before = request.cached
-                # like every finishing request, without its last token (never fed in a plain step)
-                request.cached = min(before + v, len(request.prompt) + len(request.out_ids) - 1)
-                self._share(request, self._cache, i, width - before)
-                request.cached = before
-            request.cached += m
-        if columns > m:
-            kv.drop_right(self._cache, columns - m)
+            new = len(request.out_ids) - (request.cached + len(fed) - len(request.prompt))
+            emitted += new
+            # the keys/values of the fed tokens and the kept drafts, less the last emitted token's (a draft
+            # that was a stop token): as in a plain step, the last token is never fed
+            valid.append(len(fed) + min(kept, new - 1))
+        most = max(valid)
+        if columns > most:
+            kv.drop_right(self._cache, columns - most)
+        counts = torch.tensor(valid)
+        self._columns = torch.cat((self._columns, torch.arange(most)[None, :] < counts[:, None]), dim=1)
+        for request, v in zip(rows, valid, strict=True):
+            request.cached += v
         return emitted
 
     def _count_step(
@@ -345,9 +343,11 @@ class SchedulerLoop:
         request.blocks_in_prefix_cache = hit // self.prefix_cache.block_tokens
         request.kv_epoch = self.prefix_cache.epoch
 
-    def _share(self, request: LocalRequest, cache: Cache, row: int, first_column: int) -> None:
-        """Adds the request's newly complete blocks to the prefix cache (its tokens start at window column
-        `first_column` of `row`), unless the weights changed since its keys/values started."""
+    def _share(
+        self, request: LocalRequest, cache: Cache, row: int, columns: torch.Tensor | None = None
+    ) -> None:
+        """Adds the request's newly complete blocks to the prefix cache (its tokens are in window `columns` of
+        `row`; None: token i at column i), unless the weights changed since its keys/values started."""
         if request.kv_epoch != self.prefix_cache.epoch or not self.prefix_cache.enabled:
             return
         block = self.prefix_cache.block_tokens
@@ -355,8 +355,11 @@ class SchedulerLoop:
         have = request.blocks_in_prefix_cache
         if full <= have:
             return
-        lo, hi = first_column + have * block, first_column + full * block
-        self.prefix_cache.insert(request.tokens()[: full * block], have, kv.row_kv(cache, row, lo, hi))
+        lo, hi = have * block, full * block
+        values = (
+            kv.row_kv(cache, row, lo, hi) if columns is None else kv.row_kv_at(cache, row, columns[lo:hi])
+        )
+        self.prefix_cache.insert(request.tokens()[: full * block], have, values)
         request.blocks_in_prefix_cache = full
 
     def _join_batch(self, request: LocalRequest, logits: torch.Tensor) -> None:
@@ -369,8 +372,12 @@ class SchedulerLoop:
             return
         assert single is not None
         if kv.rows(self._cache) == 0:
-            self._cache = kv.new_cache(self.num_layers)
+            self._reset_batch()
         kv.add_row(self._cache, single)
+        width, before = kv.cache_length(self._cache), self._columns
+        grown = torch.zeros(before.shape[0], width - before.shape[1], dtype=torch.bool)
+        row = torch.arange(width) >= width - request.cached  # right-aligned at the write column
+        self._columns = torch.cat((torch.cat((grown, before), dim=1), row[None]))
         self._active.append(request)
 
     def _accept(self, request: LocalRequest, token: SampledToken) -> None:
@@ -388,7 +395,6 @@ class SchedulerLoop:
     def _retire_finished(self) -> None:
         """Finishes the requests that are done; their keys/values (prompt and output) go to the prefix
         cache first, then their rows leave the batch and padding every row shares is dropped."""
-        width = kv.cache_length(self._cache) if self._active else 0
         done: dict[int, FinishReason] = {}
         for i, request in enumerate(self._active):
             reason = FinishReason.ABORT if request.result.done() else self._finished_reason(request)
@@ -398,16 +404,18 @@ class SchedulerLoop:
             return
         for i, reason in done.items():
             request = self._active[i]
-            self._share(request, self._cache, i, width - request.cached)
+            self._share(request, self._cache, i, torch.nonzero(self._columns[i]).flatten())
             self._finish(request, reason)
         order = kv.remove_rows(self._cache, set(done))
         self._active = [self._active[i] for i in order]
+        self._columns = self._columns[order]
         if not self._active:
-            self._cache = kv.new_cache(self.num_layers)
+            self._reset_batch()
             return
-        shared_pad = width - max(r.cached for r in self._active)
+        shared_pad = int(self._columns.any(dim=0).int().argmax())  # leading columns no row owns
         if shared_pad:
             kv.drop_left(self._cache, shared_pad)
+            self._columns = self._columns[:, shared_pad:]
 
     def _finish(self, request: LocalRequest, reason: FinishReason) -> None:
         if request.result.done():
@@ -441,4 +449,9 @@ class SchedulerLoop:
                 self._notify_end(request)
         self._active = []
         self._prefilling.clear()
+        self._reset_batch()
+
+    def _reset_batch(self) -> None:
+        """An empty decode batch: its KV cache, and which window columns hold each row's tokens."""
         self._cache = kv.new_cache(self.num_layers)
+        self._columns = torch.zeros(0, 0, dtype=torch.bool)

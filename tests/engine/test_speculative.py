@@ -108,3 +108,19 @@ def test_speculative_sampled_logprobs_are_the_models(engine, chat):
     )
     expected = logp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=2e-3)
+
+
+def test_keys_values_shared_after_speculative_turns_are_the_models(engine):
+    """Rows that kept different numbers of drafts leave holes in the batch cache; what a finished turn puts in
+    the prefix cache must still be each token's own keys/values, in order (checked against a plain forward)."""
+    workload = AgenticWorkload(engine.tokenizer, sessions=3, turns=1, max_tokens=24)
+    traces = run(workload.run(engine))
+    prompt = workload.first_prompt(1)
+    fed = prompt + traces[1].outputs[0][:-1]
+    hit, cached = engine.prefix_cache.match([*fed, 0])
+    assert cached is not None and hit == len(fed) // 16 * 16 > len(prompt)
+    with torch.inference_mode():
+        out = engine.model(input_ids=torch.tensor([fed[:hit]]), use_cache=True)
+    for i, layer in enumerate(out.past_key_values.layers):
+        assert torch.allclose(cached[i, 0], layer.keys[0], atol=1e-4)
+        assert torch.allclose(cached[i, 1], layer.values[0], atol=1e-4)
