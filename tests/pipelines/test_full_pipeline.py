@@ -176,6 +176,9 @@ def test_rl_gpus_sizes_the_loop_step_when_the_run_starts(compiled_full, compiled
         }
         params = dag[by_display["rl-loop"]]["inputs"]["parameters"]
         assert params["pipelinechannel--rl_gpus"] == {"componentInputParameter": "rl_gpus"}
+        assert params["accelerator_count"] == {
+            "runtimeValue": {"constant": "{{$.inputs.parameters['pipelinechannel--rl_gpus']}}"}
+        }
         assert params["nproc"] == {"componentInputParameter": "rl_gpus"}  # the trainer ranks follow it
         assert pipeline.spec["root"]["inputDefinitions"]["parameters"]["rl_gpus"] == {
             "defaultValue": 1.0,
