@@ -18,6 +18,7 @@ import datetime
 import ipaddress
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -96,13 +97,13 @@ class WeightGroup:
 
             options = ProcessGroupGloo._Options()  # pyright: ignore[reportAttributeAccessIssue]
             options._timeout = timeout
-            loopback = ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
-            device_ = (
-                ProcessGroupGloo.create_device(hostname="127.0.0.1")
-                if loopback
-                else ProcessGroupGloo.create_default_device()
-            )
-            options._devices = [device_]
+            # this rank listens on its address on the route to rank 0 (not whatever its host name resolves to,
+            # 127.0.1.1 in many containers), unless GLOO_SOCKET_IFNAME names the interface
+            options._devices = [
+                ProcessGroupGloo.create_default_device()
+                if os.environ.get("GLOO_SOCKET_IFNAME")
+                else ProcessGroupGloo.create_device(hostname=route_address(address))
+            ]
             self.group: Any = ProcessGroupGloo(prefixed, rank, world_size, options)
         else:
             from torch.distributed import ProcessGroupNCCL  # pyright: ignore[reportAttributeAccessIssue]
