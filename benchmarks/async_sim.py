@@ -14,7 +14,7 @@ Last line: one JSON object with `colocated_time_ratio_vs_sync` (reasoning worklo
 its -35.4% wall-clock), `separate_switch_throughput_vs_sync` and `separate_switch_throughput_vs_fixed_async`
 (agentic workload, where it reports >2x sync and ~1.4x the fully-async baseline), `targets_met` (issue 10's
 bounds: <= 0.646, >= 2.0, >= 1.4), the mechanisms switched on, the per-workload rows and, with
-`--sensitivity`, each headline with one assumption at a low and a high value (`LEVERS`; ~4 min of CPU).
+`--sensitivity`, each headline with one assumption at a low and a high value (`LEVERS`; ~5 min of CPU).
 
 Assumptions (each a parameter of `CostModel`, `Workload` or `Setup`). "The loop" is harnessrl's RL loop
 (harnessrl/rl/, harnessrl/train/trainer.py); public sources are cited by URL.
