@@ -5,16 +5,20 @@ setting, one set of weights; absolute rates on a shared machine are noisy, the r
      engine's thread count — the limit the engine's prefill and decode FLOP/s are set against;
   2. multi-turn agentic workload (shared system prompt with tool definitions, growing history, N concurrent
      sessions, greedy) with the prefix cache off vs on: turn latency, identical outputs, hit rate, achieved
-     prefill/decode FLOP/s;
+     prefill/decode FLOP/s; and cache on without speculative decoding (the engine's decode step before
+     prompt-lookup drafts): turn latency, decode step ms, identical outputs;
   3. batched decoding: N single-turn sessions through the engine vs one-at-a-time `model.generate`
      (greedy outputs compared token by token).
 
     .venv/bin/python benchmarks/engine.py [--sessions 8] [--turns 6] [--turn-tokens 32] [--threads 1]
-        [--dtype float32] [--step-tokens 256] [--repeats 1] [--skip-generate-baseline]
+        [--dtype float32] [--step-tokens 256] [--speculative-tokens 6] [--repeats 1] [--skip-generate-baseline]
+        [--skip-speculation-baseline]
 
 Last line: one JSON object with `prefix_cache_speedup` (mean turn latency off / on), `cache_hit_rate`,
 `prefill_flops_fraction`, `decode_flops_fraction` (the cache-on run's achieved FLOP/s over the attainable
-FLOP/s of the engine's dtype), `batched_speedup`, and the settings and load they were measured under.
+FLOP/s of the engine's dtype, the better of a measurement before and one after the workload), `decode_step_ms` and `decode_tokens_per_row_step` (tokens a decoding request
+emits per step), `speculative_speedup` (mean turn latency cache on without / with speculative decoding),
+`batched_speedup`, and the settings and load they were measured under.
 """
 
 from __future__ import annotations
@@ -99,28 +103,35 @@ async def _agentic_run(engine: Any, workload: Any) -> dict[str, Any]:
         "prefill_tokens": _delta(after, before, "prefill_forward_tokens"),
         "decode_rows_per_step": _delta(after, before, "decode_row_tokens")
         / max(1.0, _delta(after, before, "decode_steps")),
+        "decode_step_ms": 1000 * decode_s / max(1.0, _delta(after, before, "decode_forward_steps")),
+        "decode_tokens_per_row_step": _delta(after, before, "decode_emitted_tokens")
+        / max(1.0, _delta(after, before, "decode_row_tokens")),
         "prompt_tokens": sum(sum(t.prompts) for t in traces),
     }
 
 
-def agentic(args: argparse.Namespace, on: Any, off: Any) -> dict[str, Any]:
+def agentic(args: argparse.Namespace, on: Any, off: Any, plain: Any | None) -> dict[str, Any]:
     from tests.engine.agentic import AgenticWorkload
 
     workload = AgenticWorkload(on.tokenizer, args.sessions, args.turns, args.turn_tokens)
-    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": [], "plain": []}
     for repeat in range(args.repeats):
         order = [("off", off), ("on", on)] if repeat % 2 == 0 else [("on", on), ("off", off)]
+        if plain is not None:
+            order.insert(1, ("plain", plain))  # between the two, so that load drifts hit both sides
         for name, engine in order:
-            if name == "on":
+            if name != "off":
                 engine.prefix_cache.clear()  # every repeat starts cold: the system prompt is computed once
             result = asyncio.run(_agentic_run(engine, workload))
             runs[name].append(result)
+            label = {"off": "cache off", "on": "cache on", "plain": "cache on, no speculation"}[name]
             print(
-                f"agentic repeat {repeat + 1}, cache {name}: {result['wall_s']:.1f} s, mean turn "
+                f"agentic repeat {repeat + 1}, {label}: {result['wall_s']:.1f} s, mean turn "
                 f"{result['turn_s']:.2f} s, prefill {result['prefill_tokens']:.0f} tokens in "
                 f"{result['prefill_forward_s']:.1f} s ({result['prefill_flops_per_s'] / 1e9:.1f} GFLOP/s), "
                 f"decode {result['decode_forward_s']:.1f} s ({result['decode_flops_per_s'] / 1e9:.1f} GFLOP/s, "
-                f"{result['decode_rows_per_step']:.1f} rows/step), hit rate {result['hit_rate']:.3f}",
+                f"{result['decode_rows_per_step']:.1f} rows/step, {result['decode_step_ms']:.0f} ms/step, "
+                f"{result['decode_tokens_per_row_step']:.2f} tokens/row-step), hit rate {result['hit_rate']:.3f}",
                 file=sys.stderr,
             )
     identical = [
@@ -131,6 +142,18 @@ def agentic(args: argparse.Namespace, on: Any, off: Any) -> dict[str, Any]:
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name])
 
+    baseline: dict[str, Any] = {}
+    if runs["plain"]:
+        same = [
+            sum(a == b for a, b in zip(x["outputs"], y["outputs"], strict=True))
+            for x, y in zip(runs["plain"], runs["on"], strict=True)
+        ]
+        baseline = {
+            "speculative_speedup": med("plain", "turn_s") / med("on", "turn_s"),
+            "turn_s_no_speculation": med("plain", "turn_s"),
+            "decode_step_ms_no_speculation": med("plain", "decode_step_ms"),
+            "identical_outputs_no_speculation": f"{min(same)}/{args.sessions}",
+        }
     return {
         "prefix_cache_speedup": med("off", "turn_s") / med("on", "turn_s"),
         "turn_s_cache_off": med("off", "turn_s"),
@@ -142,6 +165,9 @@ def agentic(args: argparse.Namespace, on: Any, off: Any) -> dict[str, Any]:
         "prefill_flops_per_s": med("on", "prefill_flops_per_s"),
         "prefill_flops_per_s_cache_off": med("off", "prefill_flops_per_s"),
         "decode_flops_per_s": med("on", "decode_flops_per_s"),
+        "decode_step_ms": med("on", "decode_step_ms"),
+        "decode_tokens_per_row_step": med("on", "decode_tokens_per_row_step"),
+        **baseline,
         "prompt_tokens_per_run": runs["on"][0]["prompt_tokens"],
     }
 
@@ -217,7 +243,13 @@ def main() -> int:
     )
     parser.add_argument("--dtype", type=DType, default=DType.FLOAT32, choices=list(DType))
     parser.add_argument("--step-tokens", type=int, default=None, help="engine step token budget")
+    parser.add_argument(
+        "--speculative-tokens", type=int, default=None, help="prompt-lookup drafts per row (0: off)"
+    )
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--skip-speculation-baseline", action="store_true", help="leave out the cache-on run without drafts"
+    )
     parser.add_argument("--skip-generate-baseline", action="store_true", help="leave out part 3")
     args = parser.parse_args()
     configure_logging()
@@ -227,21 +259,34 @@ def main() -> int:
     options: dict[str, Any] = {"max_batch": args.sessions, "threads": args.threads, "dtype": args.dtype}
     if args.step_tokens:
         options["step_tokens"] = args.step_tokens
+    if args.speculative_tokens is not None:
+        options["speculative_tokens"] = args.speculative_tokens
     on = LocalEngine(**options)
     off = LocalEngine(**options, prefix_cache_mb=0)
+    plain = None
+    if not args.skip_speculation_baseline:
+        plain = LocalEngine(**{**options, "speculative_tokens": 0})
     threads = torch.get_num_threads()
     load_before = os.getloadavg()[0]
     print(
         f"{args.sessions} sessions x {args.turns} turns x {args.turn_tokens} tokens, torch threads {threads}, "
-        f"{args.dtype}, step tokens {on.step_tokens}, load {load_before:.2f}",
+        f"{args.dtype}, step tokens {on.step_tokens}, speculative tokens {on.speculative_tokens}, "
+        f"load {load_before:.2f}",
         file=sys.stderr,
     )
     peaks = {name: attainable_flops(getattr(torch, name)) for name in ("float32", "bfloat16")}
     for name, (rate, shape) in peaks.items():
         print(f"matmul {name}: {rate / 1e9:.1f} GFLOP/s (best shape {shape})", file=sys.stderr)
-    limit = peaks[str(args.dtype)][0] if str(args.dtype) in peaks else peaks["float32"][0]
-    result: dict[str, Any] = agentic(args, on, off)
+    result: dict[str, Any] = agentic(args, on, off, plain)
     off.close()
+    if plain is not None:
+        plain.close()
+    # again after the workload: on a shared machine the load moves; the better of the two is the limit
+    for name, (rate, shape) in list(peaks.items()):
+        again = attainable_flops(getattr(torch, name))
+        print(f"matmul {name} after the workload: {again[0] / 1e9:.1f} GFLOP/s", file=sys.stderr)
+        peaks[name] = max((rate, shape), again)
+    limit = peaks[str(args.dtype)][0] if str(args.dtype) in peaks else peaks["float32"][0]
     if not args.skip_generate_baseline:
         result.update(batched(args, on))
     on.close()
@@ -255,6 +300,7 @@ def main() -> int:
         torch_threads=threads,
         dtype=str(args.dtype),
         step_tokens=on.step_tokens,
+        speculative_tokens=on.speculative_tokens,
         load_before=round(load_before, 2),
         load_after=round(os.getloadavg()[0], 2),
     )

@@ -14,6 +14,7 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator accepts
 DEFAULT_PREFIX_CACHE_MB = 1024  # prefix cache budget
 DEFAULT_STEP_TOKENS = 256  # tokens per scheduler step: one per decoding request + prefill chunks
 DEFAULT_BLOCK_TOKENS = 16  # prefix cache block size
+DEFAULT_SPECULATIVE_TOKENS = 6  # prompt-lookup drafts a decoding request may feed per step (0: off)
 
 
 class FinishReason(StrEnum):

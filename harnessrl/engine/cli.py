@@ -6,7 +6,13 @@ import argparse
 import asyncio
 import contextlib
 
-from harnessrl.engine.base import DEFAULT_BLOCK_TOKENS, DEFAULT_PREFIX_CACHE_MB, DEFAULT_STEP_TOKENS, DType
+from harnessrl.engine.base import (
+    DEFAULT_BLOCK_TOKENS,
+    DEFAULT_PREFIX_CACHE_MB,
+    DEFAULT_SPECULATIVE_TOKENS,
+    DEFAULT_STEP_TOKENS,
+    DType,
+)
 
 
 def register(commands, stages) -> None:  # the engine is a service, not a pipeline stage: `stages` unused
@@ -44,6 +50,12 @@ def register(commands, stages) -> None:  # the engine is a service, not a pipeli
     serve.add_argument(
         "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, help="prefix cache block size"
     )
+    serve.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=DEFAULT_SPECULATIVE_TOKENS,
+        help=f"prompt-lookup drafts per decoding request and step ({DEFAULT_SPECULATIVE_TOKENS}; 0 turns it off)",
+    )
     serve.add_argument("--dtype", type=DType, default=DType.FLOAT32, choices=list(DType))
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     serve.add_argument("--policy-version", type=int, default=0, help="weight version of the initial model")
@@ -73,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
             prefix_cache_mb=args.prefix_cache_mb,
             step_tokens=args.step_tokens,
             block_tokens=args.block_tokens,
+            speculative_tokens=args.speculative_tokens,
         )
     except EngineError as e:
         raise UserError(str(e)) from e

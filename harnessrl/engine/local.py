@@ -23,6 +23,7 @@ from transformers import PretrainedConfig
 from harnessrl.engine.base import (
     DEFAULT_BLOCK_TOKENS,
     DEFAULT_PREFIX_CACHE_MB,
+    DEFAULT_SPECULATIVE_TOKENS,
     DEFAULT_STEP_TOKENS,
     DType,
     EngineError,
@@ -40,8 +41,6 @@ from harnessrl.engine.threads import AdaptiveThreads, engine_cores
 from harnessrl.engine.weights import read_checkpoint
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_SPECULATIVE_TOKENS = 6
 
 
 class LocalEngine(SchedulerLoop):

@@ -325,6 +325,7 @@ class SchedulerLoop:
             stats.prefill_forward_tokens += prefill_tokens
         else:
             stats.decode_forward_s += seconds
+            stats.decode_forward_steps += 1
             stats.decode_flops += flops
         if rows:
             stats.decode_steps += 1

@@ -56,6 +56,7 @@ class EngineStats:
     prefill_forward_tokens: int = 0  # prompt tokens computed (not served by the prefix cache)
     prefill_flops: float = 0.0
     decode_forward_s: float = 0.0
+    decode_forward_steps: int = 0  # steps of decode rows alone
     decode_flops: float = 0.0
     decode_steps: int = 0  # steps with decode rows (either kind)
     decode_row_tokens: int = 0  # decode rows summed over steps (rows x steps)
@@ -75,6 +76,9 @@ class EngineStats:
             if self.prefill_forward_s
             else 0.0,
             decode_flops_per_s=self.decode_flops / self.decode_forward_s if self.decode_forward_s else 0.0,
+            decode_step_ms=1000 * self.decode_forward_s / self.decode_forward_steps
+            if self.decode_forward_steps
+            else 0.0,
             decode_tokens_per_row_step=self.decode_emitted_tokens / self.decode_row_tokens
             if self.decode_row_tokens
             else 0.0,

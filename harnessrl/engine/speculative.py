@@ -1,5 +1,6 @@
 """Prompt-lookup drafts for speculative decoding: the tokens that followed the latest earlier occurrence of the
-sequence's last n tokens (n = `max_n` down to 1), as in vLLM's n-gram proposer.
+sequence's last n tokens (n = `max_n` down to `min_n`), as in vLLM's n-gram proposer. A single matching token
+is too weak a cue (on prose its drafts are rarely kept and only make the step wider), hence `min_n` 2.
 
 Agentic histories repeat themselves (tool names and arguments, file paths, code read back, the model's own
 earlier replies), so a request often continues with tokens it has already seen. The engine feeds a decoding
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 
 class NgramIndex:
-    def __init__(self, tokens: list[int], max_n: int = 3) -> None:
-        self.max_n = max_n
+    def __init__(self, tokens: list[int], max_n: int = 3, min_n: int = 2) -> None:
+        self.max_n, self.min_n = max_n, min_n
         self.tokens: list[int] = []
         self._next: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
         self.extend(tokens)
@@ -34,7 +35,7 @@ class NgramIndex:
         if k <= 0:
             return []
         seq = self.tokens
-        for n in range(min(self.max_n, len(seq)), 0, -1):
+        for n in range(min(self.max_n, len(seq)), self.min_n - 1, -1):
             found = self._next[n].get(tuple(seq[len(seq) - n :]))
             if found is not None:
                 return seq[found : found + k]

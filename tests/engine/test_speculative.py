@@ -23,6 +23,9 @@ def test_ngram_index_drafts_what_followed_the_latest_match_of_the_longest_suffix
     assert index.draft(0) == []
     index.extend([6])
     assert index.draft(3) == []
+    index.extend([5])  # only the last token (5) occurred before: too weak a cue
+    assert index.draft(3) == []
+    assert NgramIndex([5, 9, 6, 5], min_n=1).draft(2) == [9, 6]
 
 
 def _row(temperature: float, seed: int = 0, top_p: float = 1.0) -> RowSampling:
