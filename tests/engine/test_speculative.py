@@ -10,7 +10,7 @@ from harnessrl.engine.base import SamplingParams
 from harnessrl.engine.sampling import RowSampling, _draw, _restrict_to_nucleus, verify
 from harnessrl.engine.speculative import NgramIndex
 from tests.engine.agentic import AgenticWorkload
-from tests.engine.support import run
+from tests.engine.support import GREEDY, run
 
 
 def test_ngram_index_drafts_what_followed_the_latest_match_of_the_longest_suffix():
@@ -90,6 +90,12 @@ def test_speculative_greedy_equals_plain_greedy_token_for_token(engine, plain_en
     row_steps = after["decode_row_tokens"] - before["decode_row_tokens"]
     assert after["speculative_drafted_tokens"] > before["speculative_drafted_tokens"]
     assert emitted > 1.3 * row_steps  # drafts were kept: more tokens than row-steps
+    # and the logprobs: the model's log_softmax at each position, whether the token came from a draft or not
+    prompt = workload.next_prompt(workload.first_prompt(0), plain[0].outputs[0], 0, 0)
+    with_drafts = run(engine.generate(prompt, GREEDY, 24))
+    without = run(plain_engine.generate(prompt, GREEDY, 24))
+    assert with_drafts.token_ids == without.token_ids
+    assert max(abs(a - b) for a, b in zip(with_drafts.logprobs, without.logprobs, strict=True)) < 1e-3
 
 
 def test_speculative_sampled_logprobs_are_the_models(engine, chat):
