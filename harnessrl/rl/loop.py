@@ -335,7 +335,8 @@ def engine_rates(replicas: list[Any]) -> dict[str, float | None]:
         s = stats() if callable(stats) else None
         if not isinstance(s, dict):
             return {"decode_tokens_per_s": None, "prefill_tokens_per_s": None}
-        sums["decode_tokens"] += float(s.get("decode_row_tokens", 0))
+        # tokens decode rows emitted (with speculative decoding a row emits several per step)
+        sums["decode_tokens"] += float(s.get("decode_emitted_tokens", s.get("decode_row_tokens", 0)))
         sums["decode_s"] += float(s.get("decode_forward_s", 0.0))
         sums["prefill_tokens"] += float(s.get("prefill_forward_tokens", 0))
         sums["prefill_s"] += float(s.get("prefill_forward_s", 0.0))
