@@ -200,8 +200,24 @@ def row_kv_at(cache: Cache, row: int, columns: torch.Tensor) -> torch.Tensor:
     parts = []
     for layer in _layers(cache):
         keys, values = layer.window()
-        parts.append(torch.stack((keys[row].index_select(1, columns), values[row].index_select(1, columns))))
+        at = columns.to(keys.device)
+        parts.append(torch.stack((keys[row].index_select(1, at), values[row].index_select(1, at))))
     return torch.stack(parts)
+
+
+def compact(cache: Cache, owned: torch.Tensor) -> None:
+    """Moves each row's own columns (`owned` `[rows, window]` bool) right-aligned to the write column, in order,
+    dropping the holes between them; the window then starts at the longest row."""
+    counts = owned.sum(dim=1).tolist()
+    for layer in _layers(cache):
+        assert layer.buf_k is not None and layer.buf_v is not None
+        keys, values = layer.window()
+        for row, n in enumerate(counts):
+            at = torch.nonzero(owned[row]).flatten().to(keys.device)
+            layer.buf_k[row, :, layer.end - n : layer.end] = keys[row].index_select(1, at)
+            layer.buf_v[row, :, layer.end - n : layer.end] = values[row].index_select(1, at)
+        layer.start = layer.end - max(counts, default=0)
+        layer._publish()
 
 
 def drop_right(cache: Cache, columns: int) -> None:

@@ -73,6 +73,9 @@ class SchedulerLoop:
     # [rows, window] bool: the batch cache's columns that hold each row's tokens (left padding, and the drafts
     # it did not keep where another row kept more, are not its own)
     _columns: torch.Tensor
+    # holes tolerated in the decode batch: this many columns, or this share of its longest row
+    _hole_slack: int = 64
+    _hole_share: float = 0.25
     _closed: bool
 
     def _run(self) -> None:
@@ -301,6 +304,8 @@ class SchedulerLoop:
         self._columns = torch.cat((self._columns, torch.arange(most)[None, :] < counts[:, None]), dim=1)
         for request, v in zip(rows, valid, strict=True):
             request.cached += v
+        if most > min(valid):
+            self._compact_holes()
         return emitted
 
     def _count_step(
@@ -417,6 +422,19 @@ class SchedulerLoop:
         if shared_pad:
             kv.drop_left(self._cache, shared_pad)
             self._columns = self._columns[:, shared_pad:]
+
+    def _compact_holes(self) -> None:
+        """Drops the holes rejected drafts left in the decode batch once they exceed a quarter of the longest
+        row (and 64 columns): every step reads the whole window, so a row that keeps many
+        drafts beside rows that keep none must not widen it for good. One copy of the batch's keys/values."""
+        if not self._active:
+            return
+        longest = int(self._columns.sum(dim=1).max())
+        if self._columns.shape[1] - longest <= max(self._hole_slack, int(longest * self._hole_share)):
+            return
+        kv.compact(self._cache, self._columns)
+        counts = self._columns.sum(dim=1, keepdim=True)
+        self._columns = torch.arange(longest)[None, :] >= longest - counts
 
     def _finish(self, request: LocalRequest, reason: FinishReason) -> None:
         if request.result.done():

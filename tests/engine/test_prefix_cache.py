@@ -97,6 +97,26 @@ def test_kv_rows_join_and_leave_without_moving_the_others():
     assert kv.row_kv(batch, 0, 1, 3)[1, 1, 0, :, 0].tolist() == [5, 11]
 
 
+def test_kv_compact_drops_holes_and_right_aligns_rows():
+    batch = kv.new_cache(LAYERS)
+    kv.add_row(batch, _one_row([1, 2]))
+    kv.add_row(batch, _one_row([3, 4, 5]))
+    for i in range(LAYERS):  # a speculative step: three columns; row 0 keeps 1, row 1 keeps 3
+        new = (
+            torch.tensor([6.0, 0.0, 0.0, 7.0, 8.0, 9.0])
+            .view(2, 1, 3, 1)
+            .expand(2, HEADS, 3, DIM)
+            .contiguous()
+        )
+        kv.layer(batch, i).update(new, new)
+    assert _rows(batch) == [[0, 1, 2, 6, 0, 0], [3, 4, 5, 7, 8, 9]]
+    # row 0 kept 1 of its 3 new columns, row 1 2 of 3 (its last one was a rejected draft too)
+    owned = torch.tensor([[0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    kv.compact(batch, owned)
+    assert kv.cache_length(batch) == 5
+    assert _rows(batch)[0][-3:] == [1, 2, 6] and _rows(batch)[1] == [3, 4, 5, 7, 8]
+
+
 def test_cache_on_gives_the_tokens_of_cache_off_across_agentic_turns(engine, engine_nocache):
     """Three sessions sharing a system prompt, three turns each: every turn after the first starts from
     the session's previous turn in the cache, and greedy tokens equal those computed without a cache."""

@@ -119,11 +119,21 @@ def test_speculative_sampled_logprobs_are_the_models(engine, chat):
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=2e-3)
 
 
-def test_keys_values_shared_after_speculative_turns_are_the_models(engine):
-    """Rows that kept different numbers of drafts leave holes in the batch cache; what a finished turn puts in
-    the prefix cache must still be each token's own keys/values, in order (checked against a plain forward)."""
+@pytest.mark.parametrize("compact", [False, True], ids=["holes", "compacted"])
+def test_keys_values_shared_after_speculative_turns_are_the_models(engine, plain_engine, compact):
+    """Rows that kept different numbers of drafts leave holes in the batch cache (dropped by compaction once
+    there are too many; here forced after every step that made one): the outputs stay the model's, and what a
+    finished turn puts in the prefix cache is each token's own keys/values, in order (against a plain
+    forward)."""
     workload = AgenticWorkload(engine.tokenizer, sessions=3, turns=1, max_tokens=24)
-    traces = run(workload.run(engine))
+    engine.prefix_cache.clear()
+    if compact:
+        engine._hole_slack, engine._hole_share = 0, 0.0
+    try:
+        traces = run(workload.run(engine))
+    finally:
+        engine._hole_slack, engine._hole_share = type(engine)._hole_slack, type(engine)._hole_share
+    assert [t.outputs for t in traces] == [t.outputs for t in run(workload.run(plain_engine))]
     prompt = workload.first_prompt(1)
     fed = prompt + traces[1].outputs[0][:-1]
     hit, cached = engine.prefix_cache.match([*fed, 0])
