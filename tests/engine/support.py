@@ -54,8 +54,36 @@ def chat(engine):
     return render
 
 
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    """A short chat prompt of the tiny model's tokenizer (the weight-sync tests' fixed prompt)."""
+    from harnessrl.tinymodel import load_tokenizer
+
+    return load_tokenizer().apply_chat_template(
+        [{"role": "user", "content": "Name a fruit."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+
+
 def run(coro):
     return asyncio.run(coro)
+
+
+def nucleus_logprobs(model, prompt: list[int], token_ids: list[int], temperature: float, top_p: float):
+    """Each sampled token's logprob recomputed by one full forward pass: log_softmax(logits / T) restricted to
+    the top-p nucleus and renormalized (what an engine must report for a token it sampled)."""
+    import torch
+
+    from harnessrl.engine.sampling import _restrict_to_nucleus
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + token_ids])).logits[0, len(prompt) - 1 : -1]
+    logp = _restrict_to_nucleus(
+        torch.log_softmax(logits / temperature, dim=-1), torch.full((len(logits),), top_p)
+    )
+    return logp.gather(-1, torch.tensor(token_ids)[:, None]).squeeze(-1)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from harnessrl.engine.base import EngineError, EngineRequestError, SamplingParams
-from harnessrl.engine.sampling import _restrict_to_nucleus
-from tests.engine.support import GREEDY, run
+from tests.engine.support import GREEDY, nucleus_logprobs, run
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -87,13 +86,7 @@ def test_logprobs_are_under_the_distribution_sampled_from(engine, chat):
     prompt = chat("Describe a forest.")
     temperature, top_p = 0.7, 0.9
     gen = run(engine.generate(prompt, SamplingParams(temperature=temperature, top_p=top_p, seed=7), 6))
-    ids = torch.tensor([prompt + gen.token_ids])
-    with torch.inference_mode():
-        logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    logp = _restrict_to_nucleus(
-        torch.log_softmax(logits / temperature, dim=-1), torch.full((len(logits),), top_p)
-    )
-    expected = logp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+    expected = nucleus_logprobs(engine.model, prompt, gen.token_ids, temperature, top_p)
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=2e-3)
     assert all(lp <= 0 for lp in gen.logprobs)
     # greedy: the model's plain log_softmax

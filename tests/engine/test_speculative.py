@@ -10,7 +10,7 @@ from harnessrl.engine.base import SamplingParams
 from harnessrl.engine.sampling import RowSampling, _draw, _restrict_to_nucleus, verify
 from harnessrl.engine.speculative import NgramIndex
 from tests.engine.agentic import AgenticWorkload
-from tests.engine.support import GREEDY, run
+from tests.engine.support import GREEDY, nucleus_logprobs, run
 
 
 def test_ngram_index_drafts_what_followed_the_latest_match_of_the_longest_suffix():
@@ -109,13 +109,7 @@ def test_speculative_sampled_logprobs_are_the_models(engine, chat):
     assert after["decode_emitted_tokens"] - before["decode_emitted_tokens"] > (
         after["decode_row_tokens"] - before["decode_row_tokens"]
     )
-    ids = torch.tensor([prompt + gen.token_ids])
-    with torch.inference_mode():
-        logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    logp = _restrict_to_nucleus(
-        torch.log_softmax(logits / temperature, dim=-1), torch.full((len(logits),), top_p)
-    )
-    expected = logp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+    expected = nucleus_logprobs(engine.model, prompt, gen.token_ids, temperature, top_p)
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=2e-3)
 
 

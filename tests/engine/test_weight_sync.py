@@ -23,21 +23,12 @@ from harnessrl.engine.vllm_worker import (
     sync_in_process,
 )
 from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
-from harnessrl.tinymodel import load_model, load_tokenizer, tiny_model_dir
+from harnessrl.tinymodel import load_model, tiny_model_dir
 from tests.engine.support import GREEDY, RecordedServer, recorded, run
 from tests.support.fake_vllm import FakeVLLM, FakeWorker, miniature_model
+from tests.support.weight_sync import close, teacher_forced
 
 FIX = "--worker-extension-cls harnessrl.engine.vllm_worker.WeightSyncExtension"
-
-
-@pytest.fixture(scope="module")
-def prompt() -> list[int]:
-    return load_tokenizer().apply_chat_template(
-        [{"role": "user", "content": "Name a fruit."}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +55,6 @@ def mini(tmp_path_factory):
     model_dir = miniature_model(tmp_path_factory.mktemp("mini"), seed=0)
     ckpt = miniature_model(tmp_path_factory.mktemp("mini-trained"), seed=1)
     return model_dir, ckpt, load_model(ckpt).eval()
-
-
-@torch.no_grad()
-def teacher_forced(model, prompt: list[int], tokens: list[int]) -> list[float]:
-    """Logprob of each token under `model` (temperature 1 / greedy: the raw distribution)."""
-    logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
-    logprobs = torch.log_softmax(logits, -1)
-    return [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
-
-
-def close(a: list[float], b: list[float], tol: float = 2e-3) -> bool:
-    return len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) < tol
 
 
 async def with_fake(go, model_dir=None, **fake_options):

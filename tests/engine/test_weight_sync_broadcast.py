@@ -23,22 +23,12 @@ from harnessrl.engine.vllm_worker import INFO, INIT_BROADCAST, RECEIVE
 from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
 from harnessrl.rl.modes import WeightSyncMode
 from harnessrl.rl.publish import BroadcastPublisher
-from harnessrl.tinymodel import load_model, load_tokenizer
+from harnessrl.tinymodel import load_model
 from tests.engine.support import GREEDY
 from tests.support.fake_vllm import FakeVLLM, miniature_model
 from tests.support.weight_sync import close, serve_process, teacher_forced
 
 BROADCAST = WeightSyncMode.BROADCAST
-
-
-@pytest.fixture(scope="module")
-def prompt() -> list[int]:
-    return load_tokenizer().apply_chat_template(
-        [{"role": "user", "content": "Name a fruit."}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
 
 
 @pytest.fixture(scope="module")
