@@ -34,6 +34,11 @@ from .recovery import recover_journal
 from .render import ChatRenderer
 from .sessions import Session, SessionStore
 
+# stopping waits this long for calls in flight, then cancels them (aiohttp waits 60 s by default, longer than
+# `stop()` waits; a call still generating when its owner stops the gateway has no one left to answer to, and a
+# record being written is shielded from the cancellation)
+STOP_GRACE_S = 5.0
+
 __all__ = ["GatewayConfig", "GatewayServer"]
 
 
@@ -104,7 +109,9 @@ class GatewayServer:
 
     async def start_async(self) -> str:
         self._parts = self._open()
-        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=STOP_GRACE_S
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
         port = self._runner.addresses[0][1]

@@ -218,7 +218,8 @@ class FastEngineServer:
         return app
 
     async def start_async(self) -> str:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        # stop() cancels replies still being "decoded" after 1 s instead of waiting for them (aiohttp: 60 s)
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
