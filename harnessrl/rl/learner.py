@@ -130,6 +130,12 @@ class Learner:
             )
         return self.publisher.publish(version, self.full_weights())
 
+    def close(self) -> None:
+        """Releases what the weight publisher holds (a broadcast group with the engines, its event loop)."""
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
+
     def checkpoint(self, step: int, meta: dict[str, Any]) -> Path:
         with self.ranks.collective(Command.CHECKPOINT):  # the same two collectives on every rank, in order
             weights = {name: t.cpu() for name, t in gather_weights(self.model)}

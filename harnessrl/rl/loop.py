@@ -202,6 +202,7 @@ def _run_loop(
     sink = None
     model: Any = None
     trainer: Any = None
+    learner: Learner | None = None
     try:
         base = gateway.start()
         gateway_loop = gateway._loop  # engine calls run on the gateway's event loop
@@ -303,6 +304,8 @@ def _run_loop(
             pool.close()
         if sink is not None:
             sink.close()
+        if learner is not None:
+            learner.close()
         gateway.stop()
         for e in replicas:
             close = getattr(e, "close", None)
