@@ -265,6 +265,17 @@ def verify_diff(
     if not test_files:
         result.detail = "task row has no FAIL_TO_PASS/PASS_TO_PASS tests"
         return result
+    if not filtered.patch.strip():
+        # Nothing of the agent's reaches the graded tree: it is the task's own unpatched state, where its
+        # FAIL_TO_PASS tests fail by definition (the validate stage checked it). SWE-bench's harness does not
+        # run an empty patch either; a test run would only cost a sandbox.
+        result.status, result.reward, result.f2p_fraction = VerifyStatus.UNRESOLVED, 0.0, 0.0
+        result.detail = "empty patch: " + (
+            "the agent's only changes were dropped (see dropped)" if filtered.dropped else "no changes"
+        )
+        result.detail += "; scored 0 without running tests"
+        result.timings = {"prepare_s": time.monotonic() - t0}
+        return result
     cache = RepoCache.for_repo(taskset, row["repo"])
     env_dir = ensure_env(taskset, row["repo"]) if needs_env(sandbox.kind) else None
     image = row.get("image_name") or None

@@ -117,17 +117,19 @@ def test_a_generate_rollout_on_the_podman_backend(env_taskset, fast_engine, tmp_
 def test_verification_in_a_fresh_container(podman_task, tmp_path):
     gold = podman_task.workspace(tmp_path / "gold")
     podman_task.apply_gold(gold)
-    untouched = podman_task.workspace(tmp_path / "untouched")
+    unfixed = podman_task.workspace(tmp_path / "unfixed")
+    (unfixed / "NOTES.txt").write_text("a change that fixes nothing\n")  # not empty: its tests run
     before = _containers()
     resolved = verify_workspace(podman_task.taskset, podman_task.row, gold, timeout_s=120, sandbox=PODMAN)
     unresolved = verify_workspace(
-        podman_task.taskset, podman_task.row, untouched, timeout_s=120, sandbox=PODMAN
+        podman_task.taskset, podman_task.row, unfixed, timeout_s=120, sandbox=PODMAN
     )
     assert resolved.status == "resolved" and resolved.reward == 1.0, (
         resolved.detail,
         resolved.test_log[-2000:],
     )
     assert unresolved.status == "unresolved" and unresolved.reward == 0.0, unresolved.detail
+    assert unresolved.timings.get("tests_s"), "the unfixed tree's tests ran in a container"
     assert _back_to(before)  # each verification's container is gone
 
 

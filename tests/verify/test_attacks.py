@@ -192,8 +192,8 @@ def test_gold_fix_is_resolved_and_untouched_is_not(graded, task):
     assert gold["reward"] == 1.0 and gold["f2p_fraction"] == 1.0 and not gold["flagged"]
     assert set(gold["tests"]) == set(task.row["FAIL_TO_PASS"]) | set(task.row["PASS_TO_PASS"])
     assert task.module() in gold["diff"]
-    _assert_zero(untouched)
-    assert all(untouched["tests"][t]["ok"] is False for t in task.row["FAIL_TO_PASS"])
+    _assert_zero(untouched)  # scored without a test run: the task's unpatched state (see test_rollout_rows)
+    assert "empty patch" in untouched["detail"] and untouched["tests"] == {}
     assert untouched["dropped"] == [] and untouched["diff"] == ""
 
 

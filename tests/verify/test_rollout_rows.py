@@ -1,17 +1,19 @@
 """Verify's per-rollout decisions that need no sandbox run: which rollouts are scored, and the reward row."""
 
+import pytest
+
 from harnessrl.harness.base import RolloutStatus
 from harnessrl.verify.grading import VerifyStatus
 from harnessrl.verify.rollouts import reward_row, verify_rollout
 from harnessrl.verify.verifier import VerifyResult
 
 
-def _verify(task, tmp_path, status: RolloutStatus) -> tuple[dict, VerifyResult]:
+def _verify(task, tmp_path, status: RolloutStatus, patch: str = "") -> tuple[dict, VerifyResult]:
     rollout = {
         "rollout_id": f"{task.iid}__r0",
         "instance_id": task.iid,
         "rollout_status": status,
-        "model_patch": "",
+        "model_patch": patch,
     }
     return rollout, verify_rollout(task.taskset, {task.iid: task.row}, rollout, tmp_path, 10.0, None)
 
@@ -22,6 +24,27 @@ def test_a_patch_over_the_cap_scores_zero_and_is_trainable(task, tmp_path):
     assert "patch cap" in result.detail
     row = reward_row(rollout, result)
     assert (row["status"], row["reward"], row["rollout_status"]) == ("ok", 0.0, "patch_too_large")
+
+
+ROOT_CONFTEST_ONLY = """diff --git a/conftest.py b/conftest.py
+new file mode 100644
+--- /dev/null
++++ b/conftest.py
+@@ -0,0 +1 @@
++import os
+"""
+
+
+@pytest.mark.parametrize(("patch", "why"), [("", "no changes"), (ROOT_CONFTEST_ONLY, "dropped")])
+def test_an_empty_patch_scores_zero_without_a_test_run(task, tmp_path, patch, why):
+    """Nothing of the agent's reaches the graded tree (no diff, or only files the filter drops): the task's
+    unpatched state, where its FAIL_TO_PASS tests fail by definition, so no sandbox is started."""
+    rollout, result = _verify(task, tmp_path, RolloutStatus.OK, patch)
+    assert (result.status, result.reward, result.f2p_fraction) == (VerifyStatus.UNRESOLVED, 0.0, 0.0)
+    assert why in result.detail and "without running tests" in result.detail
+    assert result.test_log == "" and "tests_s" not in result.timings
+    assert [d["path"] for d in result.dropped] == (["conftest.py"] if patch else [])
+    assert (reward_row(rollout, result)["status"], result.resolved) == ("ok", False)
 
 
 def test_an_infra_error_rollout_is_not_graded(task, tmp_path):

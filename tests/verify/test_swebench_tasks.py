@@ -86,17 +86,26 @@ def test_the_agent_never_sees_test_patch_or_the_fix(tmp_path):
     assert not [s for s in hidden if s in all_objects(ws / ".git")]
 
 
-def test_gold_patch_resolves_and_an_empty_patch_does_not(swebench_taskset):
+NO_FIX = """diff --git a/NOTES.txt b/NOTES.txt
+new file mode 100644
+--- /dev/null
++++ b/NOTES.txt
+@@ -0,0 +1 @@
++a change that fixes nothing
+"""
+
+
+def test_gold_patch_resolves_and_a_patch_that_fixes_nothing_does_not(swebench_taskset):
     ts = TaskSet.open(swebench_taskset)
     row = ts.rows()[0]
     gold = verify_patch(ts, row, row["patch"], timeout_s=120)
     assert (gold.status, gold.reward, gold.f2p_fraction) == (VerifyStatus.RESOLVED, 1.0, 1.0), gold.detail
     assert all(t["outcome"] is PytestOutcome.PASSED for t in gold.tests.values())
-    empty = verify_patch(ts, row, "", timeout_s=120)
-    assert (empty.status, empty.reward) == (VerifyStatus.UNRESOLVED, 0.0)
+    unfixed = verify_patch(ts, row, NO_FIX, timeout_s=120)
+    assert (unfixed.status, unfixed.reward) == (VerifyStatus.UNRESOLVED, 0.0)
     # the F2P tests exist only in test_patch: they ran (and failed), so verify applied it
-    assert {empty.tests[t]["outcome"] for t in row["FAIL_TO_PASS"]} == {PytestOutcome.FAILED}
-    assert all(empty.tests[t]["ok"] for t in row["PASS_TO_PASS"])
+    assert {unfixed.tests[t]["outcome"] for t in row["FAIL_TO_PASS"]} == {PytestOutcome.FAILED}
+    assert all(unfixed.tests[t]["ok"] for t in row["PASS_TO_PASS"])
 
 
 def test_a_crash_is_judged_against_base_plus_test_patch(swebench_taskset, tmp_path):
