@@ -65,6 +65,7 @@ def build_full(cold_start: bool = False):
         specs_json: str = "",
         group_size: int = 4,
         difficulty_n: int = 4,
+        rollout_concurrency: int = 8,  # rollouts in flight in estimate-difficulty and evaluate
         k_all_fail: int = 1000,
         test_fraction: float = 0.1,
         mode: str = "colocated",
@@ -93,6 +94,7 @@ def build_full(cold_start: bool = False):
             prep,
             base_model_uri,
             difficulty_n=difficulty_n,
+            rollout_concurrency=rollout_concurrency,
             specs_json=specs_json,
             engine_url=engine_url,
             k_all_fail=k_all_fail,
@@ -135,6 +137,7 @@ def build_full(cold_start: bool = False):
             base_policy=base_model,
             policy=trained.outputs["model"],
             k=eval_k,
+            concurrency=rollout_concurrency,
             specs_json=specs_json,
             engine_url=engine_url,
             seed=seed,

@@ -51,6 +51,7 @@ def harnessrl_rounds(
     specs_json: str = "",
     group_size: int = 4,
     difficulty_n: int = 4,
+    rollout_concurrency: int = 8,  # rollouts in flight in estimate-difficulty and each round's generate
     k_all_fail: int = 1000,
     test_fraction: float = 0.1,
     config_json: str = "{}",
@@ -70,6 +71,7 @@ def harnessrl_rounds(
         prep,
         base_model_uri,
         difficulty_n=difficulty_n,
+        rollout_concurrency=rollout_concurrency,
         specs_json=specs_json,
         engine_url=engine_url,
         k_all_fail=k_all_fail,
@@ -85,6 +87,7 @@ def harnessrl_rounds(
             tasks=selection.outputs["selected"],
             policy=policy,
             group_size=group_size,
+            concurrency=rollout_concurrency,
             specs_json=specs_json,
             engine_url=engine_url,
             seed=seed,

@@ -25,6 +25,7 @@ def add_selection(
     base_model_uri: str,
     *,
     difficulty_n: int,
+    rollout_concurrency: int,
     specs_json: str,
     engine_url: str,
     k_all_fail: int,
@@ -37,6 +38,7 @@ def add_selection(
         tasks=prep.tasks,
         policy=base_model.output,
         n=difficulty_n,
+        concurrency=rollout_concurrency,
         specs_json=specs_json,
         engine_url=engine_url,
     ).after(prep.gate)

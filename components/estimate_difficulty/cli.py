@@ -6,6 +6,7 @@ import argparse
 import json
 
 from harnessrl.rollout.executors import ExecutorName
+from harnessrl.rollout.generate import DEFAULT_CONCURRENCY
 
 
 def register(commands, stages) -> None:
@@ -23,7 +24,7 @@ def register(commands, stages) -> None:
     )
     p.add_argument("--n", type=int, default=4, help="rollouts per task (Best-of-N)")
     p.add_argument("--specs", help="harness spec JSON (see `harnessrl stage generate --help`)")
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="rollouts in flight at once")
     p.add_argument(
         "--executor",
         type=ExecutorName,

@@ -15,7 +15,7 @@ def estimate_difficulty(
     metrics: Output[Metrics],
     n: int = 4,
     specs_json: str = "",
-    concurrency: int = 4,
+    concurrency: int = 8,  # rollouts in flight (harnessrl.rollout.generate.DEFAULT_CONCURRENCY)
     verify_workers: int = 2,
     engine_url: str = "",
     executor: str = "threads",

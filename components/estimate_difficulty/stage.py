@@ -22,6 +22,7 @@ from harnessrl.difficulty.selection import DifficultyClass, classify, plot_pass_
 from harnessrl.harness.base import SCORED_STATUSES, RolloutStatus
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from harnessrl.rollout.executors import ExecutorName
+from harnessrl.rollout.generate import DEFAULT_CONCURRENCY
 
 if TYPE_CHECKING:
     from harnessrl.rollout.model_server import ModelSource
@@ -69,7 +70,7 @@ def run_estimate(
     n: int = 4,
     specs: list[NamedSpec] | str | Path | None = None,
     model: ModelSource | None = None,
-    concurrency: int = 4,
+    concurrency: int = DEFAULT_CONCURRENCY,
     verify_workers: int = 2,
     max_tasks: int | None = None,
     history_round: int = 0,

@@ -11,6 +11,7 @@ import sys
 
 from harnessrl.difficulty.selection import Split
 from harnessrl.evaluate.results import EvalMode
+from harnessrl.rollout.generate import DEFAULT_CONCURRENCY
 
 BASE = "base"  # `--policy NAME=base`: the tiny embedded base model
 
@@ -54,7 +55,7 @@ def register(commands, stages) -> None:
     )
     p.add_argument("--specs", help="harness spec JSON file (as for `harnessrl stage generate`)")
     p.add_argument("--out", help="output directory (replaced atomically)")
-    p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="rollouts in flight at once")
     p.add_argument("--verify-workers", type=int, default=2)
     p.add_argument("--max-tasks", type=int, help="only the first N tasks")
     p.add_argument("--instance-ids", nargs="+", help="only these tasks")

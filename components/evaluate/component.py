@@ -16,6 +16,7 @@ def evaluate(
     report: Output[Markdown],
     report_html: Output[HTML],
     k: int = 4,
+    concurrency: int = 8,  # rollouts in flight (harnessrl.rollout.generate.DEFAULT_CONCURRENCY)
     specs_json: str = "",
     engine_url: str = "",
     seed: int = 0,
@@ -49,7 +50,11 @@ def evaluate(
     work = Path(tempfile.mkdtemp(prefix="harnessrl-evaluate-"))
     try:
         result = run_evaluate(
-            Path(tasks.path), work / "out", policies, specs, EvaluateConfig(k=k, modes=(mode,), seed=seed)
+            Path(tasks.path),
+            work / "out",
+            policies,
+            specs,
+            EvaluateConfig(k=k, modes=(mode,), seed=seed, concurrency=concurrency),
         )
         Path(evaluation.path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(work / "out" / "evaluation.json", evaluation.path)

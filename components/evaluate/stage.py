@@ -24,6 +24,7 @@ from harnessrl.difficulty.selection import Split
 from harnessrl.evaluate.results import SCHEMA, EvalMode, compare, score_run
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl
 from harnessrl.rollout.executors import ExecutorName
+from harnessrl.rollout.generate import DEFAULT_CONCURRENCY
 from harnessrl.rollout.model_server import ModelSource
 from harnessrl.rollout.specs import NamedSpec, load_specs
 from harnessrl.sandbox.workspace import safe_name
@@ -59,7 +60,7 @@ class Policy:
 class EvaluateConfig:
     k: int = 4  # rollouts per task in sampled mode (greedy: 1)
     modes: tuple[EvalMode, ...] = (EvalMode.SAMPLED,)
-    concurrency: int = 4
+    concurrency: int = DEFAULT_CONCURRENCY
     verify_workers: int = 2
     seed: int = 0
     max_tasks: int | None = None

@@ -8,7 +8,7 @@ import sys
 
 from harnessrl.gateway.toolcalls import ToolParser
 from harnessrl.rollout.executors import ExecutorName
-from harnessrl.rollout.generate import FailedSamples
+from harnessrl.rollout.generate import DEFAULT_CONCURRENCY, FailedSamples
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
         help="JSON file: one HarnessSpec or a list (assigned round-robin per rollout); "
         "default: the react harness in bubblewrap",
     )
-    p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once")
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="rollouts in flight at once")
     p.add_argument(
         "--executor",
         type=ExecutorName,

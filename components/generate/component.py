@@ -16,7 +16,7 @@ def generate_rollouts(
     metrics: Output[Metrics],
     group_size: int = 4,
     specs_json: str = "",
-    concurrency: int = 4,
+    concurrency: int = 8,  # rollouts in flight (harnessrl.rollout.generate.DEFAULT_CONCURRENCY)
     engine_url: str = "",
     seed: int = 0,
     executor: str = "threads",

@@ -59,10 +59,15 @@ class FailedSamples(StrEnum):
     DROP = "drop"  # left out
 
 
+# Rollouts in flight at once. The engine batches their turns: on the local engine a decode step for 8 rows
+# costs ~1.5x one for 4 (its weights are read once per step), so 8 at once finish ~1.3x sooner than 4 then 4.
+DEFAULT_CONCURRENCY = 8
+
+
 @dataclass
 class GenerateConfig:
     group_size: int = 4
-    concurrency: int = 4
+    concurrency: int = DEFAULT_CONCURRENCY
     max_tasks: int | None = None
     instance_ids: list[str] | None = None
     failed_samples: FailedSamples = FailedSamples.KEEP
