@@ -37,6 +37,7 @@ from harnessrl.engine.local_stats import EngineStats, ModelShape
 from harnessrl.engine.packed import register as register_attention
 from harnessrl.engine.prefix_cache import PrefixCache
 from harnessrl.engine.sampling import RowSampling
+from harnessrl.engine.speculative import DraftRecord
 from harnessrl.engine.threads import AdaptiveThreads, engine_cores
 from harnessrl.engine.weights import read_checkpoint
 
@@ -131,6 +132,7 @@ class LocalEngine(SchedulerLoop):
         self._abort_ids: set[str] = set()
         self._abort_all = False
         self._active: list[LocalRequest] = []
+        self._drafted = {greedy: DraftRecord() for greedy in (True, False)}
         self._reset_batch()
         self._closed = False
         self._ids = itertools.count()

@@ -12,7 +12,7 @@ from transformers.cache_utils import Cache
 
 from harnessrl.engine.base import EngineRequestError, FinishReason, Generation, SamplingParams
 from harnessrl.engine.sampling import RowSampling, SampledToken
-from harnessrl.engine.speculative import NgramIndex
+from harnessrl.engine.speculative import DraftRecord, NgramIndex
 
 
 def validate_request(
@@ -67,6 +67,7 @@ class LocalRequest:
     blocks_in_prefix_cache: int = 0  # leading full blocks of prompt + output known to be in the prefix cache
     kv_epoch: int = -1  # prefix cache epoch when its KV started (a flush since: its KV must not be shared)
     index: NgramIndex | None = None  # prompt + output, for speculative drafts (set when decoding starts)
+    drafts: DraftRecord = field(default_factory=DraftRecord)
     prefill_started_at: float = 0.0
     prefill_s: float = 0.0
     first_token_at: float = 0.0
@@ -88,6 +89,10 @@ class LocalRequest:
             self.index.extend([token.token_id])
         if self.listener is not None:
             self.listener((token.token_id, token.logprob, version))
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.temperature == 0
 
     def unfed(self) -> list[int]:
         """Tokens sampled but not yet fed to the model (their keys/values are not in the cache): the last one,

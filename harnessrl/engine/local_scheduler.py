@@ -30,7 +30,7 @@ from harnessrl.engine.local_stats import EngineStats, ModelShape
 from harnessrl.engine.packed import Chunk, StepPlan
 from harnessrl.engine.prefix_cache import PrefixCache, block_keys
 from harnessrl.engine.sampling import SampledToken, sample, verify
-from harnessrl.engine.speculative import NgramIndex
+from harnessrl.engine.speculative import ENGINE_DECAY, DraftRecord, NgramIndex, draft_room
 from harnessrl.engine.threads import AdaptiveThreads
 from harnessrl.engine.weights import copy_weights
 
@@ -70,6 +70,7 @@ class SchedulerLoop:
     _abort_all: bool
     _active: list[LocalRequest]
     _cache: Cache
+    _drafted: dict[bool, DraftRecord]  # the engine's speculative drafts over recent requests, greedy or not
     # [rows, window] bool: the batch cache's columns that hold each row's tokens (left padding, and the drafts
     # it did not keep where another row kept more, are not its own)
     _columns: torch.Tensor
@@ -238,11 +239,13 @@ class SchedulerLoop:
 
     def _drafts(self, rows: list[LocalRequest], fed: int) -> list[list[int]]:
         """Each decoding row's prompt-lookup drafts (`speculative.py`): at most `speculative_tokens`, none past
-        the request's end, and all of them together within half of the step's token budget."""
+        the request's end, none for a request whose drafts the model mostly rejects, and all of them together
+        within half of the step's token budget."""
         budget = self.step_tokens // 2 - fed
         drafts: list[list[int]] = []
         for request in rows:
-            room = min(self.speculative_tokens, request.remaining(self.max_context) - 1, budget)
+            most = min(self.speculative_tokens, request.remaining(self.max_context) - 1, budget)
+            room = draft_room(request.drafts, self._drafted[request.greedy], most, len(request.out_ids))
             draft = request.index.draft(room) if request.index is not None and room > 0 else []
             budget -= len(draft)
             drafts.append(draft)
@@ -294,6 +297,9 @@ class SchedulerLoop:
                     break
             new = len(request.out_ids) - (request.cached + len(fed) - len(request.prompt))
             emitted += new
+            if draft:
+                request.drafts.record(len(draft), kept)
+                self._drafted[request.greedy].record(len(draft), kept, ENGINE_DECAY)
             # the keys/values of the fed tokens and the kept drafts, less the last emitted token's (a draft
             # that was a stop token): as in a plain step, the last token is never fed
             valid.append(len(fed) + min(kept, new - 1))

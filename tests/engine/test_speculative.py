@@ -8,7 +8,15 @@ import torch
 
 from harnessrl.engine.base import SamplingParams
 from harnessrl.engine.sampling import RowSampling, _draw, _restrict_to_nucleus, verify
-from harnessrl.engine.speculative import NgramIndex
+from harnessrl.engine.speculative import (
+    ENGINE_DECAY,
+    JUDGED_AFTER,
+    MIN_KEPT_SHARE,
+    PROBE_EVERY,
+    DraftRecord,
+    NgramIndex,
+    draft_room,
+)
 from tests.engine.agentic import AgenticWorkload
 from tests.engine.support import GREEDY, nucleus_logprobs, run
 
@@ -26,6 +34,26 @@ def test_ngram_index_drafts_what_followed_the_latest_match_of_the_longest_suffix
     index.extend([5])  # only the last token (5) occurred before: too weak a cue
     assert index.draft(3) == []
     assert NgramIndex([5, 9, 6, 5], min_n=1).draft(2) == [9, 6]
+
+
+def test_drafts_the_model_mostly_rejects_stop_and_one_token_probes_reopen_them():
+    engine, own = DraftRecord(), DraftRecord()
+    assert draft_room(own, engine, 6, emitted=1) == 6  # nothing judged yet
+    own.record(JUDGED_AFTER, 0)  # the model kept none of one full draft
+    assert [draft_room(own, engine, 6, emitted=e) for e in range(1, PROBE_EVERY + 1)] == [0] * (
+        PROBE_EVERY - 1
+    ) + [1]
+    while (own.kept_share() or 0.0) < MIN_KEPT_SHARE:
+        own.record(1, 1)  # probes the model keeps
+    assert draft_room(own, engine, 6, emitted=1) == 6
+    # a new request is judged by the engine's record of requests that sampled alike, until it has its own
+    for _ in range(10):
+        engine.record(6, 0, ENGINE_DECAY)
+    fresh = DraftRecord()
+    assert draft_room(fresh, engine, 6, emitted=1) == 0
+    fresh.record(JUDGED_AFTER, JUDGED_AFTER)
+    assert draft_room(fresh, engine, 6, emitted=1) == 6
+    assert draft_room(fresh, engine, 2, emitted=1) == 2  # never more than the room left
 
 
 def _row(temperature: float, seed: int = 0, top_p: float = 1.0) -> RowSampling:
