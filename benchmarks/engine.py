@@ -2,7 +2,9 @@
 setting, one set of weights; absolute rates on a shared machine are noisy, the ratios are the figures):
 
   1. attainable FLOP/s: a matmul microbenchmark (model-shaped and square GEMMs, fp32 and bf16) at the
-     engine's thread count — the limit the engine's prefill and decode FLOP/s are set against;
+     engine's thread count — the limit the engine's prefill and decode FLOP/s are set against; and attainable
+     memory bandwidth (a 256 MB copy and matrix-vector product) — the limit of a decode step, which reads
+     every weight and every row's keys/values for a few tokens of arithmetic;
   2. multi-turn agentic workload (shared system prompt with tool definitions, growing history, N concurrent
      sessions, greedy) with the prefix cache off vs on: turn latency, identical outputs, hit rate, achieved
      prefill/decode FLOP/s; and cache on without speculative decoding (the engine's decode step before
@@ -16,8 +18,9 @@ setting, one set of weights; absolute rates on a shared machine are noisy, the r
 
 Last line: one JSON object with `prefix_cache_speedup` (mean turn latency off / on), `cache_hit_rate`,
 `prefill_flops_fraction`, `decode_flops_fraction` (the cache-on run's achieved FLOP/s over the attainable
-FLOP/s of the engine's dtype, the better of a measurement before and one after the workload), `decode_step_ms` and `decode_tokens_per_row_step` (tokens a decoding request
-emits per step), `speculative_speedup` (mean turn latency cache on without / with speculative decoding),
+FLOP/s of the engine's dtype, the better of a measurement before and one after the workload),
+`decode_bandwidth_fraction` (bytes decode steps had to read per second over the attainable bandwidth, the same
+way), `decode_step_ms` and `decode_tokens_per_row_step` (tokens a decoding request emits per step), `speculative_speedup` (mean turn latency cache on without / with speculative decoding),
 `batched_speedup`, and the settings and load they were measured under.
 """
 
@@ -77,6 +80,27 @@ def attainable_flops(dtype: torch.dtype, seconds: float = 1.0) -> tuple[float, t
     return best, best_shape
 
 
+def attainable_bandwidth(megabytes: int = 256, seconds: float = 1.0) -> float:
+    """Best bytes/s of reading memory: a copy of a `megabytes` tensor (bytes read + written) and a
+    matrix-vector product over a `megabytes` matrix (what a decode step does to each weight)."""
+    count = megabytes * 2**20 // 4
+    best = 0.0
+    with torch.inference_mode():
+        source, target = torch.ones(count), torch.empty(count)
+        matrix, vector = torch.ones(count // 4096, 4096), torch.ones(4096)
+        for run, moved in (
+            (lambda: target.copy_(source), 2 * 4 * count),
+            (lambda: matrix.mv(vector), 4 * count),
+        ):
+            run()
+            reps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                run()
+                reps += 1
+            best = max(best, moved * reps / (time.perf_counter() - start))
+    return best
+
+
 def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> float:
     return float(after[key]) - float(before[key])
 
@@ -98,6 +122,7 @@ async def _agentic_run(engine: Any, workload: Any) -> dict[str, Any]:
         "hit_rate": hits / looked if looked else 0.0,
         "prefill_flops_per_s": _delta(after, before, "prefill_flops") / prefill_s if prefill_s else 0.0,
         "decode_flops_per_s": _delta(after, before, "decode_flops") / decode_s if decode_s else 0.0,
+        "decode_bytes_per_s": _delta(after, before, "decode_bytes") / decode_s if decode_s else 0.0,
         "prefill_forward_s": prefill_s,
         "decode_forward_s": decode_s,
         "prefill_tokens": _delta(after, before, "prefill_forward_tokens"),
@@ -165,6 +190,7 @@ def agentic(args: argparse.Namespace, on: Any, off: Any, plain: Any | None) -> d
         "prefill_flops_per_s": med("on", "prefill_flops_per_s"),
         "prefill_flops_per_s_cache_off": med("off", "prefill_flops_per_s"),
         "decode_flops_per_s": med("on", "decode_flops_per_s"),
+        "decode_bytes_per_s": med("on", "decode_bytes_per_s"),
         "decode_step_ms": med("on", "decode_step_ms"),
         "decode_tokens_per_row_step": med("on", "decode_tokens_per_row_step"),
         **baseline,
@@ -277,6 +303,8 @@ def main() -> int:
     peaks = {name: attainable_flops(getattr(torch, name)) for name in ("float32", "bfloat16")}
     for name, (rate, shape) in peaks.items():
         print(f"matmul {name}: {rate / 1e9:.1f} GFLOP/s (best shape {shape})", file=sys.stderr)
+    bandwidth = attainable_bandwidth()
+    print(f"memory: {bandwidth / 1e9:.1f} GB/s", file=sys.stderr)
     result: dict[str, Any] = agentic(args, on, off, plain)
     off.close()
     if plain is not None:
@@ -286,6 +314,7 @@ def main() -> int:
         again = attainable_flops(getattr(torch, name))
         print(f"matmul {name} after the workload: {again[0] / 1e9:.1f} GFLOP/s", file=sys.stderr)
         peaks[name] = max((rate, shape), again)
+    bandwidth = max(bandwidth, attainable_bandwidth())
     limit = peaks[str(args.dtype)][0] if str(args.dtype) in peaks else peaks["float32"][0]
     if not args.skip_generate_baseline:
         result.update(batched(args, on))
@@ -293,6 +322,8 @@ def main() -> int:
     result.update(
         prefill_flops_fraction=result["prefill_flops_per_s"] / limit,
         decode_flops_fraction=result["decode_flops_per_s"] / limit,
+        decode_bandwidth_fraction=result["decode_bytes_per_s"] / bandwidth,
+        attainable_gbytes_per_s=round(bandwidth / 1e9, 1),
         attainable_gflops_per_s={name: round(rate / 1e9, 1) for name, (rate, _) in peaks.items()},
         sessions=args.sessions,
         turns=args.turns,

@@ -191,8 +191,10 @@ class SchedulerLoop:
             ids += fed + draft
             positions += range(request.cached, request.cached + len(fed) + len(draft))
         plan = StepPlan()
+        read = 0.0
         if rows:
             plan = self._decode_plan(rows, columns, slots)
+            read = self._shape.decode_bytes(len(rows), kv.cache_length(self._cache) + columns)
         completing: list[LocalRequest] = []
         for request, n in chunks:
             assert request.prefill_cache is not None
@@ -235,6 +237,7 @@ class SchedulerLoop:
             decode_tokens,
             sum(len(d) for d in drafts),
             emitted,
+            read,
         )
 
     def _drafts(self, rows: list[LocalRequest], fed: int) -> list[list[int]]:
@@ -323,6 +326,7 @@ class SchedulerLoop:
         decode_tokens: int = 0,
         drafted: int = 0,
         emitted: int = 0,
+        decode_bytes: float = 0.0,
     ) -> None:
         """Steps that carried prefill tokens count as prefill (with the decode rows that rode along), the
         others as decode."""
@@ -338,6 +342,7 @@ class SchedulerLoop:
             stats.decode_forward_s += seconds
             stats.decode_forward_steps += 1
             stats.decode_flops += flops
+            stats.decode_bytes += decode_bytes
         if rows:
             stats.decode_steps += 1
             stats.decode_row_tokens += rows

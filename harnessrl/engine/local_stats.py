@@ -1,5 +1,6 @@
-"""What the local engine did: per-request time split (queue, prefill, decode), forward-pass seconds and FLOPs
-(so achieved FLOP/s can be set against the machine's), and the prefix cache's hit rate."""
+"""What the local engine did: per-request time split (queue, prefill, decode), forward-pass seconds, FLOPs and
+(decode) bytes read (so achieved FLOP/s and bytes/s can be set against the machine's), and the prefix cache's
+hit rate."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from harnessrl.engine.prefix_cache import PrefixCacheStats
 @dataclass(frozen=True)
 class ModelShape:
     """What a forward pass costs: multiply-adds of the linear layers per token, of the output head per
-    logits row, and of attention per (query, key) pair."""
+    logits row, and of attention per (query, key) pair; and the bytes a decode step must read at least."""
 
     linear_params: int  # weights of the decoder layers' linear maps (not embeddings, not the head)
     head_params: int  # vocab x hidden (one logits row)
     attention_width: int  # layers x heads x head_dim (QK^T and AV each cost this many MACs per pair)
+    weight_bytes: int = 0  # the linear maps' and the head's weights (a step reads every one of them)
+    kv_bytes_per_token: int = 0  # keys and values of one token, all layers
 
     @classmethod
     def of(cls, model: torch.nn.Module, config: Any) -> ModelShape:
@@ -28,10 +31,15 @@ class ModelShape:
                 linear += module.weight.numel()
         heads = int(config.num_attention_heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head = int(config.vocab_size) * int(config.hidden_size)
+        element = next(model.parameters()).element_size()
         return cls(
             linear_params=linear,
-            head_params=int(config.vocab_size) * int(config.hidden_size),
+            head_params=head,
             attention_width=int(config.num_hidden_layers) * heads * head_dim,
+            weight_bytes=(linear + head) * element,
+            kv_bytes_per_token=int(config.num_hidden_layers) * 2 * kv_heads * head_dim * element,
         )
 
     def flops(self, tokens: int, context_before: int, logits_rows: int) -> float:
@@ -40,6 +48,11 @@ class ModelShape:
         return 2.0 * (
             tokens * self.linear_params + logits_rows * self.head_params + 2 * pairs * self.attention_width
         )
+
+    def decode_bytes(self, rows: int, window: int) -> float:
+        """Bytes a decode step reads at least: every weight once, and each row's keys/values across the
+        batch's `window` columns (what its attention reads, padding included)."""
+        return float(self.weight_bytes + rows * window * self.kv_bytes_per_token)
 
 
 @dataclass
@@ -58,6 +71,7 @@ class EngineStats:
     decode_forward_s: float = 0.0
     decode_forward_steps: int = 0  # steps of decode rows alone
     decode_flops: float = 0.0
+    decode_bytes: float = 0.0  # bytes decode-only steps had to read (ModelShape.decode_bytes)
     decode_steps: int = 0  # steps with decode rows (either kind)
     decode_row_tokens: int = 0  # decode rows summed over steps (rows x steps)
     decode_fed_tokens: int = 0  # tokens decode rows fed (pending tokens and speculative drafts)
@@ -76,6 +90,7 @@ class EngineStats:
             if self.prefill_forward_s
             else 0.0,
             decode_flops_per_s=self.decode_flops / self.decode_forward_s if self.decode_forward_s else 0.0,
+            decode_bytes_per_s=self.decode_bytes / self.decode_forward_s if self.decode_forward_s else 0.0,
             decode_step_ms=1000 * self.decode_forward_s / self.decode_forward_steps
             if self.decode_forward_steps
             else 0.0,

@@ -128,6 +128,25 @@ def test_abort_returns_partial_tokens_and_spares_others(engine, chat):
     assert bystander.finish_reason in ("stop", "length")
 
 
+def test_decode_bytes_count_every_weight_and_the_window_each_step_reads(chat):
+    """A lone request without drafts: decode step i feeds token i against the prompt plus i columns."""
+    from harnessrl.engine.local import LocalEngine
+
+    eng = LocalEngine(max_batch=2, speculative_tokens=0, prefix_cache_mb=0)
+    try:
+        prompt = chat("Name three colors.")
+        out = run(eng.generate(prompt, GREEDY, 6))
+        stats = eng.stats()
+        shape = eng._shape
+        assert shape.weight_bytes == 4 * sum(p.numel() for p in eng.model.parameters() if p.dim() == 2)
+        windows = [len(prompt) + i for i in range(1, len(out.token_ids))]
+        assert stats["decode_forward_steps"] == len(windows)
+        assert stats["decode_bytes"] == pytest.approx(sum(shape.decode_bytes(1, w) for w in windows))
+        assert stats["decode_bytes_per_s"] == pytest.approx(stats["decode_bytes"] / stats["decode_forward_s"])
+    finally:
+        eng.close()
+
+
 def test_bad_requests_raise_clear_errors(engine):
     with pytest.raises(EngineRequestError, match="empty"):
         run(engine.generate([], GREEDY, 4))
