@@ -53,6 +53,12 @@ def request_json(
         raise GatewayClientError(e.code, msg) from None
 
 
+# Session calls are bookkeeping the gateway answers at once. A gateway stopping as one arrives can leave its
+# connection accepted but never read: a short timeout keeps the rollout thread that sent it (which the process
+# joins at exit) from waiting out the 600 s meant for calls that wait on the engine.
+ADMIN_CALL_TIMEOUT_S = 30.0
+
+
 class GatewayAdmin:
     def __init__(self, base_url: str, admin_token: str) -> None:
         self.base_url = base_url.rstrip("/")
@@ -62,18 +68,20 @@ class GatewayAdmin:
         return request_json(method, self.base_url + path, self.token, body, timeout_s)
 
     def create_session(self, rollout_id: str, group_id: str) -> SessionInfo:
-        d = self._call("POST", "/admin/sessions", {"rollout_id": rollout_id, "group_id": group_id})
+        body = {"rollout_id": rollout_id, "group_id": group_id}
+        d = self._call("POST", "/admin/sessions", body, ADMIN_CALL_TIMEOUT_S)
         return SessionInfo(
             d["session_id"], d["api_key"], d["base_url"], d["openai_base_url"], d["anthropic_base_url"]
         )
 
     def session(self, session_id: str) -> dict:
-        return self._call("GET", f"/admin/sessions/{session_id}")
+        return self._call("GET", f"/admin/sessions/{session_id}", None, ADMIN_CALL_TIMEOUT_S)
 
     def end_session(
         self, session_id: str, status: EndStatus | str = EndStatus.OK, reason: str | None = None
     ) -> dict:
-        return self._call("POST", f"/admin/sessions/{session_id}/end", {"status": status, "reason": reason})
+        body = {"status": status, "reason": reason}
+        return self._call("POST", f"/admin/sessions/{session_id}/end", body, ADMIN_CALL_TIMEOUT_S)
 
     def pause(
         self, mode: PauseMode | str = PauseMode.FINISH, timeout_s: float = 600.0, hold_new: bool = False

@@ -9,6 +9,7 @@ import threading
 import time
 
 from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway.client import ADMIN_CALL_TIMEOUT_S
 from harnessrl.gateway.server import STOP_GRACE_S
 from tests.gateway.support import send
 
@@ -35,3 +36,38 @@ def test_stop_returns_while_a_call_is_still_generating(gateway, fast_engine):
     t0 = time.monotonic()
     g.stop()
     assert time.monotonic() - t0 < STOP_GRACE_S + 10
+
+
+def test_requests_arriving_while_the_gateway_stops_are_answered_or_refused_not_left_waiting(
+    gateway, fast_engine
+):
+    """The RL loop stops its gateway while abandoned rollouts end their sessions. A request whose connection
+    was accepted as the listening socket closed was left unread on an open connection (the loop stopped with
+    it), so its client waited out its whole timeout (600 s) and the process could not exit: rollout threads are
+    joined at exit. Every such request must be answered, or see its connection closed, at once."""
+    g, admin = gateway(HTTPEngine(fast_engine().base_url))
+    sessions = [admin.create_session(f"r{i}", "t") for i in range(8)]
+    stopping = threading.Event()
+    finished: list[float] = []
+
+    def end_sessions_until_stopped(session) -> None:
+        while not stopping.is_set() or g._loop is not None:
+            try:
+                admin.end_session(session.session_id, "failed", "abandoned")
+            except Exception:
+                pass
+        finished.append(time.monotonic())
+
+    threads = [threading.Thread(target=end_sessions_until_stopped, args=(s,), daemon=True) for s in sessions]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    stopping.set()
+    t0 = time.monotonic()
+    g.stop()
+    for t in threads:
+        t.join(timeout=STOP_GRACE_S + ADMIN_CALL_TIMEOUT_S + 20)
+    assert len(finished) == len(sessions), (
+        f"{len(sessions) - len(finished)} clients still waiting on the gateway"
+    )
+    assert max(finished) - t0 < STOP_GRACE_S + ADMIN_CALL_TIMEOUT_S + 10

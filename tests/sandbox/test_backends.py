@@ -111,9 +111,10 @@ def test_generate_refuses_container_specs_for_tasks_without_an_image(synth_tasks
 def test_verify_on_a_container_backend_without_an_image_is_an_infra_error(task):
     from harnessrl.verify.grading import VerifyStatus
     from harnessrl.verify.verifier import verify_patch
+    from tests.support.patches import NO_FIX
 
     row = {k: v for k, v in task.row.items() if k != "image_name"}
-    r = verify_patch(task.taskset, row, "", sandbox=SandboxChoice(SandboxKind.KUBERNETES))
+    r = verify_patch(task.taskset, row, NO_FIX, sandbox=SandboxChoice(SandboxKind.KUBERNETES))
     assert r.status is VerifyStatus.INFRA_ERROR and "give the task an image_name" in r.detail, r.detail
 
 

@@ -20,6 +20,7 @@ from harnessrl.verify.grading import PytestOutcome, VerifyStatus
 from harnessrl.verify.rollouts import run_verify
 from harnessrl.verify.verifier import verify_patch
 from tests.support.fixtures import SWEBENCH_EXAMPLE, requires_bwrap
+from tests.support.patches import NO_FIX
 
 MIRROR = SWEBENCH_EXAMPLE / "mirrors" / "harnessrl-examples__parse.bundle"
 
@@ -84,15 +85,6 @@ def test_the_agent_never_sees_test_patch_or_the_fix(tmp_path):
     assert "class int_convert" in files  # the source is there...
     assert not [s for s in hidden if s in files]  # ...but not the new tests, nor the fix
     assert not [s for s in hidden if s in all_objects(ws / ".git")]
-
-
-NO_FIX = """diff --git a/NOTES.txt b/NOTES.txt
-new file mode 100644
---- /dev/null
-+++ b/NOTES.txt
-@@ -0,0 +1 @@
-+a change that fixes nothing
-"""
 
 
 def test_gold_patch_resolves_and_a_patch_that_fixes_nothing_does_not(swebench_taskset):

@@ -174,6 +174,7 @@ def test_verify_cli_infra_error_exits_nonzero(task, tmp_path, capsys, monkeypatc
         bwrap.BubblewrapSandbox, "_ro_paths", lambda self: [Path("/nonexistent-harnessrl-path")]
     )
     ws = task.workspace(tmp_path / "ws")
+    (ws / "NOTES.txt").write_text("a change, so that the tests run\n")  # an empty patch needs no sandbox
     code = main(["verify", "--tasks", str(task.taskset.root), "--instance", task.iid, "--workspace", str(ws)])
     captured = capsys.readouterr()
     assert code == 1 and json.loads(captured.out)["status"] == "infra_error"
