@@ -90,10 +90,6 @@ class LocalRequest:
         if self.listener is not None:
             self.listener((token.token_id, token.logprob, version))
 
-    @property
-    def greedy(self) -> bool:
-        return self.sampling.temperature == 0
-
     def unfed(self) -> list[int]:
         """Tokens sampled but not yet fed to the model (their keys/values are not in the cache): the last one,
         or a few more after a speculative step that kept more tokens for this row than for another."""

@@ -194,7 +194,8 @@ class SchedulerLoop:
         read = 0.0
         if rows:
             plan = self._decode_plan(rows, columns, slots)
-            read = self._shape.decode_bytes(len(rows), kv.cache_length(self._cache) + columns)
+            if not chunks:  # counted for decode-only steps
+                read = self._shape.decode_bytes(len(rows), kv.cache_length(self._cache) + columns)
         completing: list[LocalRequest] = []
         for request, n in chunks:
             assert request.prefill_cache is not None
@@ -248,7 +249,7 @@ class SchedulerLoop:
         drafts: list[list[int]] = []
         for request in rows:
             most = min(self.speculative_tokens, request.remaining(self.max_context) - 1, budget)
-            room = draft_room(request.drafts, self._drafted[request.greedy], most, len(request.out_ids))
+            room = draft_room(request.drafts, self._drafted[request.row.greedy], most, len(request.out_ids))
             draft = request.index.draft(room) if request.index is not None and room > 0 else []
             budget -= len(draft)
             drafts.append(draft)
@@ -302,7 +303,7 @@ class SchedulerLoop:
             emitted += new
             if draft:
                 request.drafts.record(len(draft), kept)
-                self._drafted[request.greedy].record(len(draft), kept, ENGINE_DECAY)
+                self._drafted[request.row.greedy].record(len(draft), kept, ENGINE_DECAY)
             # the keys/values of the fed tokens and the kept drafts, less the last emitted token's (a draft
             # that was a stop token): as in a plain step, the last token is never fed
             valid.append(len(fed) + min(kept, new - 1))

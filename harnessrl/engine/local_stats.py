@@ -20,8 +20,8 @@ class ModelShape:
     linear_params: int  # weights of the decoder layers' linear maps (not embeddings, not the head)
     head_params: int  # vocab x hidden (one logits row)
     attention_width: int  # layers x heads x head_dim (QK^T and AV each cost this many MACs per pair)
-    weight_bytes: int = 0  # the linear maps' and the head's weights (a step reads every one of them)
-    kv_bytes_per_token: int = 0  # keys and values of one token, all layers
+    element_bytes: int  # of one weight (and one key/value element)
+    kv_bytes_per_token: int  # keys and values of one token, all layers
 
     @classmethod
     def of(cls, model: torch.nn.Module, config: Any) -> ModelShape:
@@ -38,7 +38,7 @@ class ModelShape:
             linear_params=linear,
             head_params=head,
             attention_width=int(config.num_hidden_layers) * heads * head_dim,
-            weight_bytes=(linear + head) * element,
+            element_bytes=element,
             kv_bytes_per_token=int(config.num_hidden_layers) * 2 * kv_heads * head_dim * element,
         )
 
@@ -48,6 +48,11 @@ class ModelShape:
         return 2.0 * (
             tokens * self.linear_params + logits_rows * self.head_params + 2 * pairs * self.attention_width
         )
+
+    @property
+    def weight_bytes(self) -> int:
+        """The linear maps' and the head's weights: a step reads every one of them."""
+        return (self.linear_params + self.head_params) * self.element_bytes
 
     def decode_bytes(self, rows: int, window: int) -> float:
         """Bytes a decode step reads at least: every weight once, and each row's keys/values across the

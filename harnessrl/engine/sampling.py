@@ -23,6 +23,10 @@ class RowSampling:
     generator: torch.Generator
     top_logprobs: int = 0  # how many alternatives to report (0: none)
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
 
 @dataclass
 class SampledToken:
@@ -50,7 +54,7 @@ def distributions(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.
 def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     """`logits`: [batch, vocab] for the next position of each row."""
     logits, logp = distributions(logits, rows)
-    greedy = torch.tensor([r.temperature <= 0 for r in rows])
+    greedy = torch.tensor([r.greedy for r in rows])
     chosen = torch.empty(len(rows), dtype=torch.long)
     sampled_rows = [i for i in range(len(rows)) if not bool(greedy[i])]
     if len(sampled_rows) < len(rows):
@@ -101,7 +105,7 @@ def verify(
         for i in range(len(draft) + 1):
             here = logp[position + i]
             proposal = draft[i] if i < len(draft) else None
-            token = argmax[position + i] if row.temperature <= 0 else _draw(here, row.generator, proposal)
+            token = argmax[position + i] if row.greedy else _draw(here, row.generator, proposal)
             top = None
             if row.top_logprobs > 0:
                 best = here.topk(row.top_logprobs)
