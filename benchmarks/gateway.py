@@ -508,7 +508,7 @@ def main() -> int:
     if args.quick:
         args.calls_c1, args.calls_c64, args.repeats, args.cpu_calls = 8, 128, 1, 3
         args.sizes = [1024, 8192]
-    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.light_tokenizer import load_gateway_tokenizer
     from harnessrl.gateway.render import ChatRenderer
 
     tokenizer = load_gateway_tokenizer()

@@ -33,6 +33,16 @@ class DType(StrEnum):
     FLOAT16 = "float16"
 
 
+class ModelImpl(StrEnum):
+    """Whose forward pass the local engine runs (as vLLM's `--model-impl`): its own for Llama-family
+    checkpoints (`native`, `llama.py`), transformers' model (`transformers`), or the first that serves the
+    checkpoint (`auto`)."""
+
+    AUTO = "auto"
+    NATIVE = "native"
+    TRANSFORMERS = "transformers"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Raises ValueError naming the field for values no engine can sample with (NaN, inf, a negative

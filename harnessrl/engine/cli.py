@@ -12,6 +12,7 @@ from harnessrl.engine.base import (
     DEFAULT_SPECULATIVE_TOKENS,
     DEFAULT_STEP_TOKENS,
     DType,
+    ModelImpl,
 )
 
 
@@ -57,6 +58,14 @@ def register(commands, stages) -> None:  # the engine is a service, not a pipeli
         help=f"prompt-lookup drafts per decoding request and step ({DEFAULT_SPECULATIVE_TOKENS}; 0 turns it off)",
     )
     serve.add_argument("--dtype", type=DType, default=DType.FLOAT32, choices=list(DType))
+    serve.add_argument(
+        "--model-impl",
+        type=ModelImpl,
+        default=ModelImpl.AUTO,
+        choices=list(ModelImpl),
+        help="native: the engine's own forward pass for llama/mistral/qwen2 checkpoints (no transformers "
+        "import); transformers: transformers' model; auto (default): native where it serves the checkpoint",
+    )
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     serve.add_argument("--policy-version", type=int, default=0, help="weight version of the initial model")
     serve.set_defaults(func=_serve)
@@ -86,6 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
             step_tokens=args.step_tokens,
             block_tokens=args.block_tokens,
             speculative_tokens=args.speculative_tokens,
+            model_impl=args.model_impl,
         )
     except EngineError as e:
         raise UserError(str(e)) from e

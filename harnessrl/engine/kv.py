@@ -1,7 +1,7 @@
 """A batched, left-padded KV cache whose rows join and leave between decode steps without moving the others.
 
-transformers' DynamicLayer grows by `torch.cat` every step (an O(history) copy per layer per token). Here each
-layer owns one zero-initialized buffer `[row capacity, kv_heads, column capacity, head_dim]`; the live part is
+A cache that grows by `torch.cat` every step (as transformers' DynamicLayer) copies O(history) per layer per
+token. Here each layer owns one zero-initialized buffer `[row capacity, kv_heads, column capacity, head_dim]`; the live part is
 the window `[:rows, :, start:end]`, which attention gets as a view. All rows share the write column `end`, so
 a decode step writes one column in place. A row holding fewer tokens than the window is left-padded (its
 padding is masked by the caller's attention mask; its position ids stay its own, so RoPE sees the positions
@@ -14,26 +14,24 @@ The same layer holds one request's prefill: its prefix from the prefix cache, th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
 _MIN_COLUMNS = 64
 
 
-class BufferedLayer(DynamicLayer):
+class BufferedLayer:
     """One layer's keys/values; `keys`/`values` are views of the live window."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.buf_k: torch.Tensor | None = None
         self.buf_v: torch.Tensor | None = None
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
         self.rows = 0
         self.start = 0
         self.end = 0
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self.is_initialized = True
 
     @property
     def width(self) -> int:
@@ -78,10 +76,9 @@ class BufferedLayer(DynamicLayer):
         return self.keys, self.values
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+        self, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+        """Appends `[rows, heads, new, dim]` keys/values at the write column; returns the live window."""
         if self.rows == 0:
             self.rows = key_states.shape[0]
         new = key_states.shape[-2]
@@ -92,15 +89,10 @@ class BufferedLayer(DynamicLayer):
         self.end += new
         return self._publish()
 
-    def get_seq_length(self) -> int:
-        return self.width
-
     def fill(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
         """Starts a one-row layer holding `keys`/`values` `[1, heads, n, dim]` with `spare` free columns."""
         self.buf_k = self.buf_v = None
         self.rows, self.start, self.end = 1, 0, 0
-        self.is_initialized = True
-        self.device = keys.device
         self.reserve(keys, 1, 0, keys.shape[-2] + spare)
         assert self.buf_k is not None and self.buf_v is not None
         n = keys.shape[-2]
@@ -111,8 +103,6 @@ class BufferedLayer(DynamicLayer):
 
     def add_row(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Appends a row `[1, heads, n, dim]`, right-aligned at the shared write column."""
-        if not self.is_initialized:
-            self.lazy_initialization(keys, values)
         n = keys.shape[-2]
         self.reserve(keys, self.rows + 1, max(self.width, n), _MIN_COLUMNS)
         assert self.buf_k is not None and self.buf_v is not None
@@ -128,42 +118,35 @@ class BufferedLayer(DynamicLayer):
         self.buf_v[dst, :, self.start : self.end] = self.buf_v[src, :, self.start : self.end]
 
 
+@dataclass
+class Cache:
+    """Every layer's keys/values of one request (a prefill) or of the decode batch."""
+
+    layers: list[BufferedLayer]
+
+
 def new_cache(num_layers: int) -> Cache:
-    return Cache(layers=[BufferedLayer() for _ in range(num_layers)])
-
-
-def _layers(cache: Cache) -> list[BufferedLayer]:
-    layers = [layer for layer in cache.layers if isinstance(layer, BufferedLayer)]
-    if len(layers) != len(cache.layers):
-        raise TypeError("expected a cache made by kv.new_cache (BufferedLayer layers)")
-    return layers
-
-
-def layer(cache: Cache, index: int) -> BufferedLayer:
-    found = cache.layers[index]
-    if not isinstance(found, BufferedLayer):
-        raise TypeError("expected a cache made by kv.new_cache (BufferedLayer layers)")
-    return found
+    return Cache([BufferedLayer() for _ in range(num_layers)])
 
 
 def cache_length(cache: Cache) -> int:
     """Columns of the live window (the longest row's tokens plus any padding not yet dropped)."""
-    return _layers(cache)[0].width
+    return cache.layers[0].width
 
 
 def rows(cache: Cache) -> int:
-    return _layers(cache)[0].rows
+    return cache.layers[0].rows
 
 
 def fill(cache: Cache, kv: torch.Tensor, spare: int) -> None:
     """Makes `cache` a one-row cache holding `kv` `[layers, 2, heads, n, dim]` with `spare` free columns."""
-    for i, layer in enumerate(_layers(cache)):
+    for i, layer in enumerate(cache.layers):
         layer.fill(kv[i, 0].unsqueeze(0), kv[i, 1].unsqueeze(0), spare)
 
 
 def add_row(cache: Cache, single: Cache) -> None:
     """Appends the one row of `single` to `cache`; the existing rows do not move."""
-    for layer, src in zip(_layers(cache), _layers(single), strict=True):
+    for layer, src in zip(cache.layers, single.layers, strict=True):
         keys, values = src.window()
         layer.add_row(keys, values)
 
@@ -171,7 +154,7 @@ def add_row(cache: Cache, single: Cache) -> None:
 def remove_rows(cache: Cache, drop: set[int]) -> list[int]:
     """Removes rows `drop`, moving the last live rows into the holes (one row copy per hole). Returns the old
     index of each remaining row, in its new order."""
-    layers = _layers(cache)
+    layers = cache.layers
     order = [i for i in range(layers[0].rows) if i not in drop]
     count = len(order)
     holes = sorted(i for i in drop if i < count)
@@ -190,7 +173,7 @@ def remove_rows(cache: Cache, drop: set[int]) -> list[int]:
 
 def drop_left(cache: Cache, columns: int) -> None:
     """Drops `columns` columns of padding shared by every row (no copy: the window starts later)."""
-    for layer in _layers(cache):
+    for layer in cache.layers:
         layer.start += columns
         layer._publish()
 
@@ -198,7 +181,7 @@ def drop_left(cache: Cache, columns: int) -> None:
 def row_kv_at(cache: Cache, row: int, columns: torch.Tensor) -> torch.Tensor:
     """A copy of one row's keys/values at window `columns`: `[layers, 2, heads, len(columns), dim]`."""
     parts = []
-    for layer in _layers(cache):
+    for layer in cache.layers:
         keys, values = layer.window()
         at = columns.to(keys.device)
         parts.append(torch.stack((keys[row].index_select(1, at), values[row].index_select(1, at))))
@@ -209,7 +192,7 @@ def compact(cache: Cache, owned: torch.Tensor) -> None:
     """Moves each row's own columns (`owned` `[rows, window]` bool) right-aligned to the write column, in order,
     dropping the holes between them; the window then starts at the longest row."""
     counts = owned.sum(dim=1).tolist()
-    for layer in _layers(cache):
+    for layer in cache.layers:
         assert layer.buf_k is not None and layer.buf_v is not None
         keys, values = layer.window()
         for row, n in enumerate(counts):
@@ -223,7 +206,7 @@ def compact(cache: Cache, owned: torch.Tensor) -> None:
 def drop_right(cache: Cache, columns: int) -> None:
     """Forgets the last `columns` columns of every row (speculative drafts the model did not keep): the next
     write overwrites them."""
-    for layer in _layers(cache):
+    for layer in cache.layers:
         layer.end -= columns
         layer._publish()
 
@@ -231,7 +214,7 @@ def drop_right(cache: Cache, columns: int) -> None:
 def row_kv(cache: Cache, row: int, lo: int, hi: int) -> torch.Tensor:
     """A copy of one row's keys/values for window columns [lo, hi): `[layers, 2, heads, hi - lo, dim]`."""
     parts = []
-    for layer in _layers(cache):
+    for layer in cache.layers:
         keys, values = layer.window()
         parts.append(torch.stack((keys[row, :, lo:hi], values[row, :, lo:hi])))
     return torch.stack(parts)

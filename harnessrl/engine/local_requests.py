@@ -8,9 +8,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from transformers.cache_utils import Cache
-
 from harnessrl.engine.base import EngineRequestError, FinishReason, Generation, SamplingParams
+from harnessrl.engine.kv import Cache
 from harnessrl.engine.sampling import RowSampling, SampledToken
 from harnessrl.engine.speculative import DraftRecord, NgramIndex
 

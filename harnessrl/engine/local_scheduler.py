@@ -21,13 +21,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache
 
 from harnessrl.engine import kv
 from harnessrl.engine.base import EngineError, FinishReason
+from harnessrl.engine.kv import Cache
 from harnessrl.engine.local_requests import LocalRequest
 from harnessrl.engine.local_stats import EngineStats, ModelShape
-from harnessrl.engine.packed import Chunk, StepPlan
+from harnessrl.engine.packed import Chunk, StepForward, StepPlan
 from harnessrl.engine.prefix_cache import PrefixCache, block_keys
 from harnessrl.engine.sampling import SampledToken, sample, verify
 from harnessrl.engine.speculative import ENGINE_DECAY, DraftRecord, NgramIndex, draft_room
@@ -61,7 +61,7 @@ class SchedulerLoop:
     _shape: ModelShape
     _stats: EngineStats
     _adaptive: AdaptiveThreads | None
-    _no_mask: torch.Tensor
+    _forward: StepForward
     _lock: threading.Condition
     _waiting: deque[LocalRequest]
     _prefilling: deque[LocalRequest]
@@ -205,15 +205,12 @@ class SchedulerLoop:
             if request.cached + n == len(request.prompt):
                 keep.append(len(ids) - 1)  # ... then each completing prefill's last token
                 completing.append(request)
-        out = self.model(
-            input_ids=torch.tensor([ids], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
-            attention_mask=self._no_mask,  # 4D: transformers skips building a mask; each part has its own
-            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
-            use_cache=False,
-            harnessrl_step=plan,
+        logits = self._forward(
+            torch.tensor(ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            torch.tensor(keep, dtype=torch.long, device=self.device),
+            plan,
         )
-        logits = out.logits[0]
         flops = 0.0
         for request, fed, draft in zip(rows, feeds, drafts, strict=True):
             flops += self._shape.flops(len(fed) + len(draft), request.cached, logits_rows=len(draft) + 1)

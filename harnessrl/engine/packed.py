@@ -4,26 +4,20 @@ The linear layers (nearly all of the work and all of the weight reads) then run 
 token — decoding requests ride along with a prefill chunk instead of paying their own pass over the weights —
 and only attention is done per part: the decode rows against the batch KV cache (`kv.py`, one shared write
 column, left padding masked), each prefill chunk against its request's own cache (its cached prefix plus
-the chunk, causal). The model runs with `cache=None`; the registered attention function writes each part's
-new keys/values into its cache itself. Without a step plan the function is plain SDPA attention, so the
-model stays usable for ordinary calls.
+the chunk, causal). `attend` writes each part's new keys/values into its cache itself; the model's own
+cache stays unused (`llama.py` calls `attend` from its attention layers; transformers' models reach it through
+the attention function `hf_forward.py` registers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 import torch
 from torch.nn import functional
-from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.cache_utils import Cache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import sdpa_mask
 
-from harnessrl.engine import kv
-
-ATTENTION = "harnessrl_packed"
+from harnessrl.engine.kv import Cache
 
 
 @dataclass
@@ -63,21 +57,20 @@ class StepPlan:
         return self._grouped_mask
 
 
-def packed_attention(
-    module: torch.nn.Module,
+# (ids [tokens], positions [tokens], keep [kept], plan) -> logits [kept, vocab]: one packed step of a model
+StepForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, StepPlan], torch.Tensor]
+
+
+def attend(
+    plan: StepPlan,
+    layer_idx: int,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """`query` [1, heads, T, dim], `key`/`value` [1, kv_heads, T, dim] of the packed step's new tokens."""
-    plan: StepPlan | None = kwargs.pop("harnessrl_step", None)
-    if plan is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    layer_idx = cast(int, module.layer_idx)
+    scaling: float | None,
+) -> torch.Tensor:
+    """Attention of one layer for the packed step: `query` [1, heads, T, dim], `key`/`value`
+    [1, kv_heads, T, dim] of the step's new tokens; returns [T, heads, dim]."""
     heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[-1]
     groups = heads // kv_heads
     out = query.new_empty(query.shape[2], heads, dim)
@@ -88,7 +81,7 @@ def packed_attention(
         n = plan.rows
         new_k = key[0, :, :n].transpose(0, 1).unsqueeze(2)  # [rows, kv_heads, 1, dim]
         new_v = value[0, :, :n].transpose(0, 1).unsqueeze(2)
-        keys, values = kv.layer(plan.batch, layer_idx).update(new_k, new_v)
+        keys, values = plan.batch.layers[layer_idx].update(new_k, new_v)
         q = query[0, :, :n].transpose(0, 1).reshape(n, kv_heads, groups, dim)  # heads grouped by kv head
         rows = functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=plan.row_mask, scale=scaling
@@ -96,14 +89,14 @@ def packed_attention(
         out[:n] = rows.reshape(n, heads, dim)
     for chunk in plan.chunks:
         s, e = chunk.start, chunk.start + chunk.tokens
-        keys, values = kv.layer(chunk.cache, layer_idx).update(key[:, :, s:e], value[:, :, s:e])
+        keys, values = chunk.cache.layers[layer_idx].update(key[:, :, s:e], value[:, :, s:e])
         prefix = keys.shape[-2] - chunk.tokens
         causal = torch.ones(chunk.tokens, keys.shape[-2], dtype=torch.bool, device=query.device).tril_(prefix)
         attended = functional.scaled_dot_product_attention(
             query[:, :, s:e], keys, values, attn_mask=causal, scale=scaling, enable_gqa=groups > 1
         )
         out[s:e] = attended[0].transpose(0, 1)
-    return out.unsqueeze(0), None
+    return out
 
 
 def _decode_columns(
@@ -128,7 +121,7 @@ def _decode_columns(
         full = x.new_zeros(n * c, h, dim).index_copy_(0, slots, x[0, :, :t].transpose(0, 1))
         return full.view(n, c, h, dim).transpose(1, 2)
 
-    keys, values = kv.layer(plan.batch, layer_idx).update(grid(key), grid(value))
+    keys, values = plan.batch.layers[layer_idx].update(grid(key), grid(value))
     # queries [rows, kv_heads, columns * groups, dim]: head kv * groups + g of column j at j * groups + g
     q = grid(query).reshape(n, kv_heads, groups, c, dim).transpose(2, 3).reshape(n, kv_heads, c * groups, dim)
     rows = functional.scaled_dot_product_attention(
@@ -136,10 +129,3 @@ def _decode_columns(
     )
     rows = rows.reshape(n, kv_heads, c, groups, dim).transpose(1, 2).reshape(n * c, heads, dim)
     out[:t] = rows.index_select(0, slots)
-
-
-def register() -> str:
-    """Registers the attention function (and, for plain calls, SDPA's mask) under `ATTENTION`."""
-    AttentionInterface.register(ATTENTION, packed_attention)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
-    return ATTENTION

@@ -12,6 +12,13 @@ from harnessrl.engine.base import EngineError
 
 def read_checkpoint(model: torch.nn.Module, directory: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors, or EngineError naming the file or the parameters that do not match."""
+    state = read_tensors(directory)
+    check_state(model, state, str(directory))
+    return state
+
+
+def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's safetensors files, or EngineError naming the file."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -27,7 +34,6 @@ def read_checkpoint(model: torch.nn.Module, directory: Path) -> dict[str, torch.
             state.update(load_file(file))
         except (SafetensorError, OSError) as e:
             raise EngineError(f"{file}: cannot read safetensors ({e})") from e
-    check_state(model, state, str(directory))
     return state
 
 

@@ -118,7 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
 
             tokenizer = load_tokenizer(args.model_dir)
         else:
-            from .light_tokenizer import load_gateway_tokenizer
+            from harnessrl.light_tokenizer import load_gateway_tokenizer
 
             tokenizer = load_gateway_tokenizer(args.model_dir)
     if not args.max_request_mb > 0:

@@ -32,6 +32,14 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def hf_model():
+    """transformers' model of the same checkpoint: the reference the engine's own forward pass must match."""
+    from harnessrl.tinymodel import load_model
+
+    return load_model().eval()
+
+
+@pytest.fixture(scope="session")
 def engine_nocache():
     """The same model without a prefix cache: the reference the cached engine must match."""
     from harnessrl.engine.local import LocalEngine

@@ -80,19 +80,19 @@ def test_seeded_sampling_is_reproducible_regardless_of_batch(engine, chat):
     assert other_seed.token_ids != alone.token_ids
 
 
-def test_logprobs_are_under_the_distribution_sampled_from(engine, chat):
+def test_logprobs_are_under_the_distribution_sampled_from(engine, chat, hf_model):
     """Recompute each sampled token's logprob with a full forward pass: log_softmax(logits / T) restricted to
     the top-p nucleus and renormalized."""
     prompt = chat("Describe a forest.")
     temperature, top_p = 0.7, 0.9
     gen = run(engine.generate(prompt, SamplingParams(temperature=temperature, top_p=top_p, seed=7), 6))
-    expected = nucleus_logprobs(engine.model, prompt, gen.token_ids, temperature, top_p)
+    expected = nucleus_logprobs(hf_model, prompt, gen.token_ids, temperature, top_p)
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=2e-3)
     assert all(lp <= 0 for lp in gen.logprobs)
     # greedy: the model's plain log_softmax
     greedy = run(engine.generate(prompt, GREEDY, 3))
     with torch.inference_mode():
-        first = torch.log_softmax(engine.model(input_ids=torch.tensor([prompt])).logits[0, -1], -1)
+        first = torch.log_softmax(hf_model(input_ids=torch.tensor([prompt])).logits[0, -1], -1)
     assert greedy.token_ids[0] == int(first.argmax())
     assert abs(greedy.logprobs[0] - float(first.max())) < 1e-3
 

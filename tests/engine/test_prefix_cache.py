@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 import torch
-from transformers.cache_utils import Cache
 
 from harnessrl.engine import kv
 from harnessrl.engine.base import SamplingParams
+from harnessrl.engine.kv import Cache
 from harnessrl.engine.prefix_cache import PrefixCache, block_keys
 from tests.engine.agentic import AgenticWorkload
 from tests.engine.support import GREEDY, run
@@ -76,7 +76,7 @@ def _one_row(tokens: list[int]) -> Cache:
 
 def _rows(cache: Cache) -> list[list[int]]:
     """Each row's tokens as the window shows them (0 = padding)."""
-    keys = kv.layer(cache, 0).window()[0]
+    keys = cache.layers[0].window()[0]
     return [[int(x) for x in keys[r, 0, :, 0].tolist()] for r in range(keys.shape[0])]
 
 
@@ -87,7 +87,7 @@ def test_kv_rows_join_and_leave_without_moving_the_others():
     kv.add_row(batch, _one_row([6, 7, 8, 9, 10]))  # longer: the window grows to the left
     assert _rows(batch) == [[0, 0, 1, 2, 3], [0, 0, 0, 4, 5], [6, 7, 8, 9, 10]]
     for i in range(LAYERS):  # a decode step writes one column for every row
-        kv.layer(batch, i).update(torch.full((3, HEADS, 1, DIM), 11.0), torch.full((3, HEADS, 1, DIM), 11.0))
+        batch.layers[i].update(torch.full((3, HEADS, 1, DIM), 11.0), torch.full((3, HEADS, 1, DIM), 11.0))
     assert kv.cache_length(batch) == 6
     order = kv.remove_rows(batch, {0})  # the last row moves into the hole
     assert order == [2, 1] and _rows(batch) == [[6, 7, 8, 9, 10, 11], [0, 0, 0, 4, 5, 11]]
@@ -108,7 +108,7 @@ def test_kv_compact_drops_holes_and_right_aligns_rows():
             .expand(2, HEADS, 3, DIM)
             .contiguous()
         )
-        kv.layer(batch, i).update(new, new)
+        batch.layers[i].update(new, new)
     assert _rows(batch) == [[0, 1, 2, 6, 0, 0], [3, 4, 5, 7, 8, 9]]
     # row 0 kept 1 of its 3 new columns, row 1 2 of 3 (its last one was a rejected draft too)
     owned = torch.tensor([[0, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]], dtype=torch.bool)

@@ -126,7 +126,7 @@ def test_speculative_greedy_equals_plain_greedy_token_for_token(engine, plain_en
     assert max(abs(a - b) for a, b in zip(with_drafts.logprobs, without.logprobs, strict=True)) < 1e-3
 
 
-def test_speculative_sampled_logprobs_are_the_models(engine, chat):
+def test_speculative_sampled_logprobs_are_the_models(engine, chat, hf_model):
     """A sampled request whose drafts are kept: every token's logprob equals a full forward pass's
     log_softmax(logits / T) within the top-p nucleus."""
     prompt = chat("Repeat this line ten times: the cat sat on the mat. the cat sat on the mat.")
@@ -137,12 +137,12 @@ def test_speculative_sampled_logprobs_are_the_models(engine, chat):
     assert after["decode_emitted_tokens"] - before["decode_emitted_tokens"] > (
         after["decode_row_tokens"] - before["decode_row_tokens"]
     )
-    expected = nucleus_logprobs(engine.model, prompt, gen.token_ids, temperature, top_p)
+    expected = nucleus_logprobs(hf_model, prompt, gen.token_ids, temperature, top_p)
     assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=2e-3)
 
 
 @pytest.mark.parametrize("compact", [False, True], ids=["holes", "compacted"])
-def test_keys_values_shared_after_speculative_turns_are_the_models(engine, plain_engine, compact):
+def test_keys_values_shared_after_speculative_turns_are_the_models(engine, plain_engine, hf_model, compact):
     """Rows that kept different numbers of drafts leave holes in the batch cache (dropped by compaction once
     there are too many; here forced after every step that made one): the outputs stay the model's, and what a
     finished turn puts in the prefix cache is each token's own keys/values, in order (against a plain
@@ -161,7 +161,7 @@ def test_keys_values_shared_after_speculative_turns_are_the_models(engine, plain
     hit, cached = engine.prefix_cache.match([*fed, 0])
     assert cached is not None and hit == len(fed) // 16 * 16 > len(prompt)
     with torch.inference_mode():
-        out = engine.model(input_ids=torch.tensor([fed[:hit]]), use_cache=True)
+        out = hf_model(input_ids=torch.tensor([fed[:hit]]), use_cache=True)
     for i, layer in enumerate(out.past_key_values.layers):
         assert torch.allclose(cached[i, 0], layer.keys[0], atol=1e-4)
         assert torch.allclose(cached[i, 1], layer.values[0], atol=1e-4)

@@ -156,7 +156,7 @@ def test_bad_messages_name_the_field():
 
 
 def test_light_tokenizer_matches_transformers(tokenizer):
-    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.light_tokenizer import load_gateway_tokenizer
 
     light = load_gateway_tokenizer()
     convs = [
@@ -177,6 +177,12 @@ def test_light_tokenizer_matches_transformers(tokenizer):
     assert light.encode(text) == tokenizer.encode(text, add_special_tokens=False)
     assert light.decode(light.encode(text)) == text
     assert light.eos_token_id == tokenizer.eos_token_id
+    assert light.unk_token_id == tokenizer.unk_token_id
+    chat = [{"role": "user", "content": "Name a fruit."}]
+    ids = light.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    assert ids == tokenizer.apply_chat_template(
+        chat, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def test_segment_memo_tokenizes_exactly_like_the_tokenizer(tokenizer):
@@ -184,7 +190,7 @@ def test_segment_memo_tokenizes_exactly_like_the_tokenizer(tokenizer):
     repeated (memoized) encodes, for texts full of special tokens, near-misses, whitespace and non-ASCII."""
     import random
 
-    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.light_tokenizer import load_gateway_tokenizer
 
     rng = random.Random(7)
     alphabet = list("ab def\n\t  XYZé漢😀{}\"'.,:-_ 09") + [
@@ -209,7 +215,7 @@ def test_segment_memo_tokenizes_exactly_like_the_tokenizer(tokenizer):
 def test_segment_memo_is_off_when_a_special_token_strips_whitespace():
     from tokenizers import AddedToken
 
-    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.light_tokenizer import load_gateway_tokenizer
 
     tok = load_gateway_tokenizer()
     tok.backend_tokenizer.add_special_tokens([AddedToken("<strip>", rstrip=True)])

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-token-ms", type=float, default=0.0)
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
-    from harnessrl.gateway.light_tokenizer import load_gateway_tokenizer
+    from harnessrl.light_tokenizer import load_gateway_tokenizer
 
     with open(args.script) as f:
         replies = json.load(f)
