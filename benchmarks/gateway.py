@@ -508,8 +508,8 @@ def main() -> int:
     if args.quick:
         args.calls_c1, args.calls_c64, args.repeats, args.cpu_calls = 8, 128, 1, 3
         args.sizes = [1024, 8192]
-    from harnessrl.light_tokenizer import load_gateway_tokenizer
     from harnessrl.gateway.render import ChatRenderer
+    from harnessrl.light_tokenizer import load_gateway_tokenizer
 
     tokenizer = load_gateway_tokenizer()
     renderer = ChatRenderer(tokenizer)
