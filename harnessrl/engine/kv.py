@@ -1,11 +1,11 @@
 """A batched, left-padded KV cache whose rows join and leave between decode steps without moving the others.
 
 A cache that grows by `torch.cat` every step (as transformers' DynamicLayer) copies O(history) per layer per
-token. Here each layer owns one zero-initialized buffer `[row capacity, kv_heads, column capacity, head_dim]`; the live part is
-the window `[:rows, :, start:end]`, which attention gets as a view. All rows share the write column `end`, so
-a decode step writes one column in place. A row holding fewer tokens than the window is left-padded (its
-padding is masked by the caller's attention mask; its position ids stay its own, so RoPE sees the positions
-it would see alone). Joining writes only the new row (a longer row moves `start` left into spare room);
+token. Here each layer owns one zero-initialized buffer `[row capacity, kv_heads, column capacity,
+head_dim]`; the live part is the window `[:rows, :, start:end]`, which attention gets as a view. All rows
+share the write column `end`, so a decode step writes one column in place. A row holding fewer tokens than
+the window is left-padded (its padding is masked by the caller's attention mask; its position ids stay its
+own, so RoPE sees the positions it would see alone). Joining writes only the new row (a longer row moves `start` left into spare room);
 leaving moves only the last row into the hole; dropping shared padding moves `start` right. Columns left of
 `start` hold stale but finite keys/values (buffers start at zero), so a masked column contributes exactly 0.
 
@@ -22,13 +22,11 @@ _MIN_COLUMNS = 64
 
 
 class BufferedLayer:
-    """One layer's keys/values; `keys`/`values` are views of the live window."""
+    """One layer's keys/values in a buffer; `window()` gives views of the live part."""
 
     def __init__(self) -> None:
         self.buf_k: torch.Tensor | None = None
         self.buf_v: torch.Tensor | None = None
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
         self.rows = 0
         self.start = 0
         self.end = 0
@@ -71,10 +69,6 @@ class BufferedLayer:
             self.buf_v[: self.rows, :, self.start : self.end],
         )
 
-    def _publish(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys, self.values = self.window()
-        return self.keys, self.values
-
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +81,7 @@ class BufferedLayer:
         self.buf_k[: self.rows, :, self.end : self.end + new] = key_states
         self.buf_v[: self.rows, :, self.end : self.end + new] = value_states
         self.end += new
-        return self._publish()
+        return self.window()
 
     def fill(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
         """Starts a one-row layer holding `keys`/`values` `[1, heads, n, dim]` with `spare` free columns."""
@@ -99,7 +93,6 @@ class BufferedLayer:
         self.buf_k[:1, :, :n] = keys
         self.buf_v[:1, :, :n] = values
         self.end = n
-        self._publish()
 
     def add_row(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Appends a row `[1, heads, n, dim]`, right-aligned at the shared write column."""
@@ -110,7 +103,6 @@ class BufferedLayer:
         self.buf_k[self.rows, :, self.end - n : self.end] = keys[0]
         self.buf_v[self.rows, :, self.end - n : self.end] = values[0]
         self.rows += 1
-        self._publish()
 
     def move_row(self, src: int, dst: int) -> None:
         assert self.buf_k is not None and self.buf_v is not None
@@ -167,7 +159,6 @@ def remove_rows(cache: Cache, drop: set[int]) -> list[int]:
     new_order = sorted(order, key=lambda old: position[old])
     for layer in layers:
         layer.rows = count
-        layer._publish()
     return new_order
 
 
@@ -175,7 +166,6 @@ def drop_left(cache: Cache, columns: int) -> None:
     """Drops `columns` columns of padding shared by every row (no copy: the window starts later)."""
     for layer in cache.layers:
         layer.start += columns
-        layer._publish()
 
 
 def row_kv_at(cache: Cache, row: int, columns: torch.Tensor) -> torch.Tensor:
@@ -200,7 +190,6 @@ def compact(cache: Cache, owned: torch.Tensor) -> None:
             layer.buf_k[row, :, layer.end - n : layer.end] = keys[row].index_select(1, at)
             layer.buf_v[row, :, layer.end - n : layer.end] = values[row].index_select(1, at)
         layer.start = layer.end - max(counts, default=0)
-        layer._publish()
 
 
 def drop_right(cache: Cache, columns: int) -> None:
@@ -208,7 +197,6 @@ def drop_right(cache: Cache, columns: int) -> None:
     write overwrites them."""
     for layer in cache.layers:
         layer.end -= columns
-        layer._publish()
 
 
 def row_kv(cache: Cache, row: int, lo: int, hi: int) -> torch.Tensor:

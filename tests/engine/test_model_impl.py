@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,6 +116,18 @@ def test_checkpoints_it_does_not_serve_fall_back_or_are_refused_by_name(tmp_path
         EngineError, match="rotary embedding of type 'linear'.*model_impl=auto or transformers"
     ):
         LocalEngine(checkpoint, model_impl=ModelImpl.NATIVE)
+    harnessrl = Path(sys.executable).parent / "harnessrl"  # the command users type
+    refused = subprocess.run(
+        [str(harnessrl), "engine", "serve", "--model", checkpoint, "--model-impl", "native", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert (
+        "model_impl=native does not serve this checkpoint (rotary embedding of type 'linear'"
+        in refused.stderr
+    )
 
 
 def test_a_checkpoint_that_does_not_fit_its_config_is_refused_by_name(tmp_path):
