@@ -28,7 +28,6 @@ from harnessrl.engine.weights import check_state, read_tensors
 
 Family = Literal["llama", "mistral", "qwen2"]
 FAMILIES: tuple[str, ...] = get_args(Family)
-Device = torch.device | str | None  # where parameters are created (`load`: "meta", no initialization)
 
 
 @dataclass(frozen=True)
@@ -92,9 +91,9 @@ def read_config(model_dir: Path) -> LlamaConfig | str:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, device: Device) -> None:
+    def __init__(self, size: int, eps: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, device=device))
+        self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +102,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig, layer_idx: int, device: Device) -> None:
+    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.heads, self.kv_heads, self.head_dim = (
@@ -112,10 +111,10 @@ class Attention(nn.Module):
             config.head_dim,
         )
         hidden, q, kv = config.hidden_size, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, q, bias=config.qkv_bias, device=device)
-        self.k_proj = nn.Linear(hidden, kv, bias=config.qkv_bias, device=device)
-        self.v_proj = nn.Linear(hidden, kv, bias=config.qkv_bias, device=device)
-        self.o_proj = nn.Linear(q, hidden, bias=config.o_bias, device=device)
+        self.q_proj = nn.Linear(hidden, q, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q, hidden, bias=config.o_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         tokens = x.shape[0]
@@ -146,24 +145,24 @@ def _inv_freq(config: LlamaConfig) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    def __init__(self, config: LlamaConfig, device: Device) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(hidden, inner, bias=config.mlp_bias, device=device)
-        self.up_proj = nn.Linear(hidden, inner, bias=config.mlp_bias, device=device)
-        self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias, device=device)
+        self.gate_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, layer_idx: int, device: Device) -> None:
+    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
-        self.self_attn = Attention(config, layer_idx, device)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
-        self.mlp = MLP(config, device)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan)
@@ -171,26 +170,26 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, config: LlamaConfig, device: Device) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         # given a weight, Embedding skips its random init (on "meta" that would import torch._dynamo, ~1.3 s)
-        weight = torch.empty(config.vocab_size, config.hidden_size, device=device)
+        weight = torch.empty(config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, device) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForward(nn.Module):
-    """A causal LM whose `step` runs one packed engine step (`packed.StepPlan`) and returns the kept logits."""
+    """A causal LM whose `step` runs one packed engine step (`packed.StepPlan`) and returns the kept logits.
+    Built without weights (on the meta device, uninitialized): `load` assigns the checkpoint's."""
 
-    def __init__(self, config: LlamaConfig, device: Device = None) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = Decoder(config, device)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device)
-        self.inv_freq = _inv_freq(
-            config
-        )  # [head_dim / 2] float32 (set again by `load` on the model's device)
+        with torch.device("meta"):
+            self.model = Decoder(config)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.inv_freq = _inv_freq(config)  # [head_dim / 2] float32 (`load` moves it to the model's device)
 
     def step(
         self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: StepPlan
@@ -208,7 +207,7 @@ class LlamaForward(nn.Module):
 def load(model_dir: Path, config: LlamaConfig, dtype: torch.dtype, device: torch.device) -> LlamaForward:
     """The model with the checkpoint's weights in `dtype`; EngineError naming what does not match."""
     state = read_tensors(model_dir)
-    model = LlamaForward(config, device="meta")  # no initialization: every weight is assigned below
+    model = LlamaForward(config)
     check_state(model, state, f"{model_dir} (a {config.model_type} model of its config.json)")
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -216,5 +215,5 @@ def load(model_dir: Path, config: LlamaConfig, dtype: torch.dtype, device: torch
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(device).eval()
-    model.inv_freq = _inv_freq(config).to(device)
+    model.inv_freq = model.inv_freq.to(device)
     return model
