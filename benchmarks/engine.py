@@ -20,19 +20,21 @@ Last line: one JSON object with `prefix_cache_speedup` (mean turn latency off / 
 `prefill_flops_fraction`, `decode_flops_fraction` (the cache-on run's achieved FLOP/s over the attainable
 FLOP/s of the engine's dtype, the better of a measurement before and one after the workload),
 `decode_bandwidth_fraction` (bytes decode steps had to read per second over the attainable bandwidth, the same
-way), `decode_step_ms` and `decode_tokens_per_row_step` (tokens a decoding request emits per step), `speculative_speedup` (mean turn latency cache on without / with speculative decoding),
-`batched_speedup`, and the settings and load they were measured under.
+way), `decode_step_ms` and `decode_tokens_per_row_step` (tokens a decoding request emits per step),
+`speculative_speedup` (mean turn latency cache on without / with speculative decoding), `batched_speedup`, and the settings and load they were measured under.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -63,18 +65,23 @@ QUESTIONS = [
 GEMM_SHAPES = [(512, 576, 1536), (512, 1536, 576), (1024, 1024, 1024), (2048, 2048, 2048)]
 
 
+def _calls_per_s(run: Callable[[], object], seconds: float) -> float:
+    """How often `run` completes per second, run repeatedly for `seconds` after one warm-up call."""
+    run()
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        run()
+        reps += 1
+    return reps / (time.perf_counter() - start)
+
+
 def attainable_flops(dtype: torch.dtype, seconds: float = 1.0) -> tuple[float, tuple[int, int, int]]:
     """Best FLOP/s of `x @ W^T` over model-shaped and square GEMMs (each run for `seconds`)."""
     best, best_shape = 0.0, GEMM_SHAPES[0]
     with torch.inference_mode():
         for m, k, n in GEMM_SHAPES:
             a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
-            torch.nn.functional.linear(a, w)
-            reps, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                torch.nn.functional.linear(a, w)
-                reps += 1
-            rate = 2 * m * k * n * reps / (time.perf_counter() - start)
+            rate = 2 * m * k * n * _calls_per_s(functools.partial(torch.nn.functional.linear, a, w), seconds)
             if rate > best:
                 best, best_shape = rate, (m, k, n)
     return best, best_shape
@@ -84,21 +91,13 @@ def attainable_bandwidth(megabytes: int = 256, seconds: float = 1.0) -> float:
     """Best bytes/s of reading memory: a copy of a `megabytes` tensor (bytes read + written) and a
     matrix-vector product over a `megabytes` matrix (what a decode step does to each weight)."""
     count = megabytes * 2**20 // 4
-    best = 0.0
     with torch.inference_mode():
         source, target = torch.ones(count), torch.empty(count)
         matrix, vector = torch.ones(count // 4096, 4096), torch.ones(4096)
-        for run, moved in (
-            (lambda: target.copy_(source), 2 * 4 * count),
-            (lambda: matrix.mv(vector), 4 * count),
-        ):
-            run()
-            reps, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                run()
-                reps += 1
-            best = max(best, moved * reps / (time.perf_counter() - start))
-    return best
+        return max(
+            2 * 4 * count * _calls_per_s(lambda: target.copy_(source), seconds),
+            4 * count * _calls_per_s(lambda: matrix.mv(vector), seconds),
+        )
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> float:
