@@ -6,7 +6,7 @@ report belong together and are read together; the policies themselves are the re
 `harnessrl.rl.admission` (`can_admit`, `keep_group`) and `harnessrl.rl.role_switch` (`RoleSwitch`).
 
     .venv/bin/python benchmarks/async_sim.py [--calibration FILE] [--max-staleness 1]
-        [--stale-policy keep|drop] [--steps 16] [--seed 0] [--small] [--fixed-split K]
+        [--stale-policy keep|drop] [--steps 16] [--seed 0] [--smoke] [--fixed-split K]
         [--keep-kv-on-sync] [--kv-offload] [--kv-offload-at-hand-back] [--recompute-old-logprobs]
         [--sensitivity]
 
@@ -1194,7 +1194,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=Setup.steps)
     ap.add_argument("--max-staleness", type=int, default=Setup.max_staleness)
     ap.add_argument("--stale-policy", choices=list(StalePolicy), default=str(StalePolicy.KEEP))
-    ap.add_argument("--small", action="store_true", help="a quick run: 4 devices, 4 steps, small batches")
+    ap.add_argument("--smoke", "--small", action="store_true",
+                    help="a quick run (seconds): 4 devices, 4 steps, small batches")  # fmt: skip
     ap.add_argument("--fixed-split", type=int, default=0, help="rollout devices of the fixed-split baseline "
                     "(default 0: the best profiled split)")  # fmt: skip
     ap.add_argument(
@@ -1229,7 +1230,7 @@ def main(argv: list[str] | None = None) -> None:
     reasoning, agentic = REASONING, AGENTIC
     setup = Setup(steps=args.steps, max_staleness=args.max_staleness, seed=args.seed,
                   stale_policy=StalePolicy(args.stale_policy), fixed_split=args.fixed_split)  # fmt: skip
-    if args.small:
+    if args.smoke:
         setup = replace(setup, devices=4, steps=4, profile_steps=2)
         reasoning, agentic = replace(reasoning, batch_groups=16), replace(agentic, batch_groups=8)
     if not 0 <= args.fixed_split < setup.devices:

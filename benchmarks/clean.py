@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/make_swesmith_rows.py --out /tmp/swesmith-60k
     .venv/bin/python benchmarks/clean.py --tasks /tmp/swesmith-60k
+    .venv/bin/python benchmarks/clean.py --smoke    # seconds: make_swesmith_rows.py's 400-row set, made here
 
 Prints the split (load / clean rules+write / validate) and, as the in-run baseline for the branch check,
 the time `git bundle list-heads` once per repo takes against once per row (timed on a sample of rows and
@@ -19,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from make_swesmith_rows import SMOKE_REPOS, SMOKE_ROWS, generate
 
 from dataprep.clean import clean_taskset
 from dataprep.gitrepo import bundle_heads
@@ -73,16 +76,30 @@ def gx_frame_baseline(rows: list[dict], n: int, seed: int) -> tuple[float, float
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=Path, required=True, help="task set from make_swesmith_rows.py")
+    ap.add_argument(
+        "--tasks", type=Path, help="task set from make_swesmith_rows.py (required unless --smoke)"
+    )
     ap.add_argument(
         "--sample", type=int, default=200, help="rows timed for the per-row branch-check baseline"
     )
     ap.add_argument("--gx-sample", type=int, default=5000, help="rows for the GX full-frame baseline")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"without --tasks: make_swesmith_rows.py's {SMOKE_ROWS}-row set, made here; small baselines",
+    )
     args = ap.parse_args(argv)
-    ts = TaskSet.open(args.tasks)
+    if args.smoke:
+        args.sample, args.gx_sample = 20, 100
+    elif args.tasks is None:
+        ap.error("--tasks is required (unless --smoke)")
 
     with tempfile.TemporaryDirectory(prefix="bench-clean-") as tmp:
         out = Path(tmp)
+        if args.tasks is None:
+            args.tasks = out / "tasks"
+            generate(args.tasks, SMOKE_ROWS, SMOKE_REPOS, seed=0)
+        ts = TaskSet.open(args.tasks)
         c0, t0 = cpu_seconds(), time.perf_counter()
         report = clean_taskset(args.tasks, out / "kept", out / "rejected.jsonl")
         t1 = time.perf_counter()

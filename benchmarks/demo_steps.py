@@ -16,9 +16,11 @@ with `difficulty_step_speedup` (median step wall, baseline / current), `generate
 `model_s_per_turn_speedup`, `rollouts_per_hour_speedup`, the same-settings ratios, and the load they ran under.
 
     .venv/bin/python benchmarks/demo_steps.py [--baseline-rev REV] [--repeats 2] [--tasks DIR]
-        [--skip-same-settings]
+        [--skip-same-settings] [--smoke]
 
 Needs the repository's history (a shallow clone lacks the baseline commit: `git fetch --unshallow`).
+`--smoke`: every arm once on one task synthesized from tests/fixtures/minirepo (unless `--tasks`), 1 rollout
+of 1 turn x 8 tokens (seconds per arm; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BASELINE_REV = "70f75d2"  # the engine before its prefix cache (one process, one request per forward pass)
 DEMO_N = 2
 DEMO_MAX_TASKS = 4
+SMOKE_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 1}, "options": {"max_tokens_per_turn": 8}}]'
 
 
 @dataclass
@@ -47,17 +50,17 @@ class Arm:
     extra_args: tuple[str, ...] = ()
 
 
-def demo_tasks(work: Path) -> Path:
-    """The demo's task set: synthesized from the demo's sdist (as `harnessrl demo` does), then cleaned."""
+def demo_tasks(work: Path, smoke: bool = False) -> Path:
+    """The demo's task set: synthesized from the demo's sdist (as `harnessrl demo` does), then cleaned;
+    `smoke`: one task, from the test fixture the demo falls back to offline."""
     from rich.console import Console
 
     from dataprep.clean import run_clean_stage
     from dataprep.synthesize import synthesize_taskset
-    from pipelines.demo import demo_source
+    from pipelines.demo import FIXTURE_REPO, demo_source
 
-    synthesize_taskset(
-        demo_source(Console(stderr=True)), work / "synthesized", max_tasks=DEMO_MAX_TASKS, seed=0
-    )
+    source = FIXTURE_REPO if smoke else demo_source(Console(stderr=True))
+    synthesize_taskset(source, work / "synthesized", max_tasks=1 if smoke else DEMO_MAX_TASKS, seed=0)
     run_clean_stage(work / "synthesized", work / "clean")
     return work / "clean" / "kept"
 
@@ -75,7 +78,9 @@ def add_worktree(rev: str, path: Path) -> None:
         )
 
 
-def run_step(arm: Arm, tasks: Path, out: Path, specs: Path) -> dict:
+def run_step(
+    arm: Arm, tasks: Path, out: Path, specs: Path, n: int = DEMO_N, max_tasks: int = DEMO_MAX_TASKS
+) -> dict:
     env = {**os.environ, "PYTHONPATH": str(arm.tree)}
     command = [
         sys.executable,
@@ -89,11 +94,11 @@ def run_step(arm: Arm, tasks: Path, out: Path, specs: Path) -> dict:
         "--out",
         str(out),
         "--n",
-        str(DEMO_N),
+        str(n),
         "--specs",
         str(specs),
         "--max-tasks",
-        str(DEMO_MAX_TASKS),
+        str(max_tasks),
         *arm.extra_args,
     ]
     load = os.getloadavg()[0]
@@ -143,7 +148,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="runs of each arm, alternating")
     ap.add_argument("--tasks", type=Path, help="task-set dir (default: the demo's 4 tasks, built here)")
     ap.add_argument("--skip-same-settings", action="store_true")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every arm once: 1 task, 1 rollout of 1 turn x 8 tokens (seconds)",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats = 1
+    n, max_tasks = (1, 1) if args.smoke else (DEMO_N, DEMO_MAX_TASKS)
 
     from harnessrl.progress import track
     from pipelines.demo import DEMO_SPECS
@@ -154,9 +167,9 @@ def main() -> int:
         add_worktree(args.baseline_rev, baseline)
         try:
             check_imports_from(baseline)
-            tasks = args.tasks or demo_tasks(work)
+            tasks = args.tasks or demo_tasks(work, args.smoke)
             specs = work / "specs.json"
-            specs.write_text(DEMO_SPECS)
+            specs.write_text(SMOKE_SPECS if args.smoke else DEMO_SPECS)
             arms = [Arm("baseline", baseline)]
             if not args.skip_same_settings:
                 arms.append(Arm("baseline-same-settings", baseline, ("--concurrency", "8")))
@@ -164,7 +177,7 @@ def main() -> int:
             plan = [(rep, arm) for rep in range(args.repeats) for arm in arms]
             runs = []
             for rep, arm in track(plan, "estimate-difficulty runs", len(plan)):
-                run = run_step(arm, tasks, work / f"out-{arm.name}-{rep}", specs)
+                run = run_step(arm, tasks, work / f"out-{arm.name}-{rep}", specs, n, max_tasks)
                 runs.append(run)
                 print(json.dumps(run), file=sys.stderr)
         finally:

@@ -13,8 +13,11 @@ setting, one set of weights; absolute rates on a shared machine are noisy, the r
      (greedy outputs compared token by token).
 
     .venv/bin/python benchmarks/engine.py [--sessions 8] [--turns 6] [--turn-tokens 32] [--threads 1]
-        [--dtype float32] [--step-tokens 256] [--speculative-tokens 6] [--repeats 1] [--skip-generate-baseline]
-        [--skip-speculation-baseline]
+        [--dtype float32] [--step-tokens 256] [--speculative-tokens 6] [--repeats 1] [--probe-s 1.0]
+        [--skip-generate-baseline] [--skip-speculation-baseline] [--smoke]
+
+`--smoke`: every part at its smallest (2 sessions x 2 turns x 8 tokens, 8 tokens per batched session, 0.1 s
+per FLOP/s and bandwidth probe): checks that the script runs end to end in seconds; its figures mean nothing.
 
 Last line: one JSON object with `prefix_cache_speedup` (mean turn latency off / on), `cache_hit_rate`,
 `prefill_flops_fraction`, `decode_flops_fraction` (the cache-on run's achieved FLOP/s over the attainable
@@ -30,6 +33,7 @@ import argparse
 import asyncio
 import functools
 import json
+import logging
 import os
 import statistics
 import sys
@@ -42,6 +46,8 @@ import torch
 from harnessrl.engine.base import DType
 from harnessrl.logs import configure_logging
 from harnessrl.progress import track
+
+logger = logging.getLogger(__name__)
 
 QUESTIONS = [
     "Explain in detail how a hash map works and when it is slow.",
@@ -104,12 +110,17 @@ def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> float:
     return float(after[key]) - float(before[key])
 
 
+def _figures(engine: Any) -> dict[str, Any]:
+    """Every counter the local engine reports, as it stands now (`LocalEngine.snapshot().figures`)."""
+    return dict(engine.snapshot().figures)
+
+
 async def _agentic_run(engine: Any, workload: Any) -> dict[str, Any]:
-    before = engine.stats()
+    before = _figures(engine)
     start = time.perf_counter()
     traces = await workload.run(engine)
     wall = time.perf_counter() - start
-    after = engine.stats()
+    after = _figures(engine)
     hits = after["prefix_cache"]["hit_tokens"] - before["prefix_cache"]["hit_tokens"]
     looked = after["prefix_cache"]["lookup_tokens"] - before["prefix_cache"]["lookup_tokens"]
     prefill_s = _delta(after, before, "prefill_forward_s")
@@ -212,6 +223,9 @@ def batched(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
         for q in (QUESTIONS * (1 + args.sessions // len(QUESTIONS)))[: args.sessions]
     ]
     stop = sorted(engine.default_stop)
+    # the engine's tokenizer is the light one (no `pad_token_id`); with one prompt per call `generate` never
+    # pads, but it wants an id: the tokenizer's end-of-sequence token, as transformers itself falls back to
+    pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else stop[0]
     greedy = SamplingParams(temperature=0.0)
 
     def run_baseline() -> tuple[float, list[list[int]]]:
@@ -226,7 +240,7 @@ def batched(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
                     do_sample=False,
                     max_new_tokens=args.max_tokens,
                     eos_token_id=stop,
-                    pad_token_id=tokenizer.pad_token_id,
+                    pad_token_id=pad_id,
                 )
                 outputs.append(out[0, len(prompt) :].tolist())
         return time.perf_counter() - start, outputs
@@ -276,8 +290,20 @@ def main() -> int:
         "--skip-speculation-baseline", action="store_true", help="leave out the cache-on run without drafts"
     )
     parser.add_argument("--skip-generate-baseline", action="store_true", help="leave out part 3")
+    parser.add_argument(
+        "--probe-s", type=float, default=1.0, help="seconds each matmul shape and bandwidth probe runs"
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every part at its smallest (seconds; the figures mean nothing): 2 sessions x 2 turns x 8 tokens",
+    )
     args = parser.parse_args()
     configure_logging()
+    if args.smoke:
+        args.sessions, args.turns, args.turn_tokens, args.max_tokens = 2, 2, 8, 8
+        args.repeats, args.probe_s = 1, 0.1
+        logger.info("smoke run: the figures only show that every part runs")
 
     from harnessrl.engine.local import LocalEngine
 
@@ -299,10 +325,10 @@ def main() -> int:
         f"load {load_before:.2f}",
         file=sys.stderr,
     )
-    peaks = {name: attainable_flops(getattr(torch, name)) for name in ("float32", "bfloat16")}
+    peaks = {name: attainable_flops(getattr(torch, name), args.probe_s) for name in ("float32", "bfloat16")}
     for name, (rate, shape) in peaks.items():
         print(f"matmul {name}: {rate / 1e9:.1f} GFLOP/s (best shape {shape})", file=sys.stderr)
-    bandwidth = attainable_bandwidth()
+    bandwidth = attainable_bandwidth(seconds=args.probe_s)
     print(f"memory: {bandwidth / 1e9:.1f} GB/s", file=sys.stderr)
     result: dict[str, Any] = agentic(args, on, off, plain)
     off.close()
@@ -310,10 +336,10 @@ def main() -> int:
         plain.close()
     # again after the workload: on a shared machine the load moves; the better of the two is the limit
     for name, (rate, shape) in list(peaks.items()):
-        again = attainable_flops(getattr(torch, name))
+        again = attainable_flops(getattr(torch, name), args.probe_s)
         print(f"matmul {name} after the workload: {again[0] / 1e9:.1f} GFLOP/s", file=sys.stderr)
         peaks[name] = max((rate, shape), again)
-    bandwidth = max(bandwidth, attainable_bandwidth())
+    bandwidth = max(bandwidth, attainable_bandwidth(seconds=args.probe_s))
     limit = peaks[str(args.dtype)][0] if str(args.dtype) in peaks else peaks["float32"][0]
     if not args.skip_generate_baseline:
         result.update(batched(args, on))

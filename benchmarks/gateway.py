@@ -17,7 +17,11 @@ its prompt building + record (`gateway_cpu_s`) and of its JSON decoding + messag
 
 Last line: one JSON object with throughput_ratio_c64 and p99_added_ms_c64 (lockstep: 64 calls at once),
 their `_staggered` counterparts, cpu_ratio_128k_vs_1k (and more).
-Run: .venv/bin/python benchmarks/gateway.py [--quick]
+Run: .venv/bin/python benchmarks/gateway.py [--smoke]
+
+`--smoke` (also `--quick`): every part at its smallest, in seconds (2 calls at c=1, one call per harness at
+c=64, 2 ms per token, one extend call at the 1k and the 128k history, so the JSON has the full run's keys;
+the plot goes to a temporary folder unless `--plot` is given); the figures mean nothing.
 
 `--large-body MB [MB ...]` measures only this: a `harnessrl gateway serve` process gets one authenticated
 chat request of that many MB (one long user message) while `/health` is polled every 20 ms; reported per
@@ -489,14 +493,19 @@ def main() -> int:
     )
     p.add_argument("--cpu-calls", type=int, default=6)
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 32768, 131072])
-    p.add_argument("--plot", default="benchmarks/results/gateway.png")
+    p.add_argument("--plot", help="where the plot goes (default: benchmarks/results/gateway.png)")
     p.add_argument(
         "--unique-tool-output",
         action="store_true",
         help="tool results differ in every call (as in real rollouts; the fast engine then picks other "
         "replies, so compare only with runs that use the flag too)",
     )
-    p.add_argument("--quick", action="store_true", help="small run (smoke test of the script)")
+    p.add_argument(
+        "--smoke",
+        "--quick",
+        action="store_true",
+        help="every part at its smallest (seconds; the figures mean nothing)",
+    )
     p.add_argument(
         "--large-body", type=float, nargs="+", metavar="MB", help="measure only: event-loop stall and RSS"
     )
@@ -505,9 +514,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as d:
             print(json.dumps(part_large_body(args.large_body, Path(d))))
         return 0
-    if args.quick:
-        args.calls_c1, args.calls_c64, args.repeats, args.cpu_calls = 8, 128, 1, 3
-        args.sizes = [1024, 8192]
+    if args.smoke:
+        args.calls_c1, args.calls_c64, args.repeats, args.cpu_calls = 2, 64, 1, 1
+        args.per_token_ms = 2.0
+        args.sizes = [min(args.sizes), max(args.sizes)]  # the headline's two sizes: the same keys
     from harnessrl.gateway.render import ChatRenderer
     from harnessrl.light_tokenizer import load_gateway_tokenizer
 
@@ -519,7 +529,9 @@ def main() -> int:
         tp = part_throughput(args, renderer, tmp)
         print("per-call CPU vs history length", flush=True)
         cpu = part_cpu(args, tokenizer, tmp)
-    plot(tp, cpu, Path(args.plot))
+        if args.plot is None:
+            args.plot = str(tmp / "gateway.png") if args.smoke else "benchmarks/results/gateway.png"
+        plot(tp, cpu, Path(args.plot))
     lo, hi = min(cpu), max(cpu)
     # headline: 64 calls arriving at once (the single event loop's worst case); staggered starts alongside
     lock = (

@@ -11,6 +11,7 @@ prints one line saying it skipped and why, and exits 0.
 
     python3 benchmarks/gpu_check.py            # what `make gpu-check` runs
     python3 benchmarks/gpu_check.py --inner    # the check itself, inside an environment that has vllm
+    python3 benchmarks/gpu_check.py --smoke    # the same: the check is already at its smallest
 
 The last line is JSON (`ok`, the measured differences, seconds per phase).
 """
@@ -283,7 +284,7 @@ async def _inner(args: argparse.Namespace) -> dict[str, Any]:
         return result
     finally:
         result["phases"] = {k: round(v, 2) for k, v in phases.items()}
-        await client.close()
+        await client.release()
         server.terminate()
         try:
             server.wait(timeout=30)
@@ -351,6 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--min-move", type=float, default=0.05, help="the step must move the target's logprobs this much"
     )
     parser.add_argument("--vllm-start-s", type=float, default=300)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the same check (one trainer step per sync path, 8 tokens: already the smallest); every benchmark "
+        "takes the flag",
+    )
     args = parser.parse_args(argv)
     if not args.inner:
         return _outer(args)

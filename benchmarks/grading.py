@@ -1,6 +1,8 @@
 """Grading agreement with SWE-bench 5.x on the corpus of real pytest runs (tests/verify/pytest_corpus).
 
-    .venv/bin/python benchmarks/grading.py [--repeats 5]
+    .venv/bin/python benchmarks/grading.py [--repeats 5] [--smoke]
+
+`--smoke`: one timed pass (the agreement figures are the full run's; the timing is rougher).
 
 Each corpus case is a real run of verify's pytest command line in the sandbox (and, for runs that end
 abnormally, of the unpatched tree as witness), with the verdict SWE-bench 5.x's rules give it. A case agrees
@@ -26,7 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5, help="timed passes over the corpus")
+    ap.add_argument("--smoke", action="store_true", help="one timed pass (seconds)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.repeats = 1
 
     from harnessrl.verify.grading import VerifyStatus
     from tests.verify.pytest_corpus import corpus_info, load_cases

@@ -7,9 +7,10 @@ evaluation words are disjoint. Rollouts are sampled with plain `model.generate` 
 sampling distribution), trained through the train stage's own code (data.assemble → round.plan_round →
 round.step_items → Trainer.step, rollout-level GRPO, rollout-token-mean loss).
 
-    .venv/bin/python benchmarks/learning_check.py [--steps 20] [--threads 1]
+    .venv/bin/python benchmarks/learning_check.py [--steps 20] [--threads 1] [--smoke]
 
-Last line: JSON with base/trained held-out mean reward.
+Last line: JSON with base/trained held-out mean reward. `--smoke`: 2 steps of one group of 4, one held-out
+sample per word, 1 torch thread unless `--threads` (seconds; the rewards mean nothing).
 """
 
 from __future__ import annotations
@@ -118,7 +119,11 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--smoke", action="store_true", help="2 steps of one group of 4 (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.steps, args.words_per_step, args.n, args.eval_n = 2, 1, 4, 1
+        args.threads = args.threads or 1  # one thread: a shared machine's other jobs cannot stall it
     if args.threads:
         torch.set_num_threads(args.threads)
 

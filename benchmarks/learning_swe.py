@@ -6,7 +6,7 @@ is in. They are split into training tasks and held-out tasks.
 
 Stages (the project's own code throughout):
 - base: the policy as given (default: the tiny embedded SmolLM2-135M);
-- sft: `harnessrl.train.sft.run_sft` on the training tasks (scripted demonstrations of the gold fixes through
+- sft: `components.sft.stage.run_sft` on the training tasks (scripted demonstrations of the gold fixes through
   the real harness, gateway and sandbox; NLL on the sampled tokens);
 - rl: rounds of generate → verify → `round.run_train` (GRPO) on the training tasks, starting from sft. This is
   the train stage's round loop; the continuous RL stage (`harnessrl stage rl`) is not used here.
@@ -17,9 +17,13 @@ rate (model turns that called a tool with valid arguments / all model turns), on
     nice -n 5 .venv/bin/python benchmarks/learning_swe.py                    # full size: a quiet machine, ~1 h
     nice -n 5 .venv/bin/python benchmarks/learning_swe.py --train-tasks 4 --heldout-tasks 2 --k 2 \
         --rl-rounds 1 --group-size 4                                         # reduced
+    .venv/bin/python benchmarks/learning_swe.py --smoke                      # every stage at its smallest
 
 Last line: JSON with toolcall_rate_base, toolcall_rate_sft, pass1_base, pass1_sft, pass1_rl, pass1_rl_ci_low
-(pass@1 on the training tasks) and the held-out numbers.
+(pass@1 on the training tasks) and the held-out numbers. `--smoke`: tasks from tests/fixtures/minirepo (unless
+`--source`), 1 training + 1 held-out task, 1 evaluation rollout each, 3 turns of 16 tokens (the scripted sft
+demonstrations of those tasks: 3 turns of up to 128), 1 sft epoch, 1 RL round of a group of 2, output in a
+temporary folder (unless `--out`); the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -29,21 +33,22 @@ import json
 import logging
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from components.evaluate.stage import EvaluateConfig, Policy, run_evaluate
+from components.sft.stage import SftConfig, run_sft
 from harnessrl.evaluate.stats import wilson_interval
 from harnessrl.harness.base import TurnError
 from harnessrl.io import read_jsonl
 from harnessrl.rollout.generate import GenerateConfig, run_generate
 from harnessrl.rollout.model_server import ModelSource
-from harnessrl.rollout.specs import parse_specs
+from harnessrl.rollout.specs import NamedSpec, parse_specs
 from harnessrl.taskset import TaskSet, write_taskset
 from harnessrl.tinymodel import tiny_model_dir
 from harnessrl.train.round import TrainConfig, run_train
-from harnessrl.train.sft import SftConfig, run_sft
 from harnessrl.train.trainer import OptimConfig, TrainerConfig
 from harnessrl.verify.rollouts import run_verify
 
@@ -74,6 +79,20 @@ def make_tasks(source: Path, out: Path, n_train: int, n_heldout: int, seed: int)
     for name, subset in sets.items():
         write_taskset(out / name, subset, {r["repo"]: bundles[r["repo"]] for r in subset}, str(source))
     return out / "all", out / "train", out / "heldout"
+
+
+def harness_specs(turns: int, max_tokens_per_turn: int) -> list[NamedSpec]:
+    """The one harness spec every stage runs: ReAct in bubblewrap."""
+    return parse_specs(
+        [
+            {
+                "harness": "react",
+                "sandbox": "bubblewrap",
+                "limits": {"turns": turns},
+                "options": {"max_tokens_per_turn": max_tokens_per_turn},
+            }
+        ]
+    )
 
 
 def toolcall_counts(rollouts: list[dict]) -> tuple[int, int]:
@@ -150,13 +169,18 @@ def rl_rounds(sft_model: Path, train: Path, out: Path, specs: list, args) -> Pat
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="repo dir or sdist (default: the demo's parse==1.22.4 sdist)")
-    p.add_argument("--out", default="runs/learning_swe")
+    p.add_argument("--out", help="run folder (default: runs/learning_swe; --smoke: a temporary one)")
     p.add_argument("--policy", help="base policy (default: the tiny embedded model)")
     p.add_argument("--train-tasks", type=int, default=8)
     p.add_argument("--heldout-tasks", type=int, default=4)
     p.add_argument("--k", type=int, default=4, help="evaluation rollouts per task")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-tokens-per-turn", type=int, default=192)
+    p.add_argument(
+        "--sft-max-tokens-per-turn",
+        type=int,
+        help="token cap of the scripted sft demonstrations' turns (default: --max-tokens-per-turn)",
+    )
     p.add_argument("--sft-epochs", type=int, default=16)
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--rl-rounds", type=int, default=3)
@@ -166,13 +190,35 @@ def main() -> None:
     p.add_argument("--rl-groups-per-step", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--smoke", action="store_true", help="every stage at its smallest (the figures mean nothing)"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HARNESSRL_PROGRESS", "0")
+    if args.smoke:
+        # the scripted sft demonstrations must fit: 3 turns (view, edit, submit), replies of up to ~115 tokens
+        args.train_tasks, args.heldout_tasks, args.k, args.turns, args.max_tokens_per_turn = 1, 1, 1, 3, 16
+        args.sft_max_tokens_per_turn = 128
+        args.sft_epochs, args.rl_rounds, args.rl_groups_per_step = 1, 1, 1
+        args.group_size, args.concurrency = 2, 2
+    if args.out is not None:
+        run(args, Path(args.out))
+    elif args.smoke:
+        with tempfile.TemporaryDirectory(prefix="learning-swe-") as tmp:
+            run(args, Path(tmp))
+    else:
+        run(args, Path("runs/learning_swe"))
+
+
+def run(args: argparse.Namespace, out: Path) -> None:
     started = time.monotonic()
-    out = Path(args.out)
     if args.source:
         source = Path(args.source)
+    elif args.smoke:
+        from pipelines.demo import FIXTURE_REPO
+
+        source = FIXTURE_REPO
     else:
         from pipelines.demo import cached_sdist
 
@@ -189,16 +235,10 @@ def main() -> None:
         "heldout": {r["instance_id"] for r in TaskSet.open(heldout).rows()},
     }
     print(f"tasks: {len(split['train'])} train, {len(split['heldout'])} held out", flush=True)
-    specs = parse_specs(
-        [
-            {
-                "harness": "react",
-                "sandbox": "bubblewrap",
-                "limits": {"turns": args.turns},
-                "options": {"max_tokens_per_turn": args.max_tokens_per_turn},
-            }
-        ]
-    )
+    specs = harness_specs(args.turns, args.max_tokens_per_turn)
+    sft_specs = specs
+    if args.sft_max_tokens_per_turn is not None:
+        sft_specs = harness_specs(args.turns, args.sft_max_tokens_per_turn)
     base = Path(args.policy) if args.policy else tiny_model_dir()
     results = {"base": evaluate("base", base, all_tasks, split, out, specs, args)}
     sft_cfg = SftConfig.from_dict(
@@ -209,7 +249,7 @@ def main() -> None:
         }
     )
     t0 = time.monotonic()
-    sft = run_sft(train, base, out / "sft", sft_cfg, specs=specs)
+    sft = run_sft(train, base, out / "sft", sft_cfg, specs=sft_specs)
     print(f"[sft] {json.dumps(sft, default=str)} in {time.monotonic() - t0:.0f}s", flush=True)
     results["sft"] = evaluate("sft", out / "sft" / "model", all_tasks, split, out, specs, args)
     rl_model = rl_rounds(out / "sft" / "model", train, out, specs, args)

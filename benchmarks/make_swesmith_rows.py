@@ -1,11 +1,14 @@
 """Generate a SWE-smith-format task set at dataset scale for the clean/validate benchmark.
 
     .venv/bin/python benchmarks/make_swesmith_rows.py --out /tmp/swesmith-60k [--rows 60000 --repos 128]
+    .venv/bin/python benchmarks/make_swesmith_rows.py --smoke [--out DIR]   # 400 rows, 4 repos, seconds
 
 Rows look like SWE-smith's (59,136 tasks over 128 repos): bug patches of a few KB (1-3 hunks), 1-50 tests,
 problem statements of a few hundred chars. One bundle per repo holds `main` plus a branch per task (all
 pointing at the main commit: the check reads refs, not trees). A known share of rows breaks each cleaning
-rule, so the expected kept/rejected counts are printed; the last line is JSON.
+rule, so the expected kept/rejected counts are printed; the last line is JSON: rows, repos, jsonl_mb,
+expected_rejections, expected_rejected_rows, seconds. `--smoke` writes to a temporary folder (removed) unless
+`--out` is given.
 """
 
 from __future__ import annotations
@@ -192,38 +195,53 @@ def make_bundles(branches: dict[str, list[str]], scratch: Path) -> dict[str, Pat
     return bundles
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rows", type=int, default=60_000)
-    ap.add_argument("--repos", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+def generate(out: Path, n_rows: int, n_repos: int, seed: int) -> dict[str, object]:
+    """Writes the task set to `out`; returns the summary the last line prints."""
     start = time.perf_counter()
-    rows, branches, expected, rejected_rows = make_rows(args.rows, args.repos, args.seed)
+    rows, branches, expected, rejected_rows = make_rows(n_rows, n_repos, seed)
     with tempfile.TemporaryDirectory() as tmp:
         bundles = make_bundles(branches, Path(tmp))
         write_taskset(
-            args.out,
+            out,
             rows,
             bundles,
             source="benchmarks/make_swesmith_rows.py",
             extra_manifest={"expected_rejections": expected, "expected_rejected_rows": rejected_rows},
         )
-    size_mb = (args.out / "tasks.jsonl").stat().st_size / 2**20
-    print(f"{len(rows)} rows ({size_mb:.0f} MB JSONL), {len(bundles)} bundles -> {args.out}", file=sys.stderr)
-    print(
-        json.dumps(
-            {
-                "rows": len(rows),
-                "repos": len(bundles),
-                "jsonl_mb": round(size_mb, 1),
-                "expected_rejections": expected,
-                "expected_rejected_rows": rejected_rows,
-                "seconds": round(time.perf_counter() - start, 2),
-            }
-        )
+    size_mb = (out / "tasks.jsonl").stat().st_size / 2**20
+    print(f"{len(rows)} rows ({size_mb:.0f} MB JSONL), {len(bundles)} bundles -> {out}", file=sys.stderr)
+    return {
+        "rows": len(rows),
+        "repos": len(bundles),
+        "jsonl_mb": round(size_mb, 1),
+        "expected_rejections": expected,
+        "expected_rejected_rows": rejected_rows,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+SMOKE_ROWS, SMOKE_REPOS = 400, 4  # every planted rule still occurs (tests/dataprep/test_clean_rules.py)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="task-set folder to write (required unless --smoke)")
+    ap.add_argument("--rows", type=int, default=60_000)
+    ap.add_argument("--repos", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--smoke", action="store_true", help=f"{SMOKE_ROWS} rows over {SMOKE_REPOS} repos (seconds)"
     )
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.rows, args.repos = SMOKE_ROWS, SMOKE_REPOS
+    elif args.out is None:
+        ap.error("--out is required (unless --smoke)")
+    if args.out is not None:
+        print(json.dumps(generate(args.out, args.rows, args.repos, args.seed)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="swesmith-rows-") as tmp:
+        print(json.dumps(generate(Path(tmp) / "tasks", args.rows, args.repos, args.seed)))
     return 0
 
 

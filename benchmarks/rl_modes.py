@@ -14,10 +14,12 @@ final model gives `reward_gain_colocated`. Calibration for benchmarks/async_sim.
 to `--calibration-out`: decode/prefill tokens per second of the engine's forward passes, trainer tokens per
 second, weight sync seconds (colocated run).
 
-    nice -n 5 .venv/bin/python benchmarks/rl_modes.py [--steps 4] [--modes sync,colocated,separate]
+    nice -n 5 .venv/bin/python benchmarks/rl_modes.py [--steps 4] [--modes sync,colocated,separate] [--smoke]
 
 Last line: JSON with colocated_wall_ratio_vs_sync, separate_wall_ratio_vs_sync, reward_gain_colocated and the
 calibration block. Run it under `nice` on a quiet machine if you can; the load average is printed.
+`--smoke`: every mode, one step of one group of 4, replies capped at 8 tokens, one repetition (the figures
+mean nothing; the calibration goes to the run's folder, not over `--calibration-out`'s default).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from pathlib import Path
 
 from learning_check import TRAIN_WORDS, evaluate, prompt_text
 
-from harnessrl.rl.config import RLConfig
-from harnessrl.rl.loop import RLInputs, run_rl
+from harnessrl.rl.config import RLConfig, RLInputs
+from harnessrl.rl.loop import run_rl
 from harnessrl.rl.modes import RLMode, WorkloadKind
 
 
@@ -69,14 +71,26 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="repetitions, mode order alternating")
     ap.add_argument("--out", type=Path, help="keep the runs here (default: a temp dir, removed)")
     ap.add_argument(
-        "--calibration-out", type=Path, default=Path(tempfile.gettempdir()) / "rl_modes_calibration.json"
+        "--calibration-out",
+        type=Path,
+        help=f"default: {Path(tempfile.gettempdir()) / 'rl_modes_calibration.json'} (--smoke: in the run's folder)",
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="every mode, one step of one group of 4, 8-token replies"
     )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.smoke:
+        args.steps, args.batch_groups, args.group_size, args.max_tokens = 1, 1, 4, 8
+        args.eval_n, args.reps = 1, 1
     modes = [RLMode(m) for m in args.modes.split(",")]
     print(f"load average at start: {os.getloadavg()}", flush=True)
     root = args.out or Path(tempfile.mkdtemp(prefix="rl-modes-"))
     root.mkdir(parents=True, exist_ok=True)
+    if args.calibration_out is None:
+        # a smoke run's figures mean nothing: they must not replace a real run's calibration
+        folder = root if args.smoke else Path(tempfile.gettempdir())
+        args.calibration_out = folder / "rl_modes_calibration.json"
     tasks = write_tasks(root / "tasks.jsonl")
     t0 = time.perf_counter()
     base = heldout(None, args.eval_n, args.max_tokens)
@@ -93,12 +107,14 @@ def main() -> None:
                     "group_size": args.group_size,
                     "prompt_max_tokens": args.max_tokens,
                     "seed": args.seed,
-                    "train": {"train": {"seed": args.seed, "optim": {"lr": args.lr}}},
+                    "train": {"seed": args.seed, "optim": {"lr": args.lr}},
                 }
             )
             out = root / f"{mode}-{rep}"
             print(f"--- {mode}, repetition {rep + 1} (load {os.getloadavg()[0]:.1f})", flush=True)
-            summary = run_rl(cfg, RLInputs(WorkloadKind.PROMPT, tasks, out), echo=print)
+            result = run_rl(cfg, RLInputs(WorkloadKind.PROMPT, tasks, out), echo=print)
+            assert result is not None  # one trainer rank: this process
+            summary = result.to_dict()
             rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
             summary["reward_curve"] = [r.get("reward_all_mean") for r in rows]
             summary["load_avg"] = os.getloadavg()[0]

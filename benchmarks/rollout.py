@@ -18,7 +18,10 @@ Headline: rollouts_per_hour and model_s_per_turn (real model, cache on), prefix_
     .venv/bin/python benchmarks/rollout.py [--tasks DIR] [--rollouts 2] [--turns 2] [--max-tokens 16]
         [--repeats 1] [--threads auto] [--thread-settings 1,2,auto] [--contended] [--executor-rollouts 8]
         [--executor-repeats 2]
-        [--skip-real-model] [--skip-executors]
+        [--skip-real-model] [--skip-executors] [--smoke]
+
+`--smoke`: every part at its smallest (3 sandbox commands, 2 rollouts of 1 turn x 8 tokens on the real model,
+2 turns without a model, one threads-vs-Ray repetition of 2 rollouts); the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -233,7 +236,13 @@ def main() -> int:
         default="auto",
         help="real model: torch threads of the cache off/on runs (a number, or auto: the engine's adaptive default)",
     )
+    ap.add_argument(
+        "--smoke", action="store_true", help="every part at its smallest (the figures mean nothing)"
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.commands, args.rollouts, args.turns, args.scripted_turns, args.max_tokens = 3, 2, 1, 2, 8
+        args.executor_rollouts, args.executor_concurrency, args.executor_repeats, args.repeats = 2, 2, 1, 1
 
     from harnessrl.tinymodel import load_tokenizer
     from tests.support.fast_engine import FastEngineServer

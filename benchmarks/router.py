@@ -9,9 +9,10 @@ every weight sync. A request that lands on a replica without the session's prefi
 history again. The strategies are the real ones from `harnessrl.engine.router`, fed the state the
 Router would see.
 
-    .venv/bin/python benchmarks/router.py [--replicas 4] [--sessions 96] [--turns 12] [--seed 0]
+    .venv/bin/python benchmarks/router.py [--replicas 4] [--sessions 96] [--turns 12] [--seed 0] [--smoke]
 
 Last line: JSON with makespan and prefill ratios of `cache_aware_token_load` vs `least_inflight`.
+`--smoke`: 2 replicas, 8 sessions of ~3 turns (with `--real`: 2 sessions x 2 turns x 8 tokens), seconds.
 
 `--real` runs real engines instead of the simulation: `--replicas` (2) `harnessrl engine serve` processes of
 the tiny model (prefix cache on, 1 thread each), the same seeded multi-turn agentic workload (shared system
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harnessrl.engine.base import Engine
 from harnessrl.engine.router import (
     ReplicaState,
     RouteRequest,
@@ -256,6 +258,12 @@ def _start_engine(log: Path) -> tuple[subprocess.Popen, str]:
     return proc, line.split()[-1]
 
 
+async def _figures(engine: Engine) -> dict[str, Any]:
+    """Every counter an engine server reports (`GET /stats`); empty when it reports none."""
+    reported = await engine.stats()
+    return dict(reported.figures) if reported is not None else {}
+
+
 async def _real_strategy(
     name: RoutingStrategyName, urls: list[str], workload: RoutedWorkload, capacity: int, version: int
 ) -> tuple[dict[str, Any], list[list[list[int]]]]:
@@ -267,14 +275,14 @@ async def _real_strategy(
     router = Router(engines, name, capacity_tokens=capacity)
     try:
         await router.load_weights(str(tiny_model_dir()), version)  # flushes the engines' prefix caches
-        before = [await e.stats() or {} for e in engines]
+        before = [await _figures(e) for e in engines]
         start = time.perf_counter()
         traces = await workload.run(router)
         makespan = time.perf_counter() - start
-        after = [await e.stats() or {} for e in engines]
+        after = [await _figures(e) for e in engines]
     finally:
         for e in engines:
-            await e.close()
+            await e.release()
     latencies = sorted(x for t in traces for x in t.latencies)
     computed = sum(
         a["prefill_forward_tokens"] - b["prefill_forward_tokens"] for a, b in zip(after, before, strict=True)
@@ -346,14 +354,21 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--real", action="store_true", help="real engine processes instead of the simulation")
     parser.add_argument("--turn-tokens", type=int, default=24, help="--real: max tokens per turn")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every strategy on the smallest workload (seconds)"
+    )
     args = parser.parse_args()
     if args.real:
         defaults = parser.parse_args([])
         for name, real_default in (("replicas", 2), ("sessions", 12), ("turns", 3), ("capacity", 4096)):
             if getattr(args, name) == getattr(defaults, name):
                 setattr(args, name, real_default)
+        if args.smoke:
+            args.replicas, args.sessions, args.turns, args.turn_tokens = 2, 2, 2, 8
         print(json.dumps(real_engines(args)))
         return 0
+    if args.smoke:
+        args.replicas, args.sessions, args.turns = 2, 8, 3
 
     results = {}
     for name in RoutingStrategyName:

@@ -1,7 +1,9 @@
 """harnessrl.store on a real S3 endpoint (moto's server on loopback): what resuming a download saves and
 what the part size does to multipart uploads. Baselines are measured in the same run.
 
-    .venv/bin/python benchmarks/store.py [--mb 96]
+    .venv/bin/python benchmarks/store.py [--mb 96] [--smoke]
+
+`--smoke`: an 11 MiB object (still three 5 MiB parts at the smallest part size), seconds.
 
 Last line: JSON with resume_bytes_ratio (bytes fetched by a resumed download / by a restart from zero),
 resume_time_ratio, and upload seconds per part size relative to the 5 MiB minimum.
@@ -29,10 +31,13 @@ def timed(fn):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--mb", type=int, default=96, help="object size in MiB")
     parser.add_argument("--interrupt-at", type=float, default=0.75, help="fraction downloaded before the cut")
+    parser.add_argument("--smoke", action="store_true", help="an 11 MiB object (seconds)")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb = 11
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request log lines
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -5,9 +5,11 @@ longest. Packed: the same token budget per micro-batch (4 × 160), sequences con
 position ids, no padding. Each (mode, repetition) runs in a fresh child process so peak RSS is per mode;
 modes alternate so machine load hits both alike.
 
-    .venv/bin/python benchmarks/train.py [--reps 2] [--threads 0]
+    .venv/bin/python benchmarks/train.py [--reps 2] [--threads 0] [--smoke]
 
 Last line: JSON with packed_speedup, padding_fraction_packed, padding_fraction_padded, peak_rss_mb.
+`--smoke`: one repetition of each mode on sequences a quarter as long (4…40 tokens), 1 torch thread unless
+`--threads`, seconds.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import sys
 import time
 
 LENGTHS = [16, 24, 40, 56, 80, 104, 136, 160]
+SMOKE_LENGTHS = [n // 4 for n in LENGTHS]
 
 
-def child(mode: str, threads: int) -> None:
+def child(mode: str, threads: int, lengths: list[int]) -> None:
     import torch
 
     if threads:
@@ -36,7 +39,7 @@ def child(mode: str, threads: int) -> None:
     from harnessrl.train.trainer import Trainer, TrainerConfig
 
     rng = random.Random(0)
-    lengths = list(LENGTHS)
+    lengths = list(lengths)
     rng.shuffle(lengths)  # padded micro-batches mix short and long sequences, as real batches do
     seqs = []
     for i, n in enumerate(lengths):
@@ -53,7 +56,7 @@ def child(mode: str, threads: int) -> None:
         for k, ((i, m, b, r), wk) in enumerate(zip(seqs, w, strict=True))
     ]
     cfg = TrainerConfig(
-        packing=(mode == "packed"), max_tokens_per_micro_batch=4 * max(LENGTHS), seqs_per_micro_batch=4
+        packing=(mode == "packed"), max_tokens_per_micro_batch=4 * max(lengths), seqs_per_micro_batch=4
     )
     trainer = Trainer(load_model(), cfg)
     t = time.perf_counter()
@@ -80,16 +83,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="one repetition, sequences a quarter as long")
     ap.add_argument("--child", choices=["packed", "padded"], help=argparse.SUPPRESS)
+    ap.add_argument("--lengths", help=argparse.SUPPRESS)  # the child's sequence lengths, comma-separated
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.threads)
+        child(args.child, args.threads, [int(n) for n in args.lengths.split(",")])
         return
+    lengths = LENGTHS
+    if args.smoke:
+        args.reps, lengths = 1, SMOKE_LENGTHS
+        args.threads = args.threads or 1  # one thread: a shared machine's other jobs cannot stall it
     results: dict[str, list[dict]] = {"packed": [], "padded": []}
     for rep in range(args.reps):
         for mode in ("padded", "packed") if rep % 2 == 0 else ("packed", "padded"):
             out = subprocess.run(
-                [sys.executable, __file__, "--child", mode, "--threads", str(args.threads)],
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    mode,
+                    "--threads",
+                    str(args.threads),
+                    "--lengths",
+                    ",".join(map(str, lengths)),
+                ],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -118,7 +136,7 @@ def main() -> None:
                 "peak_rss_mb": round(rss["packed"], 1),
                 "peak_rss_mb_padded": round(rss["padded"], 1),
                 "reps": args.reps,
-                "lengths": LENGTHS,
+                "lengths": lengths,
             }
         )
     )

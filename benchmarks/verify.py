@@ -1,6 +1,6 @@
 """Verify overhead and throughput, against the same pytest command run bare, measured side by side.
 
-    .venv/bin/python benchmarks/verify.py [--source tests/fixtures/minirepo] [--repeats 5] [--parallel 8]
+    .venv/bin/python benchmarks/verify.py [--source tests/fixtures/minirepo] [--repeats 5] [--parallel 8] [--smoke]
 
 1. overhead: the full verification of one rollout (framework diff, filter, fresh bug-commit tree, apply, new
    bubblewrap sandbox, grade) vs. `python -m pytest <same args> <same test files>` run bare on a prepared tree;
@@ -11,7 +11,8 @@
 2. throughput: N gold-fix rollouts through the verify stage with 1 worker and with 2 workers.
 
 The last line printed is one JSON object: overhead_ratio, sandbox_ratio, overhead_ratio_podman,
-verifications_per_min, load_avg, ...
+verifications_per_min, load_avg, ... `--smoke`: one repetition, 2 rollouts for the throughput (seconds, plus
+the environment image's first build where podman runs); the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def main() -> None:
     )
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--parallel", type=int, default=8, help="rollouts for the throughput measurement")
+    ap.add_argument("--smoke", action="store_true", help="one repetition, 2 rollouts (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats, args.parallel = 1, 2
 
     from dataprep.synthesize import synthesize_taskset
     from harnessrl.io import write_jsonl

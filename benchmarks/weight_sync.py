@@ -1,11 +1,11 @@
 """Seconds per weight sync into a real `harnessrl engine serve` process: by checkpoint path vs by broadcast
 (gloo), the loop's two publishers (harnessrl.rl.publish), alternating in the same run on the same engine.
 
-    .venv/bin/python benchmarks/weight_sync.py [--model DIR] [--repeats 3]
+    .venv/bin/python benchmarks/weight_sync.py [--model DIR] [--repeats 3] [--smoke]
 
 Default model: the embedded tiny model (SmolLM2-135M, fp32). Prints one line per sync and, last, one JSON line
 (`checkpoint_s`, `broadcast_s`: medians; `broadcast_vs_checkpoint`: their ratio; `join_s`: forming the
-broadcast group, once per run; the load average before and after).
+broadcast group, once per run; the load average before and after). `--smoke`: one sync per publisher.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", help="Hugging Face model directory (default: the embedded tiny model)")
     parser.add_argument("--repeats", type=int, default=3, help="syncs per publisher")
+    parser.add_argument("--smoke", action="store_true", help="one sync per publisher (seconds)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
 
     from harnessrl.engine.base import SamplingParams
     from harnessrl.engine.http_client import HTTPEngine
@@ -68,7 +71,7 @@ def main() -> int:
         finally:
             for publisher in publishers.values():
                 publisher.close()
-            asyncio.run_coroutine_threadsafe(client.close(), loop).result()
+            asyncio.run_coroutine_threadsafe(client.release(), loop).result()
             proc.kill()
             proc.wait()
     checkpoint_s = statistics.median(times["checkpoint"])

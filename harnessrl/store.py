@@ -165,9 +165,13 @@ class ObjectStore:
     def from_env(cls, part_size: int = DEFAULT_PART_SIZE) -> ObjectStore:
         return cls(StoreConfig.from_env(), part_size=part_size)
 
-    def _err(self, e: Exception, action: str, uri: S3Uri | str) -> StoreError:
-        code = getattr(e, "code", None) or type(e).__name__
-        detail = getattr(e, "message", None) or getattr(e, "reason", None) or e
+    def _err(self, error: Exception, action: str, uri: S3Uri | str) -> StoreError:
+        from minio.error import S3Error
+
+        if isinstance(error, S3Error):  # the store's own answer: its code and message
+            code, detail = error.code or "S3Error", error.message or error
+        else:  # unreachable endpoint, broken connection, ...
+            code, detail = type(error).__name__, error
         return StoreError(f"{action} {uri} at {self.config.endpoint} failed: {code}: {detail}")
 
     def ensure_bucket(self, bucket: str) -> None:

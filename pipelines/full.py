@@ -77,7 +77,7 @@ def build_full(cold_start: bool = False):
         rl_gpus: int = 1,  # the rl-loop step's GPUs and trainer ranks, set per run
         eval_k: int = 4,
         cold_start_epochs: int = 3,  # harnessrl-full-cold-start only, as the next one
-        cold_start_config_json: str = "{}",  # the sft stage's settings (harnessrl.train.sft.SftConfig)
+        cold_start_config_json: str = "{}",  # the sft stage's settings (components.sft.stage.SftConfig)
     ):
         prep = add_data_prep(
             source_uri,

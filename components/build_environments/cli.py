@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from components.flags import add_out, add_tasks
 
 
 def register(commands, stages) -> None:
@@ -16,10 +17,8 @@ def register(commands, stages) -> None:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    s.add_argument("--tasks", required=True, type=Path, help="input task-set directory")
-    s.add_argument(
-        "--out", required=True, type=Path, help="output dir: tasks/, images.jsonl, report.md, metrics.json"
-    )
+    add_tasks(s, help="input task-set directory", path=True)
+    add_out(s, "tasks/, images.jsonl, report.md, metrics.json", path=True)
     s.add_argument(
         "--policy",
         choices=list(ImagePolicy),

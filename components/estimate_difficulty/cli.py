@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from components.flags import add_concurrency, add_out, add_specs, add_tasks
 from harnessrl.rollout.executors import ExecutorName
-from harnessrl.rollout.generate import DEFAULT_CONCURRENCY
 
 
 def register(commands, stages) -> None:
@@ -18,13 +18,11 @@ def register(commands, stages) -> None:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--tasks", required=True, help="task-set directory")
-    p.add_argument(
-        "--out", required=True, help="output directory (pass_counts.jsonl, history.jsonl, report.md, …)"
-    )
+    add_tasks(p, help="task-set directory")
+    add_out(p, "pass_counts.jsonl, history.jsonl, report.md, …")
     p.add_argument("--n", type=int, default=4, help="rollouts per task (Best-of-N)")
-    p.add_argument("--specs", help="harness spec JSON (see `harnessrl stage generate --help`)")
-    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="rollouts in flight at once")
+    add_specs(p, help="harness spec JSON (see `harnessrl stage generate --help`)")
+    add_concurrency(p)
     p.add_argument(
         "--executor",
         type=ExecutorName,

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from harnessrl.difficulty.history import PassRateHistory
 from harnessrl.difficulty.selection import DifficultyClass, classify, plot_pass_rate_histogram
-from harnessrl.harness.base import SCORED_STATUSES, RolloutStatus
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from harnessrl.rollout.config import DEFAULT_CONCURRENCY
 from harnessrl.rollout.executors import ExecutorName
-from harnessrl.rollout.generate import DEFAULT_CONCURRENCY
+from harnessrl.schema import SCORED_STATUSES, RolloutStatus
 
 if TYPE_CHECKING:
     from harnessrl.rollout.model_server import ModelSource

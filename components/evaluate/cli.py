@@ -9,9 +9,9 @@ import argparse
 import json
 import sys
 
+from components.flags import add_concurrency, add_out, add_specs, add_tasks
 from harnessrl.difficulty.selection import Split
 from harnessrl.evaluate.results import EvalMode
-from harnessrl.rollout.generate import DEFAULT_CONCURRENCY
 
 BASE = "base"  # `--policy NAME=base`: the tiny embedded base model
 
@@ -27,8 +27,10 @@ def register(commands, stages) -> None:
     p.add_argument("--a-policy", help="--compare: the policy of A (default: A's last)")
     p.add_argument("--b-policy", help="--compare: the policy of B (default: B's last)")
     p.add_argument("--json", action="store_true", help="--compare: print the comparison as JSON")
-    p.add_argument(
-        "--tasks", help="task-set directory, or a `select` output directory (then its --split is used)"
+    add_tasks(
+        p,
+        help="task-set directory, or a `select` output directory (then its --split is used)",
+        required=False,
     )
     p.add_argument(
         "--split", type=Split, choices=list(Split), default=Split.TEST, help="split of a select output"
@@ -53,9 +55,9 @@ def register(commands, stages) -> None:
         help="repeatable: greedy (temperature 0, 1 rollout per task) and/or sampled (k per task); "
         "default: sampled",
     )
-    p.add_argument("--specs", help="harness spec JSON file (as for `harnessrl stage generate`)")
-    p.add_argument("--out", help="output directory (replaced atomically)")
-    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="rollouts in flight at once")
+    add_specs(p, help="harness spec JSON file (as for `harnessrl stage generate`)")
+    add_out(p, "replaced atomically", required=False)
+    add_concurrency(p)
     p.add_argument("--verify-workers", type=int, default=2)
     p.add_argument("--max-tasks", type=int, help="only the first N tasks")
     p.add_argument("--instance-ids", nargs="+", help="only these tasks")

@@ -23,8 +23,8 @@ from harnessrl.choices import parse_choice
 from harnessrl.difficulty.selection import Split
 from harnessrl.evaluate.results import SCHEMA, EvalMode, compare, score_run
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl
+from harnessrl.rollout.config import DEFAULT_CONCURRENCY
 from harnessrl.rollout.executors import ExecutorName
-from harnessrl.rollout.generate import DEFAULT_CONCURRENCY
 from harnessrl.rollout.model_server import ModelSource
 from harnessrl.rollout.specs import NamedSpec, load_specs
 from harnessrl.sandbox.workspace import safe_name
@@ -108,7 +108,7 @@ def _push_weights(policy: Policy, version: int) -> None:
         try:
             await engine.load_weights(checkpoint, version)
         finally:
-            await engine.close()
+            await engine.release()
 
     try:
         asyncio.run(push())

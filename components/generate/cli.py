@@ -6,15 +6,16 @@ import argparse
 import json
 import sys
 
+from components.flags import add_concurrency, add_out, add_policy, add_specs, add_tasks
 from harnessrl.gateway.toolcalls import ToolParser
+from harnessrl.rollout.config import FailedSamples
 from harnessrl.rollout.executors import ExecutorName
-from harnessrl.rollout.generate import DEFAULT_CONCURRENCY, FailedSamples
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Which model the rollouts sample from: `--policy` (the checkpoint being trained) or `--engine-url`."""
-    p.add_argument(
-        "--policy",
+    add_policy(
+        p,
         help="HF model directory (checkpoint) served by the local engine "
         "(default: the tiny embedded SmolLM2-135M-Instruct)",
     )
@@ -33,13 +34,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", required=True, help="task-set directory (tasks.jsonl + repos/)")
-    p.add_argument(
-        "--specs",
+    add_tasks(p, help="task-set directory (tasks.jsonl + repos/)")
+    add_specs(
+        p,
         help="JSON file: one HarnessSpec or a list (assigned round-robin per rollout); "
         "default: the react harness in bubblewrap",
     )
-    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="rollouts in flight at once")
+    add_concurrency(p)
     p.add_argument(
         "--executor",
         type=ExecutorName,
@@ -80,7 +81,7 @@ def register(commands, stages) -> None:
         help="samples of non-ok rollouts: keep them (with rollout_status; the trainer masks/drops) "
         "or leave them out of samples.parquet",
     )
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    add_out(p, "replaced atomically")
     p.set_defaults(func=_run)
 
 
@@ -96,7 +97,7 @@ def model_from_args(args):
 
 
 def config_from_args(args, group_size: int):
-    from harnessrl.rollout.generate import GenerateConfig
+    from harnessrl.rollout.config import GenerateConfig
 
     return GenerateConfig(
         group_size=group_size,

@@ -1,5 +1,5 @@
 """KFP components that run the RL stage on a cluster as one KubeRay RayJob (thin: the work is in
-harnessrl.rl.rayjob). `launch_rl` creates the RayJob, streams the driver's log into this step's log (the KFP UI
+components/launch_rl/rayjob.py). `launch_rl` creates the RayJob, streams the driver's log into this step's log (the KFP UI
 shows it live) and deletes the RayJob when it ends; `delete_rl_job` deletes it whatever happened, as the exit
 handler `pipelines.rl_cluster.add_rl_on_ray` puts around the launcher. Both name the RayJob from the run's id,
 so they agree without passing outputs (an exit task may not consume its handler's outputs)."""
@@ -34,9 +34,9 @@ def launch_rl(
     them are read when the step runs, so a pipeline may pass its parameters."""
     import json
 
+    from components.launch_rl.rayjob import RayJobSpec, WorkerGroup, rayjob_name, run_rayjob
     from harnessrl.cluster import IMAGE
     from harnessrl.logs import configure_logging
-    from harnessrl.rl.rayjob import RayJobSpec, WorkerGroup, rayjob_name, run_rayjob
 
     configure_logging()
     args = json.loads(rl_args_json)
@@ -65,8 +65,8 @@ def launch_rl(
 @component
 def delete_rl_job(run_id: str, namespace: str = "harnessrl"):
     """Deletes the run's RayJob (and so its Ray cluster); nothing to do when it is already gone."""
+    from components.launch_rl.rayjob import RayJobClient, rayjob_name
     from harnessrl.logs import configure_logging
-    from harnessrl.rl.rayjob import RayJobClient, rayjob_name
 
     configure_logging()
     RayJobClient().delete(rayjob_name(run_id), namespace)

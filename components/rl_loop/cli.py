@@ -11,9 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from components.flags import (
+    add_concurrency,
+    add_config,
+    add_model_out,
+    add_out,
+    add_policy,
+    add_specs,
+    add_tasks,
+)
+from harnessrl.engine.base import WeightSyncMode
 from harnessrl.rl.admission import StalePolicy
-from harnessrl.rl.modes import RLMode, WeightSyncMode, WorkloadKind
+from harnessrl.rl.modes import RLMode, WorkloadKind
+
+if TYPE_CHECKING:
+    from harnessrl.rl.config import RLConfig
 
 
 def register(commands, stages) -> None:
@@ -23,17 +37,15 @@ def register(commands, stages) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--tasks", required=True, help="task-set directory (swe) or prompt JSONL (--workload prompt)"
-    )
-    p.add_argument("--out", required=True, help="output directory (model/, checkpoints/, steps.jsonl, ...)")
+    add_tasks(p, help="task-set directory (swe) or prompt JSONL (--workload prompt)")
+    add_out(p, "model/, checkpoints/, steps.jsonl, ...")
     p.add_argument("--workload", choices=list(WorkloadKind), default=WorkloadKind.SWE)
-    p.add_argument("--policy", help="HF model directory or s3:// URI (default: the tiny embedded model)")
-    p.add_argument("--specs", help="harness spec JSON file (swe workload)")
+    add_policy(p, help="HF model directory or s3:// URI (default: the tiny embedded model)")
+    add_specs(p, help="harness spec JSON file (swe workload)")
     p.add_argument(
         "--engine-url", action="append", default=[], help="remote engine (repeat for several replicas)"
     )
-    p.add_argument("--config", help="JSON file with RLConfig fields (flags below override it)")
+    add_config(p, "RLConfig")
     p.add_argument("--mode", choices=list(RLMode))
     p.add_argument(
         "--weight-sync",
@@ -45,53 +57,50 @@ def register(commands, stages) -> None:
     p.add_argument("--group-size", type=int)
     p.add_argument("--max-staleness", type=int)
     p.add_argument("--stale-policy", choices=list(StalePolicy))
-    p.add_argument("--concurrency", type=int, help="rollouts in flight (default: by mode)")
+    add_concurrency(p, default=None, help="rollouts in flight (default: by mode)")
     p.add_argument("--save-every", type=int)
     p.add_argument("--replicas", type=int, help="local engine replicas behind the router")
     p.add_argument("--nproc", type=int, help="trainer ranks (torchrun; one GPU each); default 1")
     p.add_argument("--seed", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT")
-    p.add_argument("--model-out", help="where to write the final model (default: OUT/model)")
+    add_model_out(p)
     p.add_argument("--upload-to", help="s3://bucket/prefix for checkpoints and the final model")
     p.add_argument("--allow-unsandboxed", action="store_true", help="permit specs with sandbox 'local'")
     p.set_defaults(func=_run)
 
 
-def build_config(args: argparse.Namespace):
-    from harnessrl.rl.config import RLConfig
+def build_config(args: argparse.Namespace) -> RLConfig:
+    from components.rl_loop.stage import build_config as settings
 
-    base: dict = {}
-    if args.config:
-        base = json.loads(Path(args.config).read_text())
-    for key in (
-        "mode",
-        "steps",
-        "batch_groups",
-        "group_size",
-        "max_staleness",
-        "stale_policy",
-        "concurrency",
-        "save_every",
-        "replicas",
-        "nproc",
-        "seed",
-        "weight_sync",
-    ):
-        if getattr(args, key) is not None:
-            base[key] = getattr(args, key)
-    if args.allow_unsandboxed:
-        base["allow_unsandboxed"] = True
-    if args.lr is not None:
-        base.setdefault("train", {}).setdefault("train", {}).setdefault("optim", {})["lr"] = args.lr
-    return RLConfig.from_dict(base)
+    config = json.loads(Path(args.config).read_text()) if args.config else {}
+    overrides = {key: getattr(args, key) for key in FLAGS}
+    overrides["allow_unsandboxed"] = True if args.allow_unsandboxed else None
+    return settings(config, overrides, lr=args.lr)
+
+
+# RLConfig fields with a flag of the same name (--batch-groups: batch_groups)
+FLAGS = (
+    "mode",
+    "steps",
+    "batch_groups",
+    "group_size",
+    "max_staleness",
+    "stale_policy",
+    "concurrency",
+    "save_every",
+    "replicas",
+    "nproc",
+    "seed",
+    "weight_sync",
+)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from components.rl_loop.stage import launched, run_stage
     from harnessrl.cli import UserError
     from harnessrl.engine.base import EngineError
-    from harnessrl.rl.loop import RLInputs, run_rl
-    from harnessrl.rl.ranks import in_torchrun, launch
+    from harnessrl.rl.config import RLInputs
     from harnessrl.train.launch import RanksFailed
 
     cfg = build_config(args)
@@ -106,19 +115,15 @@ def _run(args: argparse.Namespace) -> int:
         model_out=Path(args.model_out) if args.model_out else None,
         upload_to=args.upload_to,
     )
-    if cfg.nproc > 1 and not in_torchrun():
-        try:  # the ranks print the step lines and the summary themselves
-            launch(cfg, inputs)
-        except RanksFailed as e:
-            first = e.failures[0] if e.failures else None
-            if first is not None and first.rank == 0 and first.exitcode == 2:
-                return 2  # rank 0 has already printed its `harnessrl: error: ...` line
-            raise UserError(str(e)) from None
-        return 0
     try:
-        summary = run_rl(cfg, inputs, echo=lambda line: print(line, flush=True))
+        summary = run_stage(cfg, inputs, echo=lambda line: print(line, flush=True))
+    except RanksFailed as e:
+        first = e.failures[0] if e.failures else None
+        if first is not None and first.rank == 0 and first.exitcode == 2:
+            return 2  # rank 0 has already printed its `harnessrl: error: ...` line
+        raise UserError(str(e)) from None
     except EngineError as e:  # e.g. WeightSyncUnsupported: one line naming the engine and the fix
         raise UserError(str(e)) from None
-    if summary:  # {} on trainer ranks other than 0
-        print(json.dumps(summary))
+    if summary is not None and not launched(cfg):  # launched: rank 0 has printed it
+        print(json.dumps(summary.to_dict()))
     return 0

@@ -1,4 +1,4 @@
-"""KFP component `rl_loop` (thin: the work is in harnessrl.rl.loop.run_rl). One long-running GPU step on the
+"""KFP component `rl_loop` (thin: the work is in components/rl_loop/stage.py, as for `harnessrl stage rl`). One long-running GPU step on the
 cluster: the engine(s), gateway, rollout workers, verifiers and trainer for `steps` optimizer steps. Its
 work directory lives beside the `model` artifact, so a retried step on the same artifact path resumes from
 its last checkpoint instead of starting over. With `nproc` > 1 the step runs the loop under torchrun with that many
@@ -45,17 +45,15 @@ def rl_loop(
     import shutil
     from pathlib import Path
 
+    from components.rl_loop.stage import build_config, run_stage
     from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
-    from harnessrl.rl.config import RLConfig
-    from harnessrl.rl.loop import RLInputs, run_rl
+    from harnessrl.rl.config import RLInputs
     from harnessrl.rl.modes import WorkloadKind
-    from harnessrl.rl.ranks import launch
     from harnessrl.rollout.specs import parse_specs
 
     configure_logging()
-    cfg_d = json.loads(config_json or "{}")
-    cfg_d.update(
+    settings = dict(
         mode=mode,
         steps=steps,
         batch_groups=batch_groups,
@@ -65,8 +63,8 @@ def rl_loop(
         seed=seed,
         nproc=nproc,
     )
-    cfg_d.setdefault("train", {}).setdefault("train", {})["seed"] = seed
-    cfg = RLConfig.from_dict(cfg_d)
+    cfg = build_config(json.loads(config_json or "{}"), settings)
+    cfg.train.seed = seed
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
     work = Path(model.path).parent / (Path(model.path).name + ".work")
     inputs = RLInputs(
@@ -80,14 +78,8 @@ def rl_loop(
         model_out=Path(model.path),
         upload_to=upload_to or None,
     )
-    if cfg.nproc > 1:  # the ranks read the specs from a file
-        work.mkdir(parents=True, exist_ok=True)
-        if specs is not None:
-            (work / "specs.json").write_text(specs_json)
-            inputs.specs = work / "specs.json"
-        summary = launch(cfg, inputs)
-    else:
-        summary = run_rl(cfg, inputs, echo=lambda line: print(line, flush=True))
+    summary = run_stage(cfg, inputs, echo=lambda line: print(line, flush=True))
+    assert summary is not None  # the component is never a trainer rank other than 0
 
     def link_tree(src: Path, dest: Path) -> None:  # hard links: checkpoints are large, same file system
         shutil.rmtree(dest, ignore_errors=True)
@@ -103,8 +95,6 @@ def rl_loop(
     link_tree(work / "checkpoints", Path(checkpoints.path))
     link_tree(work / "tensorboard", Path(tensorboard.path))
     shutil.copyfile(work / "steps.jsonl", Path(tensorboard.path) / "steps.jsonl")
-    publish((work / "report.md").read_text(), summary, report, metrics, html=report_html)
-    model.metadata.update(
-        {"framework": "transformers", "steps": summary["steps"], "version": summary["version"]}
-    )
+    publish((work / "report.md").read_text(), summary.to_dict(), report, metrics, html=report_html)
+    model.metadata.update({"framework": "transformers", "steps": summary.steps, "version": summary.version})
     checkpoints.metadata.update({"save_every": save_every, "uploaded_to": upload_to})

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from components.flags import add_out, add_tasks
+
 
 def register(commands, stages) -> None:
     s = stages.add_parser(
@@ -14,11 +16,11 @@ def register(commands, stages) -> None:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    s.add_argument("--tasks", required=True, help="the task set the estimates were made on")
+    add_tasks(s, help="the task set the estimates were made on")
     s.add_argument(
         "--estimates", required=True, help="estimate-difficulty output directory (or its pass_counts.jsonl)"
     )
-    s.add_argument("--out", required=True, help="output directory: train/, test/, selection.jsonl, report.md")
+    add_out(s, "train/, test/, selection.jsonl, report.md")
     s.add_argument("--k-all-fail", type=int, default=0, help="all-fail tasks to keep (seeded sample)")
     s.add_argument("--test-fraction", type=float, default=0.1)
     s.add_argument("--seed", type=int, default=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from components.flags import add_config, add_model_out, add_out, add_policy, add_specs, add_tasks
 from harnessrl.train.modes import Precision, SftSource
 
 
@@ -16,14 +17,14 @@ def register(commands, stages) -> None:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--tasks", required=True, help="task-set directory (the training tasks)")
-    p.add_argument("--policy", help="HF model directory to start from (default: the tiny embedded model)")
-    p.add_argument("--out", required=True, help="output directory (model/, data/, demos/, train/, report.md)")
+    add_tasks(p, help="task-set directory (the training tasks)")
+    add_policy(p)
+    add_out(p, "model/, data/, demos/, train/, report.md")
     p.add_argument("--source", type=SftSource, choices=list(SftSource), help="default: demonstrations")
     p.add_argument("--rollouts", help="rejection sampling: an earlier generate output (samples.parquet)")
     p.add_argument("--verified", help="rejection sampling: that run's verify output (rewards.jsonl)")
-    p.add_argument("--specs", help="harness spec JSON for the demonstrations (react with edit + submit)")
-    p.add_argument("--config", help="JSON file with SftConfig fields (flags below override it)")
+    add_specs(p, help="harness spec JSON for the demonstrations (react with edit + submit)")
+    add_config(p, "SftConfig")
     p.add_argument("--epochs", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--groups-per-step", type=int, help="tasks per optimizer step (0: all)")
@@ -32,7 +33,7 @@ def register(commands, stages) -> None:
     p.add_argument("--precision", choices=list(Precision))
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train/checkpoints")
-    p.add_argument("--model-out", help="where to write the final model (default: OUT/model)")
+    add_model_out(p)
     p.add_argument(
         "--allow-unsandboxed", action="store_true", help="permit specs with sandbox 'local' (debugging only)"
     )
@@ -40,8 +41,8 @@ def register(commands, stages) -> None:
 
 
 def build_config(args):
-    from components.train.cli import config_with_flags
-    from harnessrl.train.sft import SftConfig
+    from components.flags import config_with_flags
+    from components.sft.stage import SftConfig
 
     base = config_with_flags(
         args, top=("source", "epochs", "groups_per_step", "max_tasks", "device"), train=("seed", "precision")
@@ -53,8 +54,8 @@ def build_config(args):
 
 
 def _run(args) -> int:
+    from components.sft.stage import run_sft
     from harnessrl.tinymodel import tiny_model_dir
-    from harnessrl.train.sft import run_sft
 
     summary = run_sft(
         args.tasks,

@@ -1,5 +1,5 @@
 """KFP component `sft` (cold start, before RL): trajectories + policy → fine-tuned policy (thin: the work is in
-harnessrl.train.sft.run_sft). A GPU step on the cluster like `train_grpo`; with more than one GPU in the pod
+components/sft/stage.py run_sft). A GPU step on the cluster like `train_grpo`; with more than one GPU in the pod
 the training part runs one rank per GPU (torchrun, FSDP2)."""
 
 from typing import Optional
@@ -34,10 +34,10 @@ def sft(
 
     import torch
 
+    from components.sft.stage import SftConfig, run_sft
     from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
     from harnessrl.rollout.specs import parse_specs
-    from harnessrl.train.sft import SftConfig, run_sft
 
     configure_logging()
 

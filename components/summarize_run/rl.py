@@ -12,6 +12,7 @@ from typing import Any
 from components.summarize_run.stage import StageRef, _num, _pct, _rate, tasks_table
 from harnessrl.io import read_jsonl
 from harnessrl.reports import StageReport, embed_png, figure_png, new_figure
+from harnessrl.rl.records import StepRecord
 
 STEPS_FILE = "steps.jsonl"  # what the rl_loop step writes into its `tensorboard` artifact
 
@@ -60,14 +61,13 @@ def comparison_rows(values: dict[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_run(steps: list[dict[str, Any]], evaluated: list[dict[str, Any]]) -> bytes:
+def plot_run(steps: list[StepRecord], evaluated: list[dict[str, Any]]) -> bytes:
     """Left: reward mean and loss per RL step. Right: held-out pass@1 per policy with its 95% interval."""
     fig, axes = new_figure(3.0, 1, 2)
     left, right = axes[0]
-    trained = [s for s in steps if s.get("reward_mean") is not None]
-    xs = [int(s["step"]) for s in trained]
-    left.plot(xs, [float(s["reward_mean"]) for s in trained], marker="o", label="reward mean")
-    losses = [(int(s["step"]), float(s["loss"])) for s in trained if s.get("loss") is not None]
+    rewards = [(s.step, s.reward_mean) for s in steps if s.reward_mean is not None]
+    left.plot([x for x, _ in rewards], [v for _, v in rewards], marker="o", label="reward mean")
+    losses = [(s.step, s.loss) for s in steps if s.loss is not None]
     if losses:
         left.plot([x for x, _ in losses], [v for _, v in losses], marker="s", label="loss")
     left.set_title("RL loop, per optimizer step", fontsize=10)
@@ -86,7 +86,7 @@ def plot_run(steps: list[dict[str, Any]], evaluated: list[dict[str, Any]]) -> by
     for ax in (left, right):
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-    if trained:
+    if rewards:
         left.legend(fontsize=8)
     return figure_png(fig)
 
@@ -96,7 +96,7 @@ def render_rl_summary(
     selection: StageRef,
     loop: StageRef,
     evaluation: StageRef,
-    steps: list[dict[str, Any]],
+    steps: list[StepRecord],
     mode: str,
 ) -> StageReport:
     d, s, r = difficulty.values, selection.values, loop.values
@@ -173,6 +173,6 @@ def render_rl_summary(
     )
 
 
-def read_steps(artifact_dir: Path) -> list[dict[str, Any]]:
+def read_steps(artifact_dir: Path) -> list[StepRecord]:
     path = artifact_dir / STEPS_FILE
-    return list(read_jsonl(path)) if path.is_file() else []
+    return [StepRecord.from_row(row) for row in read_jsonl(path)] if path.is_file() else []

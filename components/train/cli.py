@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from components.flags import add_config, add_model_out, add_out, add_policy, config_with_flags
 from harnessrl.train.modes import AdvantageLevel, Estimator, LossMode, NonOkHandling, Precision
 
 
@@ -21,14 +22,12 @@ def register(commands, stages) -> None:
         help="verify's JSONL (rollout_id, reward, status) file or directory; "
         "without it each sample's own reward/rollout_status is used",
     )
-    p.add_argument("--policy", help="HF model directory to start from (default: the tiny embedded model)")
-    p.add_argument(
-        "--out", required=True, help="output directory (model/, checkpoints/, metrics.json, report.md)"
-    )
+    add_policy(p)
+    add_out(p, "model/, checkpoints/, metrics.json, report.md")
     p.add_argument(
         "--resume", action="store_true", help="continue from the latest checkpoint in OUT/checkpoints"
     )
-    p.add_argument("--config", help="JSON file with TrainConfig fields (flags below override it)")
+    add_config(p, "TrainConfig")
     p.add_argument("--estimator", choices=list(Estimator))
     p.add_argument("--advantage-level", choices=list(AdvantageLevel))
     p.add_argument("--loss-mode", choices=list(LossMode))
@@ -47,7 +46,7 @@ def register(commands, stages) -> None:
     p.add_argument("--history", help="pass-rate history JSONL for dynamic sampling")
     p.add_argument("--record-round", type=int, help="append this round's pass counts to --history")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--model-out", help="where to write the final model (default: OUT/model)")
+    add_model_out(p)
     p.add_argument(
         "--upload-to", help="s3://bucket/prefix to upload the final model to (via harnessrl.store)"
     )
@@ -79,28 +78,6 @@ def build_config(args):
         return TrainConfig.from_dict(base)
     except TypeError as e:
         raise ValueError(f"{args.config or 'config'}: {e}") from None
-
-
-def config_with_flags(args, top: tuple[str, ...], train: tuple[str, ...]) -> dict:
-    """The `--config` JSON with the flags that were given laid over it: `top` flags as top-level keys,
-    `train` flags under "train", and `--lr` as train.optim.lr (the train and sft stages share this shape)."""
-    base: dict = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as f:
-            base = json.load(f)
-    step = dict(base.get("train", {}))
-    optim = dict(step.get("optim", {}))
-    for flag in top:
-        if getattr(args, flag) is not None:
-            base[flag] = getattr(args, flag)
-    for flag in train:
-        if getattr(args, flag) is not None:
-            step[flag] = getattr(args, flag)
-    if args.lr is not None:
-        optim["lr"] = args.lr
-    step["optim"] = optim
-    base["train"] = step
-    return base
 
 
 def _is_worker_rank() -> bool:

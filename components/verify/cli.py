@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from components.flags import add_out, add_tasks
 from harnessrl.schema import SandboxKind
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def register(commands, stages) -> None:
     v = commands.add_parser(
         "verify", help="grade one patch or workspace against a task (prints a JSON report)"
     )
-    v.add_argument("--tasks", required=True, type=Path, help="task-set directory")
+    add_tasks(v, help="task-set directory", path=True)
     v.add_argument("--instance", required=True, help="instance_id of the task")
     src = v.add_mutually_exclusive_group(required=True)
     src.add_argument("--patch", type=Path, help="a diff file, applied to a fresh copy of the task tip")
@@ -44,7 +45,7 @@ def register(commands, stages) -> None:
     v.set_defaults(func=_verify_one)
 
     s = stages.add_parser("verify", help="grade every rollout: rewards.jsonl, logs, summary, report")
-    s.add_argument("--tasks", required=True, type=Path, help="task-set directory")
+    add_tasks(s, help="task-set directory", path=True)
     s.add_argument(
         "--rollouts",
         required=True,
@@ -52,7 +53,7 @@ def register(commands, stages) -> None:
         help="rollouts JSONL (or a directory with rollouts.jsonl): rollout_id, instance_id, "
         "workspace | model_patch | patch",
     )
-    s.add_argument("--out", required=True, type=Path, help="output directory (replaced)")
+    add_out(s, "replaced", path=True)
     s.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
     _limit_args(s)
     s.set_defaults(func=_stage)

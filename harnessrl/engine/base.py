@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from harnessrl.engine.vllm_worker import BroadcastInit
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator accepts
 
@@ -103,7 +106,74 @@ class EngineRequestError(EngineError):
     """The request itself is invalid (empty or too long prompt, bad sampling values): fix the caller."""
 
 
+class WeightSyncUnsupported(EngineError):
+    """The engine cannot take new weights (the way asked); the message is one line naming the engine and the
+    fix."""
+
+
+class WeightSyncMode(StrEnum):
+    """How new weights reach an engine after an optimizer step (harnessrl.rl.publish sends them)."""
+
+    CHECKPOINT = "checkpoint"  # safetensors under OUT/work/sync; every engine loads the path (shared volume)
+    BROADCAST = "broadcast"  # trainer rank 0 broadcasts to every engine worker (nccl on GPUs, gloo on CPU)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What an engine reports about its work since it started: the figures the RL loop and the reports read,
+    typed, and every figure the engine reported (`figures`, JSON values) for the gateway's metrics."""
+
+    prefill_forward_s: float = 0.0  # forward passes that computed prompt tokens
+    prefill_forward_tokens: int = 0  # prompt tokens computed (not served from the prefix cache)
+    decode_forward_s: float = 0.0  # forward passes of decode rows alone
+    decode_emitted_tokens: int = 0  # tokens decode rows emitted (speculative drafts kept included)
+    prefix_cache_hit_rate: float | None = None
+    figures: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds of forward passes."""
+        return self.prefill_forward_s + self.decode_forward_s
+
+    @classmethod
+    def from_figures(cls, figures: Mapping[str, Any]) -> EngineStats:
+        """Reads an engine's report (`GET /stats` of `harnessrl engine serve`, `LocalEngine` counters)."""
+
+        def number(name: str) -> float:
+            value = figures.get(name, 0)
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+        hit = figures.get("prefix_cache_hit_rate")
+        return cls(
+            prefill_forward_s=number("prefill_forward_s"),
+            prefill_forward_tokens=int(number("prefill_forward_tokens")),
+            decode_forward_s=number("decode_forward_s"),
+            decode_emitted_tokens=int(number("decode_emitted_tokens")),
+            prefix_cache_hit_rate=float(hit) if isinstance(hit, int | float) else None,
+            figures=dict(figures),
+        )
+
+    @classmethod
+    def total(cls, parts: Sequence[EngineStats]) -> EngineStats:
+        """The sum over replicas (`figures` lists each replica's)."""
+        hits = [p.prefix_cache_hit_rate for p in parts if p.prefix_cache_hit_rate is not None]
+        return cls(
+            prefill_forward_s=sum(p.prefill_forward_s for p in parts),
+            prefill_forward_tokens=sum(p.prefill_forward_tokens for p in parts),
+            decode_forward_s=sum(p.decode_forward_s for p in parts),
+            decode_emitted_tokens=sum(p.decode_emitted_tokens for p in parts),
+            prefix_cache_hit_rate=sum(hits) / len(hits) if hits else None,
+            figures={"replicas": [dict(p.figures) for p in parts]},
+        )
+
+
 class Engine(Protocol):
+    """The token-level interface every engine implements, and the abilities a long-running caller (gateway,
+    RL loop) uses. One convention: every method is a coroutine, awaited on the caller's event loop (an HTTP
+    engine's connections live on it; an in-process engine answers at once). An engine declares itself by
+    subclassing `Engine` (or the ability protocols below) and overrides what it can do; the defaults here
+    answer "cannot" in the documented way, so callers never probe for a method."""
+
     async def generate(
         self,
         prompt_ids: list[int],
@@ -112,9 +182,27 @@ class Engine(Protocol):
         stop_token_ids: list[int] | None = None,
     ) -> Generation: ...
 
+    async def stats(self) -> EngineStats | None:
+        """Counters since the engine started; None when it reports none."""
+        return None
+
+    async def abort(self, request_ids: list[str] | None = None) -> bool:
+        """Stops the given requests (all when None): they finish with "abort" and the tokens sampled so far.
+        False when the engine cannot (callers then cancel their requests instead)."""
+        return False
+
+    async def context_length(self) -> int | None:
+        """Prompt + completion tokens one request may hold; None when the engine does not say."""
+        return None
+
+    async def release(self) -> None:
+        """Lets go of what the engine holds on the running event loop (an HTTP client's connections); the
+        engine itself keeps serving. Its owner stops an in-process engine."""
+        return None
+
 
 @runtime_checkable
-class StreamingEngine(Protocol):
+class StreamingEngine(Engine, Protocol):
     """An engine that can hand out tokens as they are sampled (optional: `generate_stream` adapts others)."""
 
     def generate_stream(
@@ -127,14 +215,39 @@ class StreamingEngine(Protocol):
 
 
 @runtime_checkable
-class WeightLoadingEngine(Protocol):
-    """An engine that can swap in the weights of a checkpoint directory (tagging later tokens `version`)."""
+class WeightLoadingEngine(Engine, Protocol):
+    """An engine that can swap in new weights, tagging later tokens with their version."""
+
+    async def check_weight_sync(self, mode: WeightSyncMode = WeightSyncMode.CHECKPOINT) -> None:
+        """Raises `WeightSyncUnsupported` (harnessrl.engine.weight_sync: one line naming the engine and the
+        fix) unless the engine can take weights the way `mode` sends them."""
+        ...
 
     async def load_weights(self, checkpoint_dir: str, version: int) -> None: ...
 
 
+@runtime_checkable
+class BroadcastEngine(WeightLoadingEngine, Protocol):
+    """An engine whose workers can join the trainer's broadcast group (`harnessrl.engine.broadcast`) and
+    receive each update from it: a server (`harnessrl engine serve`, vLLM with the worker extension) or a
+    Router of them."""
+
+    @property
+    def workers(self) -> int:
+        """Ranks this engine brings to the group (known once `check_weight_sync` asked)."""
+        ...
+
+    def endpoints(self) -> list[str]:
+        """The base URLs of its servers (the trainer listens on the route to them)."""
+        ...
+
+    async def init_weight_broadcast(self, init: BroadcastInit) -> list[Any]: ...
+
+    async def receive_weights_broadcast(self, version: int) -> None: ...
+
+
 async def generate_stream(
-    engine: Any,
+    engine: Engine,
     prompt_ids: list[int],
     sampling: SamplingParams,
     max_tokens: int,

@@ -26,11 +26,16 @@ from typing import Any
 import aiohttp
 
 from harnessrl.engine.base import (
+    BroadcastEngine,
     EngineError,
     EngineRequestError,
+    EngineStats,
     Generation,
     GenerationDelta,
     SamplingParams,
+    StreamingEngine,
+    WeightSyncMode,
+    WeightSyncUnsupported,
 )
 from harnessrl.engine.completions_api import build_request, parse_response, parse_stream_chunk
 from harnessrl.engine.vllm_worker import (
@@ -44,11 +49,10 @@ from harnessrl.engine.vllm_worker import (
     LoadRequest,
     ReceiveRequest,
 )
-from harnessrl.engine.weight_sync import VLLM_FIX, VLLM_VERSION, WeightSyncProtocol, WeightSyncUnsupported
-from harnessrl.rl.modes import WeightSyncMode
+from harnessrl.engine.weight_sync import VLLM_FIX, VLLM_VERSION, WeightSyncProtocol
 
 
-class HTTPEngine:
+class HTTPEngine(StreamingEngine, BroadcastEngine):
     def __init__(
         self,
         base_url: str,
@@ -68,7 +72,8 @@ class HTTPEngine:
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._protocol: WeightSyncProtocol | None = None
         self._sync_checked = False
-        self.workers = 1  # ranks this engine brings to a weight broadcast (vLLM: one per worker)
+        self._workers = 1  # ranks this engine brings to a weight broadcast (vLLM: one per worker)
+        self._context_length: int | None = None
 
     def __repr__(self) -> str:
         return f"HTTPEngine({self.base_url!r})"
@@ -82,7 +87,15 @@ class HTTPEngine:
             self._sessions[loop] = session
         return session
 
-    async def close(self) -> None:
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    def endpoints(self) -> list[str]:
+        return [self.base_url]
+
+    async def release(self) -> None:
+        """Closes this client's connections on the running event loop (the server keeps serving)."""
         loop = asyncio.get_running_loop()
         session = self._sessions.pop(loop, None)
         if session is not None:
@@ -244,14 +257,24 @@ class HTTPEngine:
         except (TimeoutError, aiohttp.ClientError):
             return False
 
-    async def stats(self) -> dict[str, Any] | None:
+    async def stats(self) -> EngineStats | None:
         """The engine's counters (`GET /stats` of `harnessrl engine serve`: prefix cache hit rate, prefill and
         decode seconds); None when the server has no such endpoint (vLLM: scrape its Prometheus `/metrics`)."""
         try:
             reply = await self._call("GET", "/stats")
         except EngineError:
             return None
-        return reply if isinstance(reply, dict) else None
+        return EngineStats.from_figures(reply) if isinstance(reply, dict) else None
+
+    async def context_length(self) -> int | None:
+        """`max_model_len` of the first model `/v1/models` lists (vLLM and `harnessrl engine serve` say it)."""
+        if self._context_length is None:
+            reply = await self._call("GET", "/v1/models")
+            models = reply.get("data") if isinstance(reply, dict) else None
+            first = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
+            length = first.get("max_model_len")
+            self._context_length = int(length) if isinstance(length, int) and length > 0 else None
+        return self._context_length
 
     async def weight_sync_protocol(self) -> WeightSyncProtocol:
         """Which weight-sync protocol the server speaks: vLLM lists its models as `owned_by: "vllm"`."""
@@ -281,7 +304,7 @@ class HTTPEngine:
                         f"{sorted(receives) or 'no receive modes'}: a harnessrl engine server older than this "
                         "client): serve it with this harnessrl version, or use --weight-sync checkpoint"
                     )
-            self.workers = 1
+            self._workers = 1
             self._sync_checked = True
             return
         status, text = await self._request("POST", "/collective_rpc", {"method": INFO})
@@ -331,7 +354,7 @@ class HTTPEngine:
                 f"{sorted(_receives(answers))}: install this harnessrl version on the vLLM server"
             )
         self.policy_version = max(self.policy_version, int(versions.pop() or 0))
-        self.workers = len(answers)
+        self._workers = len(answers)
         self._sync_checked = True
 
     async def load_weights(self, checkpoint_dir: str, version: int) -> None:
@@ -395,8 +418,9 @@ class HTTPEngine:
         self.policy_version = version  # before /resume: tokens arriving from now on were sampled after it
         await self._call("POST", "/resume")
 
-    async def abort(self, request_ids: list[str] | None = None) -> None:
+    async def abort(self, request_ids: list[str] | None = None) -> bool:
         await self._call("POST", "/abort", {} if request_ids is None else {"request_ids": list(request_ids)})
+        return True
 
 
 def _json_or_none(text: str) -> Any:

@@ -28,14 +28,19 @@ from harnessrl.engine.base import (
     DEFAULT_STEP_TOKENS,
     DType,
     EngineError,
+    EngineStats,
     Generation,
     GenerationDelta,
     ModelImpl,
     SamplingParams,
+    StreamingEngine,
+    WeightLoadingEngine,
+    WeightSyncMode,
+    WeightSyncUnsupported,
 )
 from harnessrl.engine.local_requests import LocalRequest, validate_request
 from harnessrl.engine.local_scheduler import SchedulerLoop, WeightSync
-from harnessrl.engine.local_stats import EngineStats, ModelShape
+from harnessrl.engine.local_stats import EngineCounters, ModelShape
 from harnessrl.engine.packed import StepForward
 from harnessrl.engine.prefix_cache import PrefixCache
 from harnessrl.engine.sampling import RowSampling
@@ -46,7 +51,7 @@ from harnessrl.engine.weights import read_checkpoint
 logger = logging.getLogger(__name__)
 
 
-class LocalEngine(SchedulerLoop):
+class LocalEngine(SchedulerLoop, StreamingEngine, WeightLoadingEngine):
     """`Engine` on a local Hugging Face causal LM. Thread-safe; `generate` may be awaited from any event loop.
 
     - `max_batch`: most requests in flight together (prefilling or decoding); more wait in a queue.
@@ -125,7 +130,7 @@ class LocalEngine(SchedulerLoop):
             bytes_per_token=self.num_layers * 2 * heads * head_dim * dtype_bytes,
         )
         self._shape = ModelShape.of(self.model, config)
-        self._stats = EngineStats(prefix_cache=self.prefix_cache.stats)
+        self._stats = EngineCounters(prefix_cache=self.prefix_cache.stats)
 
         self._lock = threading.Condition()
         self._waiting: deque[LocalRequest] = deque()
@@ -168,7 +173,7 @@ class LocalEngine(SchedulerLoop):
         try:
             return await asyncio.wrap_future(request.result)
         except asyncio.CancelledError:
-            self.abort([request.id])  # the caller went away: free the batch slot
+            self.abort_requests([request.id])  # the caller went away: free the batch slot
             raise
 
     async def generate_stream(
@@ -206,7 +211,7 @@ class LocalEngine(SchedulerLoop):
             yield GenerationDelta([], [], [], generation.finish_reason)
         finally:
             if not request.result.done():  # the consumer stopped early: free the batch slot
-                self.abort([request.id])
+                self.abort_requests([request.id])
 
     def submit(
         self,
@@ -247,9 +252,13 @@ class LocalEngine(SchedulerLoop):
             self._lock.notify()
         return request
 
-    def abort(self, request_ids: list[str] | None = None) -> None:
+    async def abort(self, request_ids: list[str] | None = None) -> bool:
+        self.abort_requests(request_ids)
+        return True
+
+    def abort_requests(self, request_ids: list[str] | None = None) -> None:
         """Aborts the given requests (all in flight and queued if None); they finish with "abort" and the
-        tokens sampled so far."""
+        tokens sampled so far. Returns at once (thread-safe)."""
         with self._lock:
             if request_ids is None:
                 self._abort_all = True
@@ -274,6 +283,14 @@ class LocalEngine(SchedulerLoop):
             self._lock.notify()
         sync.done.result()
 
+    async def check_weight_sync(self, mode: WeightSyncMode = WeightSyncMode.CHECKPOINT) -> None:
+        if mode is WeightSyncMode.BROADCAST:
+            raise WeightSyncUnsupported(
+                "the in-process LocalEngine cannot join a weight broadcast (it shares the trainer's process); "
+                "use --weight-sync checkpoint, or serve it (harnessrl engine serve, or vLLM with the worker "
+                "extension) and pass --engine-url"
+            )
+
     async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
         await asyncio.get_running_loop().run_in_executor(
             None, self.load_weights_sync, checkpoint_dir, version
@@ -283,9 +300,16 @@ class LocalEngine(SchedulerLoop):
         with self._lock:
             return len(self._active) + len(self._prefilling) + len(self._waiting)
 
-    def stats(self) -> dict[str, object]:
-        """Counters since start: requests, queue/prefill/decode seconds (also per request), forward-pass
-        seconds and FLOPs of prefill and decode, the prefix cache's hits (`prefix_cache_hit_rate`)."""
+    async def stats(self) -> EngineStats:
+        return self.snapshot()
+
+    async def context_length(self) -> int:
+        return self.max_context
+
+    def snapshot(self) -> EngineStats:
+        """Counters since start (thread-safe, at once): requests, queue/prefill/decode seconds (also per
+        request), forward-pass seconds and FLOPs of prefill and decode, the prefix cache's hits
+        (`prefix_cache_hit_rate`); every figure in `.figures`."""
         out = self._stats.as_dict()
         out.update(
             prefix_cache_blocks=self.prefix_cache.blocks,
@@ -300,7 +324,7 @@ class LocalEngine(SchedulerLoop):
             dtype=str(self.dtype).removeprefix("torch."),
             model_impl=str(self.model_impl),
         )
-        return out
+        return EngineStats.from_figures(out)
 
     def close(self) -> None:
         with self._lock:

@@ -26,7 +26,7 @@ from harnessrl.engine import kv
 from harnessrl.engine.base import EngineError, FinishReason
 from harnessrl.engine.kv import Cache
 from harnessrl.engine.local_requests import LocalRequest
-from harnessrl.engine.local_stats import EngineStats, ModelShape
+from harnessrl.engine.local_stats import EngineCounters, ModelShape
 from harnessrl.engine.packed import Chunk, StepForward, StepPlan
 from harnessrl.engine.prefix_cache import PrefixCache, block_keys
 from harnessrl.engine.sampling import SampledToken, sample, verify
@@ -59,7 +59,7 @@ class SchedulerLoop:
     prefix_cache: PrefixCache
     _kv_shape: tuple[int, int, int, int, int]
     _shape: ModelShape
-    _stats: EngineStats
+    _stats: EngineCounters
     _adaptive: AdaptiveThreads | None
     _forward: StepForward
     _lock: threading.Condition

@@ -61,7 +61,7 @@ class ModelShape:
 
 
 @dataclass
-class EngineStats:
+class EngineCounters:
     requests: int = 0  # finished
     prompt_tokens: int = 0
     output_tokens: int = 0

@@ -17,16 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import itertools
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from harnessrl.engine.base import Engine, EngineError, Generation, SamplingParams, WeightLoadingEngine
+from harnessrl.engine.base import (
+    BroadcastEngine,
+    Engine,
+    EngineStats,
+    Generation,
+    SamplingParams,
+    WeightLoadingEngine,
+    WeightSyncMode,
+    WeightSyncUnsupported,
+)
+
+if TYPE_CHECKING:
+    from harnessrl.engine.vllm_worker import BroadcastInit
 
 
 class RoutingStrategyName(StrEnum):
@@ -166,7 +177,7 @@ def make_strategy(name: str, **options: Any) -> RoutingStrategy:
     raise ValueError(f"unknown routing strategy {name!r}; choose one of {', '.join(RoutingStrategyName)}")
 
 
-class Router:
+class Router(BroadcastEngine):
     """An `Engine` that spreads requests over replica engines with a routing strategy.
 
     `capacity_tokens`: per replica, the KV tokens it can hold (one int, or one per replica).
@@ -235,11 +246,29 @@ class Router:
         for replica in self.replicas:
             replica.forget_all()
 
+    async def check_weight_sync(self, mode: WeightSyncMode = WeightSyncMode.CHECKPOINT) -> None:
+        """Every replica is asked; the first that cannot names itself."""
+        results = await asyncio.gather(
+            *(_check_replica(e, mode) for e in self.engines), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for r in failed:
+            if not isinstance(r, WeightSyncUnsupported):
+                raise r
+        if failed:
+            more = f" (and {len(failed) - 1} more of {len(results)} replicas)" if len(failed) > 1 else ""
+            raise WeightSyncUnsupported(f"router replica {failed[0]}{more}")
+
+    def _loaders(self) -> list[WeightLoadingEngine]:
+        return [e for e in self.engines if isinstance(e, WeightLoadingEngine)]
+
+    def _receivers(self) -> list[BroadcastEngine]:
+        return [e for e in self.engines if isinstance(e, BroadcastEngine)]
+
     async def load_weights(self, checkpoint_dir: str, version: int) -> None:
-        loaders = [e for e in self.engines if isinstance(e, WeightLoadingEngine)]
+        loaders = self._loaders()
         if len(loaders) != len(self.engines):
-            missing = [e for e in self.engines if not isinstance(e, WeightLoadingEngine)]
-            raise EngineError(f"{len(missing)} replica(s) cannot load weights (e.g. {missing[0]!r})")
+            raise WeightSyncUnsupported(f"{len(self.engines) - len(loaders)} replica(s) cannot load weights")
         try:
             await asyncio.gather(*(e.load_weights(checkpoint_dir, version) for e in loaders))
         finally:
@@ -247,33 +276,49 @@ class Router:
 
     @property
     def workers(self) -> int:
-        """Ranks the replicas bring to a weight broadcast (known once ensure_weight_sync asked them)."""
-        return sum(int(getattr(e, "workers", 1)) for e in self.engines)
+        """Ranks the replicas bring to a weight broadcast (known once check_weight_sync asked them)."""
+        return sum(e.workers for e in self._receivers())
 
-    async def init_weight_broadcast(self, init: Any) -> list[Any]:
+    def endpoints(self) -> list[str]:
+        return [url for e in self._receivers() for url in e.endpoints()]
+
+    async def init_weight_broadcast(self, init: BroadcastInit) -> list[Any]:
         """Every replica joins the trainer's broadcast group, at consecutive ranks from `init.rank_offset`."""
         calls, offset = [], int(init.rank_offset)
-        replicas: list[Any] = list(self.engines)  # HTTPEngines (ensure_weight_sync checked them)
-        for engine in replicas:
+        for engine in self._receivers():
             calls.append(engine.init_weight_broadcast(replace(init, rank_offset=offset)))
-            offset += int(getattr(engine, "workers", 1))
+            offset += engine.workers
         return [answer for answers in await asyncio.gather(*calls) for answer in answers]
 
     async def receive_weights_broadcast(self, version: int) -> None:
         """Every replica receives the same broadcast (one update: the trainer sends it once)."""
-        replicas: list[Any] = list(self.engines)
         try:
-            await asyncio.gather(*(e.receive_weights_broadcast(version) for e in replicas))
+            await asyncio.gather(*(e.receive_weights_broadcast(version) for e in self._receivers()))
         finally:
             self.reset_residency()
 
-    async def abort(self, request_ids: list[str] | None = None) -> None:
-        """Aborts on every replica that can; a replica's `abort` may be a plain or an async method."""
-        pending = []
-        for engine in self.engines:
-            engine_abort = getattr(engine, "abort", None)
-            if callable(engine_abort):
-                result = engine_abort(request_ids)
-                if inspect.isawaitable(result):
-                    pending.append(result)
-        await asyncio.gather(*pending)
+    async def abort(self, request_ids: list[str] | None = None) -> bool:
+        """Aborts on every replica; True when every one could."""
+        return all(await asyncio.gather(*(e.abort(request_ids) for e in self.engines)))
+
+    async def stats(self) -> EngineStats | None:
+        """The replicas' counters summed; None when a replica reports none."""
+        parts = await asyncio.gather(*(e.stats() for e in self.engines))
+        known = [p for p in parts if p is not None]
+        return EngineStats.total(known) if len(known) == len(parts) else None
+
+    async def context_length(self) -> int | None:
+        lengths = await asyncio.gather(*(e.context_length() for e in self.engines))
+        known = [n for n in lengths if n is not None]
+        return min(known) if known else None
+
+    async def release(self) -> None:
+        await asyncio.gather(*(e.release() for e in self.engines))
+
+
+async def _check_replica(engine: Engine, mode: WeightSyncMode) -> None:
+    if not isinstance(engine, WeightLoadingEngine):
+        raise WeightSyncUnsupported(f"{engine!r} cannot take new weights")
+    await engine.check_weight_sync(mode)  # its own answer first: it names the fix
+    if mode is WeightSyncMode.BROADCAST and not isinstance(engine, BroadcastEngine):
+        raise WeightSyncUnsupported(f"{engine!r} cannot join a weight broadcast")

@@ -204,7 +204,8 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[ENGINE_KEY].stats())
+    reported = await request.app[ENGINE_KEY].stats()
+    return web.json_response(dict(reported.figures))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -301,7 +302,7 @@ async def abort(request: web.Request) -> web.Response:
     ids = body.get("request_ids")
     if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
         return _error('body must be {"request_ids": ["..."]} or {} to abort everything', 400)
-    engine.abort(ids)
+    await engine.abort(ids)
     return web.json_response({"status": "ok", "aborted": "all" if ids is None else ids})
 
 

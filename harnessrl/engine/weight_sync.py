@@ -16,13 +16,9 @@ The answer is `WeightSyncUnsupported` with one line naming the engine and the fi
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from enum import StrEnum
 
-from harnessrl.engine.base import EngineError, WeightLoadingEngine
-from harnessrl.engine.router import Router
-from harnessrl.rl.modes import WeightSyncMode
+from harnessrl.engine.base import Engine, WeightLoadingEngine, WeightSyncMode, WeightSyncUnsupported
 
 EXTENSION_CLS = "harnessrl.engine.vllm_worker.WeightSyncExtension"
 VLLM_VERSION = (
@@ -33,9 +29,7 @@ VLLM_FIX = (
     "(docs/engine.md, 'Weight sync')"
 )
 
-
-class WeightSyncUnsupported(EngineError):
-    """The engine cannot take new weights; the message is one line naming the engine and the fix."""
+__all__ = ["WeightSyncUnsupported", "ensure_weight_sync"]
 
 
 class WeightSyncProtocol(StrEnum):
@@ -46,42 +40,16 @@ class WeightSyncProtocol(StrEnum):
 
 
 async def ensure_weight_sync(
-    engine: object, name: str, mode: WeightSyncMode = WeightSyncMode.CHECKPOINT
+    engine: Engine, name: str, mode: WeightSyncMode = WeightSyncMode.CHECKPOINT
 ) -> None:
     """Raises WeightSyncUnsupported (one line: `name`, the engine, the fix) unless `engine` can take weights
     the way `mode` sends them."""
     try:
-        await _probe(engine, WeightSyncMode(mode))
+        if not isinstance(engine, WeightLoadingEngine):
+            raise WeightSyncUnsupported(
+                f"{engine!r} cannot take new weights (it is no WeightLoadingEngine); use LocalEngine, "
+                "HTTPEngine (harnessrl engine serve, or vLLM with the worker extension) or a Router of them"
+            )
+        await engine.check_weight_sync(WeightSyncMode(mode))
     except WeightSyncUnsupported as e:
         raise WeightSyncUnsupported(f"{name}: {e}") from e
-
-
-async def _probe(engine: object, mode: WeightSyncMode) -> None:
-    if isinstance(engine, Router):
-        results = await asyncio.gather(*(_probe(e, mode) for e in engine.engines), return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        for r in failed:
-            if not isinstance(r, WeightSyncUnsupported):
-                raise r
-        if failed:
-            more = f" (and {len(failed) - 1} more of {len(results)} replicas)" if len(failed) > 1 else ""
-            raise WeightSyncUnsupported(f"router replica {failed[0]}{more}")
-        return
-    check = getattr(engine, "check_weight_sync", None)
-    if callable(check):
-        result = check(mode)
-        if inspect.isawaitable(result):
-            await result
-        return
-    if mode is WeightSyncMode.BROADCAST:
-        raise WeightSyncUnsupported(
-            f"the in-process {type(engine).__name__} cannot join a weight broadcast (it shares the trainer's "
-            "process); use "
-            "--weight-sync checkpoint, or serve it (harnessrl engine serve, or vLLM with the worker extension) "
-            "and pass --engine-url"
-        )
-    if not isinstance(engine, WeightLoadingEngine):
-        raise WeightSyncUnsupported(
-            f"{engine!r} has no load_weights(checkpoint_dir, version); use LocalEngine, HTTPEngine "
-            "(harnessrl engine serve, or vLLM with the worker extension) or a Router of them"
-        )

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.evaluate.stats import paired_bootstrap, pass_at_k, wilson_interval
-from harnessrl.harness.base import RolloutStatus
+from harnessrl.schema import RolloutStatus
 from harnessrl.verify.grading import GRADED, VerifyStatus
 
 SCHEMA = "harnessrl.evaluation/1"  # bump when a field a comparison reads changes meaning

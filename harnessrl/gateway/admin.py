@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from harnessrl.engine.base import Engine
+
 from .auth import require_admin
 from .bodies import read_small_json
 from .config import GatewayConfig
@@ -142,16 +144,10 @@ class AdminAPI:
         return web.json_response(result)
 
 
-async def _engine_stats(engine: object) -> dict | None:
-    """The engine's `stats()` (LocalEngine: plain; HTTPEngine: a coroutine asking the server), or None when it
-    has none or does not answer within 5 s."""
-    stats = getattr(engine, "stats", None)
-    if not callable(stats):
+async def _engine_stats(engine: Engine) -> dict | None:
+    """The engine's figures, or None when it reports none or does not answer within 5 s."""
+    try:
+        reported = await asyncio.wait_for(engine.stats(), 5.0)
+    except TimeoutError:
         return None
-    result = stats()
-    if asyncio.iscoroutine(result):
-        try:
-            result = await asyncio.wait_for(result, 5.0)
-        except TimeoutError:
-            return None
-    return result if isinstance(result, dict) else None
+    return dict(reported.figures) if reported is not None else None

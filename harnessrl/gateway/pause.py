@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
-from harnessrl.engine.base import EngineError
+from harnessrl.engine.base import Engine, EngineError
 
 from .enums import PauseMode
 from .metrics import GatewayMetrics
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 class PauseControl:
-    def __init__(self, engine: Any, metrics: GatewayMetrics) -> None:
+    def __init__(self, engine: Engine, metrics: GatewayMetrics) -> None:
         self.engine = engine
         self.metrics = metrics
         self.paused = False
@@ -103,17 +103,11 @@ class PauseControl:
 
     async def _engine_abort(self) -> bool:
         """Engine-side abort (ours: the partial tokens come back with finish_reason "abort" and are kept)."""
-        engine_abort = getattr(self.engine, "abort", None)
-        if not callable(engine_abort):
-            return False
         try:
-            result = engine_abort()
-            if asyncio.iscoroutine(result):
-                await result
+            return await self.engine.abort()
         except EngineError as e:
             logger.info("engine abort failed (%s); cancelling the in-flight requests instead", e)
             return False  # e.g. vLLM has no /abort endpoint
-        return True
 
     def resume(self) -> None:
         self.paused = False

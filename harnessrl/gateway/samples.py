@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from harnessrl.harness.base import RolloutStatus
-from harnessrl.schema import Sample
+from harnessrl.schema import RolloutStatus, Sample
 
 from .chains import STARTS_CHAIN, Chain, apply_call
 from .enums import Selection, SessionStatus

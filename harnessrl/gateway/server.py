@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,14 +120,15 @@ class GatewayServer:
     async def stop_async(self) -> None:
         if self._runner:
             await self._runner.cleanup()
-        close = getattr(self.engine, "close", None)
-        if inspect.iscoroutinefunction(
-            close
-        ):  # an HTTP client's connections on this loop; the engine stays up
-            with contextlib.suppress(Exception):
-                await close()
+        with contextlib.suppress(Exception):  # an HTTP client's connections on this loop; the engine stays up
+            await self.engine.release()
         if self._parts:
             self._parts.journal.close()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop serving (after `start`): engine calls of the gateway's owner run there too."""
+        return self._loop
 
     def start(self) -> str:
         """Serves from a background thread with its own event loop; returns the base URL."""

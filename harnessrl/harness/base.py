@@ -7,24 +7,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from harnessrl.harness.runtime import ToolRuntime
-
-
-class RolloutStatus(StrEnum):
-    """How a rollout ended (`rollout_status` of rollout rows and samples). Only `ok` rollouts are rewarded;
-    the others keep their rows and reasons and are never trained as reward 0."""
-
-    OK = "ok"  # the episode ran to an end the agent is accountable for (submitted, budget, ...)
-    FAILED = "failed"  # the harness or the model call broke (a bug, a rejected request)
-    TIMEOUT = "timeout"  # the wall-clock limit
-    INFRA_ERROR = "infra_error"  # the sandbox, the engine or a worker failed: not the agent's doing
-    # the agent's changes made a diff over the cap (sandbox/workspace.py MAX_PATCH_BYTES): no patch is kept.
-    # The agent's doing: a trainer should count it as reward 0 (ok_statuses), not drop it as a failure.
-    PATCH_TOO_LARGE = "patch_too_large"
-
-
-# Rollouts the agent is accountable for: verify scores them (patch_too_large: 0, without running tests) and
-# they count as attempts; every other non-ok status keeps its reason and is never trained as reward 0.
-SCORED_STATUSES = frozenset({RolloutStatus.OK, RolloutStatus.PATCH_TOO_LARGE})
+from harnessrl.schema import RolloutStatus
 
 
 class EpisodeEnd(StrEnum):

@@ -22,12 +22,12 @@ from harnessrl.harness.base import (
     Endpoint,
     EpisodeEnd,
     HarnessResult,
-    RolloutStatus,
     TaskPrompt,
     TurnError,
     model_error_status,
 )
 from harnessrl.harness.runtime import TIMEOUT, SandboxFailure, ToolRuntime
+from harnessrl.schema import RolloutStatus
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from harnessrl.harness.base import (
     Endpoint,
     EpisodeEnd,
     HarnessResult,
-    RolloutStatus,
     TaskPrompt,
     TurnError,
     model_error_status,
@@ -37,6 +36,7 @@ from harnessrl.harness.strategies import (
     context_strategy,
 )
 from harnessrl.harness.tools import MalformedArguments, Observation, Tool, parse_arguments, toolset
+from harnessrl.schema import RolloutStatus
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam

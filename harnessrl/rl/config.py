@@ -1,17 +1,31 @@
-"""The RL loop's settings (`harnessrl stage rl --config`, the `rl_loop` component's `config_json`)."""
+"""The RL loop's settings (`harnessrl stage rl --config`, the `rl_loop` component's `config_json`): the update
+settings it shares with the train stage (harnessrl.train.config: estimator, advantages, losses, optimizer,
+checkpoint keeping, pass-rate history) and the loop's own (mode, step size, rollouts in flight, staleness,
+engines, weight sync, workload)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import logging
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.choices import parse_choice
-from harnessrl.rl.modes import RLMode, WeightSyncMode
-from harnessrl.train.round import TrainConfig
+from harnessrl.engine.base import WeightSyncMode
+from harnessrl.rl.modes import RLMode, WorkloadKind
+from harnessrl.train.config import UpdateConfig
+
+if TYPE_CHECKING:
+    from harnessrl.rollout.specs import NamedSpec
+
+logger = logging.getLogger(__name__)
+
+# settings that change no step's result: a resumed run may extend `steps` or change how often it saves
+UNHASHED = ("steps", "save_every", "keep_checkpoints", "engine_threads", "weight_sync")
 
 
 @dataclass
-class RLConfig:
+class RLConfig(UpdateConfig):
     mode: RLMode = RLMode.COLOCATED
     steps: int = 10  # optimizer steps
     batch_groups: int = 4  # groups per optimizer step
@@ -22,10 +36,6 @@ class RLConfig:
     max_groups_per_step: int = 0  # groups tried per step before training on what has signal (0: 4 × batch)
     dynamic_low: float = 0.0  # dynamic sampling: skip tasks whose recent pass rate is <= low or >= high
     dynamic_high: float = 1.0
-    history_last_k: int = 3
-    pass_threshold: float = 1.0  # reward ≥ this counts as a pass in the history
-    save_every: int = 0  # checkpoint every K steps (0: only the final model)
-    keep_checkpoints: int = 2
     seed: int = 0
     replicas: int = 1  # local engines behind a Router (several --engine-url values do the same remotely)
     nproc: int = 1  # trainer ranks (torchrun; FSDP2 over the ranks' GPUs, or gloo on CPU): harnessrl.rl.ranks
@@ -42,11 +52,11 @@ class RLConfig:
         ""  # the gateway's tool-call parser (hermes | qwen | ...); "": read off the chat template
     )
     weight_sync: WeightSyncMode = WeightSyncMode.CHECKPOINT  # how weights reach the engines (rl/publish.py)
-    train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
         from harnessrl.rl.admission import StalePolicy
 
+        super().__post_init__()
         self.mode = parse_choice(RLMode, self.mode, "mode")
         self.weight_sync = parse_choice(WeightSyncMode, self.weight_sync, "weight_sync")
         parse_choice(StalePolicy, self.stale_policy, "stale_policy")
@@ -57,7 +67,7 @@ class RLConfig:
         for name in ("steps", "batch_groups", "group_size", "replicas", "nproc", "max_batch"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("concurrency", "max_staleness", "max_groups_per_step", "save_every", "lend_slots"):
+        for name in ("concurrency", "max_staleness", "max_groups_per_step", "lend_slots"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.dynamic_low < self.dynamic_high <= 1.0:
@@ -81,15 +91,70 @@ class RLConfig:
     def group_budget(self) -> int:
         return self.max_groups_per_step or 4 * self.batch_groups
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RLConfig:
-        d = dict(d)
-        train = TrainConfig.from_dict(d.pop("train", {}))
-        try:
-            return cls(train=train, **d)
-        except TypeError as e:  # an unknown key
-            known = sorted(f for f in cls.__dataclass_fields__ if f != "train")
-            raise ValueError(f"rl config: {e}; known fields: {', '.join(known)}, train") from None
+    def from_dict(cls, d: dict[str, Any], what: str = "rl config") -> RLConfig:
+        return super().from_dict(current_layout(d), what)
+
+    def hashed_settings(self) -> dict[str, Any]:
+        """The settings a run's identity hashes (train.fingerprint), less what changes no step's result, in
+        the layout the identities of earlier versions were computed on — the update settings nested under
+        "train" beside the train stage's own fields at their defaults (they never applied to the loop) — so
+        that a checkpoint written before the configs were shared still resumes."""
+        from harnessrl.train.round import TrainConfig
+
+        own = {f.name for f in fields(RLConfig)} - {f.name for f in fields(UpdateConfig)}
+        shared = {f.name for f in fields(UpdateConfig)}
+        everything = self.to_dict()
+        legacy = {k: v for k, v in everything.items() if k in own}
+        for name in ("history_last_k", "pass_threshold", "save_every", "keep_checkpoints"):
+            legacy[name] = everything[name]  # the loop's own then; the nested copies kept their defaults
+        nested = TrainConfig().to_dict()
+        nested.update({k: v for k, v in everything.items() if k in shared and k not in legacy})
+        legacy["train"] = nested
+        return {k: v for k, v in legacy.items() if k not in UNHASHED}
+
+
+def current_layout(d: dict[str, Any]) -> dict[str, Any]:
+    """Earlier versions nested the update settings one level deeper: `"train"` held the train stage's whole
+    config (`{"train": {"estimator": ..., "threads": 1, "train": {"optim": ...}}}`). Such a config — one whose
+    `"train"` holds a key the optimizer-step settings (TrainerConfig) do not have — is read as
+    `{"estimator": ..., "threads": 1, "train": {"optim": ...}}`; the train stage's own fields, which never
+    applied to the loop, are dropped with a warning."""
+    from harnessrl.train.trainer import TrainerConfig
+
+    inner = d.get("train")
+    step_fields = {f.name for f in fields(TrainerConfig)}
+    if not (isinstance(inner, dict) and set(inner) - step_fields):
+        return dict(d)
+    logger.warning(
+        "rl config: reading the update settings nested under 'train' (the layout of earlier versions)"
+    )
+    shared = {f.name for f in fields(UpdateConfig)} - {"train"}
+    lifted = {k: v for k, v in d.items() if k != "train"}
+    ignored = sorted(set(inner) - shared - {"train"})
+    if ignored:
+        logger.warning(
+            "rl config: train.%s applied only to the train stage; ignored", ", train.".join(ignored)
+        )
+    lifted.update({k: v for k, v in inner.items() if k in shared and k not in lifted})
+    lifted["train"] = dict(inner.get("train") or {})
+    return lifted
+
+
+@dataclass
+class RLInputs:
+    """What one run reads and where it writes (beside its settings)."""
+
+    workload: WorkloadKind
+    tasks: Path  # task-set directory (swe) or prompt JSONL (prompt)
+    out: Path
+    policy: str | None = None  # HF model dir or s3:// URI; None: the tiny model
+    specs: list[NamedSpec] | str | Path | None = None  # swe: harness specs (list, spec file, None: default)
+    engine_urls: list[str] = field(default_factory=list)  # remote engines; empty: local engines
+    resume: bool = False
+    model_out: Path | None = None
+    upload_to: str | None = None  # s3:// prefix for checkpoints and the final model
+
+    @property
+    def final_model(self) -> Path:
+        return self.model_out or self.out / "model"

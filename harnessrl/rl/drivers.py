@@ -1,18 +1,18 @@
-"""How each mode collects the groups of one optimizer step, and what it does around the step.
+"""How each mode collects the groups of one optimizer step, and what it does around the step: one class per mode.
 
-- sync: start `batch_groups` groups, wait for all of them, replace the ones without reward variance by new
-  groups (a second wave, up to the step's group budget), train, sync weights. Nothing generates while the
-  trainer works, and the batch waits for its slowest rollout.
-- colocated: a feeder thread keeps rollouts running (bounded by the rollout slots and the staleness
+- `SyncDriver`: start `batch_groups` groups, wait for all of them, replace the ones without reward variance by
+  new groups (a second wave, up to the step's group budget), train, sync weights. Nothing generates while
+  the trainer works, and the batch waits for its slowest rollout.
+- `ColocatedDriver`: a feeder thread keeps rollouts running (bounded by the rollout slots and the staleness
   admission rule); groups stream into a buffer as they complete. When `batch_groups` groups with signal are
   there, the gateway pauses with abort: in-flight generations stop and are parked as partial rollouts (the
   harness's call just takes longer), the trainer steps on the shared CPU, the weights sync, the gateway
   resumes and every parked generation continues from its tokens under the new policy (each token tagged with
   the version that sampled it; TIS on the behaviour log-probs corrects the older ones).
-- separate: like colocated, but generation never pauses: the trainer steps while rollouts run, the weights
-  load between two decode steps. Staleness is bounded by admission and the per-group stale policy. While the
-  trainer would wait for data, `RoleSwitch` decides whether to lend its share to rollouts (here: extra
-  rollout slots; on one CPU box no device moves, see docs/rl.md).
+- `SeparateDriver`: like colocated, but generation never pauses: the trainer steps while rollouts run, the
+  weights load between two decode steps. Staleness is bounded by admission and the per-group stale policy.
+  While the trainer would wait for data, `RoleSwitch` decides whether to lend its share to rollouts (here:
+  extra rollout slots; on one CPU box no device moves, see docs/rl.md).
 """
 
 from __future__ import annotations
@@ -21,75 +21,120 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
+from harnessrl.gateway.client import GatewayAdmin
 from harnessrl.gateway.enums import PauseMode
-from harnessrl.harness.base import RolloutStatus
 from harnessrl.rl.admission import StalePolicy, can_admit, keep_group
 from harnessrl.rl.config import RLConfig
 from harnessrl.rl.groups import Group, RolloutPool
 from harnessrl.rl.modes import RLMode
+from harnessrl.rl.records import Collected
 from harnessrl.rl.role_switch import RoleSwitch, expected_wait_s
+from harnessrl.schema import RolloutStatus
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class StepCounts:
-    groups_zero_variance: int = 0
-    groups_stale_dropped: int = 0
-    rewards_all: list[float] = field(default_factory=list)  # every rewarded rollout that finished
-    tokens_generated: int = 0
-    wait_s: float = 0.0  # trainer waiting for data
-    pause_s: float = 0.0  # colocated: pause + abort round trip
-    lent_s: float = 0.0
-    role_switches: int = 0
-    discarded: list[str] = field(default_factory=list)  # groups without signal, or too stale
-
-    def as_dict(self) -> dict[str, float | int | list[str] | None]:
-        r = self.rewards_all
-        return {
-            "groups_zero_variance": self.groups_zero_variance,
-            "groups_stale_dropped": self.groups_stale_dropped,
-            "reward_all_mean": sum(r) / len(r) if r else None,
-            "rollouts_finished": len(r),
-            "tokens_generated": self.tokens_generated,
-            "wait_s": self.wait_s,
-            "pause_s": self.pause_s,
-            "lent_s": self.lent_s,
-            "role_switches": self.role_switches,
-            "groups_discarded": self.discarded,
-        }
-
-
 class Driver:
-    """Collects step batches from the pool for one mode; `version` is the trainer's (steps that changed the
-    weights so far), `accepted` counts groups handed to the trainer (for admission)."""
+    """Collects step batches from the pool; `version` is the trainer's (steps that changed the weights so
+    far), `accepted` counts groups handed to the trainer (for admission). The base class is the part every
+    mode shares: classifying finished groups and handing out a batch."""
 
-    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int, admin: object | None = None):
-        self.cfg, self.pool, self.version, self.admin = cfg, pool, version, admin
-        self.ok = frozenset(cfg.train.ok_statuses) | {RolloutStatus.OK}
+    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int):
+        self.cfg, self.pool, self.version = cfg, pool, version
+        self.ok = frozenset(cfg.ok_statuses) | {RolloutStatus.OK}
         self.buffer: deque[Group] = deque()
         self.accepted = version * cfg.batch_groups
         self.stale_policy = StalePolicy(cfg.stale_policy)
-        self.role = RoleSwitch(cfg.switch_min_gain, cfg.switch_prior_s)
-        self.lend = cfg.lent_rollouts
-        self.base_slots = pool.slots
-        self._stop = threading.Event()
-        self._hold = threading.Event()  # colocated: no new groups while the trainer has the CPU
-        self._feeder: threading.Thread | None = None
-        self._completions: deque[float] = deque(maxlen=8)
+        self._skipped_seen = len(pool.skipped)
 
-    # -- async feeding ------------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.cfg.mode is RLMode.SYNC:
-            return
+        """Starts generating ahead of the first `collect` (the async modes)."""
+
+    def stop(self) -> None:
+        self.pool.notify()
+
+    def collect(self, collected: Collected) -> list[Group]:
+        """Up to `batch_groups` finished groups with reward variance for the next optimizer step (fewer when
+        the step's group budget ran out), counting what it took in `collected`."""
+        t0 = time.perf_counter()
+        groups = self._collect(collected)
+        collected.wait_s = time.perf_counter() - t0
+        collected.groups_skipped = self.pool.skipped[self._skipped_seen :]
+        collected.dynamic_sampling_exhausted = self.pool.counts.dynamic_sampling_exhausted
+        self._skipped_seen = len(self.pool.skipped)
+        return groups
+
+    def _collect(self, collected: Collected) -> list[Group]:
+        raise NotImplementedError
+
+    def before_train(self, collected: Collected) -> None:
+        """Right before the optimizer step."""
+
+    def after_sync(self, version: int) -> None:
+        """Right after the new weights reached the engines (or after a step that trained nothing)."""
+        self.version = version
+        self.pool.notify()
+
+    def _classify(self, collected: Collected) -> None:
+        for g in self.pool.take_ready():
+            rewards = g.rewards(self.ok)
+            collected.add_rewards(rewards)
+            collected.tokens_generated += g.generated_tokens()
+            self.pool.pass_rates.record(g.task_id, rewards)
+            self._finished(g)
+            if not g.has_signal(self.ok):
+                collected.groups_zero_variance += 1
+                collected.groups_discarded.append(g.group_id)
+                self.pool.order.consume(g.group_index)  # replaced by the next group of the stream
+            elif not keep_group(self.stale_policy, g.oldest_version(), self.version, self.cfg.max_staleness):
+                collected.groups_stale_dropped += 1
+                collected.groups_discarded.append(g.group_id)
+                self.pool.order.consume(g.group_index)
+            else:
+                self.buffer.append(g)
+
+    def _finished(self, group: Group) -> None:
+        """A group completed (whatever its signal)."""
+
+    def _tried(self, collected: Collected) -> int:
+        return collected.groups_zero_variance + collected.groups_stale_dropped + len(self.buffer)
+
+    def _take(self, batch: int) -> list[Group]:
+        groups = [self.buffer.popleft() for _ in range(min(batch, len(self.buffer)))]
+        self.accepted += len(groups)
+        return groups
+
+
+class SyncDriver(Driver):
+    def _collect(self, collected: Collected) -> list[Group]:
+        batch, budget = self.cfg.batch_groups, self.cfg.group_budget
+        while len(self.buffer) < batch and self._tried(collected) < budget:
+            wave = min(batch - len(self.buffer), budget - self._tried(collected))
+            for _ in range(wave):
+                self.pool.start_group()
+            self.pool.wait(lambda: not self.pool.running_groups, timeout_s=None)
+            self._classify(collected)
+        return self._take(batch)
+
+
+class AsyncDriver(Driver):
+    """A feeder thread keeps the pool full (slots and staleness admission permitting); `collect` takes groups
+    as they complete."""
+
+    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int):
+        super().__init__(cfg, pool, version)
+        self._stop = threading.Event()
+        self._hold = threading.Event()  # no new groups (colocated: while the trainer has the CPU)
+        self._feeder: threading.Thread | None = None
+
+    def start(self) -> None:
         self._feeder = threading.Thread(target=self._feed, name="rl-feeder", daemon=True)
         self._feeder.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self.pool.notify()
+        super().stop()
         if self._feeder is not None:
             self._feeder.join(10)
 
@@ -113,73 +158,74 @@ class Driver:
             if go and not self._stop.is_set():
                 pool.start_group()
 
-    # -- classifying finished groups ------------------------------------------------------------------------
-    def _classify(self, counts: StepCounts) -> None:
-        for g in self.pool.take_ready():
-            self._completions.append(g.finished_at)
-            rewards = g.rewards(self.ok)
-            counts.rewards_all += rewards
-            counts.tokens_generated += g.generated_tokens()
-            self.pool.pass_rates.record(g.task_id, rewards)
-            if not g.has_signal(self.ok):
-                counts.groups_zero_variance += 1
-                counts.discarded.append(g.group_id)
-                self.pool.order.consume(g.group_index)  # replaced by the next group of the stream
-                continue
-            if not keep_group(self.stale_policy, g.oldest_version(), self.version, self.cfg.max_staleness):
-                counts.groups_stale_dropped += 1
-                counts.discarded.append(g.group_id)
-                self.pool.order.consume(g.group_index)
-                continue
-            self.buffer.append(g)
-
-    def _tried(self, counts: StepCounts) -> int:
-        return counts.groups_zero_variance + counts.groups_stale_dropped + len(self.buffer)
-
-    # -- one step's groups ----------------------------------------------------------------------------------
-    def collect(self, counts: StepCounts) -> list[Group]:
-        t0 = time.perf_counter()
-        if self.cfg.mode is RLMode.SYNC:
-            groups = self._collect_sync(counts)
-        else:
-            groups = self._collect_async(counts)
-        counts.wait_s = time.perf_counter() - t0
-        return groups
-
-    def _collect_sync(self, counts: StepCounts) -> list[Group]:
+    def _collect(self, collected: Collected) -> list[Group]:
         batch, budget = self.cfg.batch_groups, self.cfg.group_budget
-        while len(self.buffer) < batch and self._tried(counts) < budget:
-            wave = min(batch - len(self.buffer), budget - self._tried(counts))
-            for _ in range(wave):
-                self.pool.start_group()
-            self.pool.wait(lambda: not self.pool.running_groups, timeout_s=None)
-            self._classify(counts)
-        return self._take(batch)
-
-    def _collect_async(self, counts: StepCounts) -> list[Group]:
-        batch, budget = self.cfg.batch_groups, self.cfg.group_budget
-        lent_at: float | None = None
-        switch_out = 0.0
         while True:
-            self._classify(counts)
-            if len(self.buffer) >= batch or self._tried(counts) >= budget:
-                break
-            if self.cfg.mode is RLMode.SEPARATE and lent_at is None:
-                wait = expected_wait_s(batch - len(self.buffer), self._groups_per_s())
-                if self.role.should_lend(wait):
-                    t = time.perf_counter()
-                    self.pool.slots = self.base_slots + self.lend
-                    self.pool.notify()
-                    switch_out = time.perf_counter() - t
-                    lent_at = time.perf_counter()
+            self._classify(collected)
+            if len(self.buffer) >= batch or self._tried(collected) >= budget:
+                return self._take(batch)
+            self._waiting(collected)
             self.pool.wait(lambda: bool(self.pool.ready), timeout_s=1.0)
-        if lent_at is not None:  # hand back: the lent slots take no new rollouts
+
+    def _waiting(self, collected: Collected) -> None:
+        """Called while the step still waits for groups."""
+
+
+class ColocatedDriver(AsyncDriver):
+    """Generation pauses (aborting in-flight calls into partial rollouts) while the trainer steps."""
+
+    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int, admin: GatewayAdmin):
+        super().__init__(cfg, pool, version)
+        self.admin = admin
+
+    def before_train(self, collected: Collected) -> None:
+        self._hold.set()
+        t = time.perf_counter()
+        # hold_new: a harness between two turns that calls during the step waits instead of burning retries
+        self.admin.pause(PauseMode.ABORT, timeout_s=60.0, hold_new=True)
+        collected.pause_s = time.perf_counter() - t
+
+    def after_sync(self, version: int) -> None:
+        self.admin.resume()
+        self._hold.clear()
+        super().after_sync(version)
+
+
+class SeparateDriver(AsyncDriver):
+    """Generation never pauses; while the trainer would wait, it may lend its share to rollouts."""
+
+    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int):
+        super().__init__(cfg, pool, version)
+        self.role = RoleSwitch(cfg.switch_min_gain, cfg.switch_prior_s)
+        self.base_slots = pool.slots
+        self._completions: deque[float] = deque(maxlen=8)
+        self._lent_at: float | None = None
+        self._switch_out_s = 0.0
+
+    def _finished(self, group: Group) -> None:
+        self._completions.append(group.finished_at)
+
+    def _waiting(self, collected: Collected) -> None:
+        if self._lent_at is not None:
+            return
+        wait = expected_wait_s(self.cfg.batch_groups - len(self.buffer), self._groups_per_s())
+        if self.role.should_lend(wait):
+            t = time.perf_counter()
+            self.pool.slots = self.base_slots + self.cfg.lent_rollouts
+            self.pool.notify()
+            self._switch_out_s = time.perf_counter() - t
+            self._lent_at = time.perf_counter()
+
+    def _collect(self, collected: Collected) -> list[Group]:
+        groups = super()._collect(collected)
+        if self._lent_at is not None:  # hand back: the lent slots take no new rollouts
             t = time.perf_counter()
             self.pool.slots = self.base_slots
-            counts.lent_s += t - lent_at
-            self.role.observe_switch(switch_out + time.perf_counter() - t)
-            counts.role_switches += 1
-        return self._take(batch)
+            collected.lent_s += t - self._lent_at
+            self.role.observe_switch(self._switch_out_s + time.perf_counter() - t)
+            collected.role_switches += 1
+            self._lent_at = None
+        return groups
 
     def _groups_per_s(self) -> float:
         times = list(self._completions)
@@ -187,30 +233,10 @@ class Driver:
             return 0.0
         return (len(times) - 1) / (times[-1] - times[0])
 
-    def _take(self, batch: int) -> list[Group]:
-        groups = [self.buffer.popleft() for _ in range(min(batch, len(self.buffer)))]
-        self.accepted += len(groups)
-        return groups
 
-    # -- around the optimizer step --------------------------------------------------------------------------
-    def before_train(self, counts: StepCounts) -> None:
-        if self.cfg.mode is not RLMode.COLOCATED:
-            return
-        from harnessrl.gateway.client import GatewayAdmin
-
-        assert isinstance(self.admin, GatewayAdmin)
-        self._hold.set()
-        t = time.perf_counter()
-        # hold_new: a harness between two turns that calls during the step waits instead of burning retries
-        self.admin.pause(PauseMode.ABORT, timeout_s=60.0, hold_new=True)
-        counts.pause_s = time.perf_counter() - t
-
-    def after_sync(self, version: int) -> None:
-        self.version = version
-        if self.cfg.mode is RLMode.COLOCATED:
-            from harnessrl.gateway.client import GatewayAdmin
-
-            assert isinstance(self.admin, GatewayAdmin)
-            self.admin.resume()
-            self._hold.clear()
-        self.pool.notify()
+def make_driver(cfg: RLConfig, pool: RolloutPool, version: int, admin: GatewayAdmin) -> Driver:
+    if cfg.mode is RLMode.SYNC:
+        return SyncDriver(cfg, pool, version)
+    if cfg.mode is RLMode.COLOCATED:
+        return ColocatedDriver(cfg, pool, version, admin)
+    return SeparateDriver(cfg, pool, version)

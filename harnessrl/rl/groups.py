@@ -25,11 +25,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from harnessrl.harness.base import RolloutStatus
 from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.dynamic_sampling import worth_sampling
 from harnessrl.rl.workloads import Finished, GatewayAccess, RolloutPlan, Workload
-from harnessrl.schema import Sample
+from harnessrl.schema import RolloutStatus, Sample
 
 logger = logging.getLogger(__name__)
 

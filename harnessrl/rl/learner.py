@@ -1,8 +1,9 @@
 """The trainer's side of the loop: one optimizer step on finished groups, weight sync into the engine(s),
-checkpoints. The step reuses the train stage's code path (data.assemble → round.plan_round →
-round.step_items → Trainer.step), so advantages, loss aggregation, PPO clip and TIS on the behaviour
-log-probs are the train stage's, not a second copy. With several trainer ranks (harnessrl.rl.ranks) the Learner
-lives on rank 0: each step's items, and each gather of the full weights, is announced to the other ranks."""
+checkpoints. The step is the train stage's step plan (data.assemble → plan.plan_round → plan.step_items →
+Trainer.step) on the shared update settings, so advantages, loss aggregation, PPO clip and TIS on the
+behaviour log-probs are the train stage's, not a second copy. With several trainer ranks (harnessrl.rl.ranks)
+the Learner lives on rank 0: each step's items, and each gather of the full weights, is announced to the other
+ranks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +20,14 @@ from harnessrl.rl.config import RLConfig
 from harnessrl.rl.groups import Group
 from harnessrl.rl.publish import WeightPublisher, make_publisher
 from harnessrl.rl.ranks import Command, TrainerRanks, gather_weights, trainer_threads
+from harnessrl.rl.records import Update
 from harnessrl.train.checkpoint import save_checkpoint, save_model, upload_dir
 from harnessrl.train.data import RewardRow, assemble
-from harnessrl.train.round import plan_round, step_items
+from harnessrl.train.plan import plan_round, step_items
 from harnessrl.train.summary import stats
 
 if TYPE_CHECKING:
+    from harnessrl.engine.base import WeightLoadingEngine
     from harnessrl.train.fingerprint import RunIdentity
     from harnessrl.train.trainer import Trainer
 
@@ -48,26 +50,26 @@ class Learner:
         cfg: RLConfig,
         out: Path,
         identity: RunIdentity,
-        engine: Any,
+        engine: WeightLoadingEngine,
         *,
+        loop: asyncio.AbstractEventLoop | None = None,
         upload_to: str | None = None,
         ranks: TrainerRanks | None = None,
     ):
         self.model, self.tokenizer, self.trainer, self.cfg = model, tokenizer, trainer, cfg
         self.out, self.identity, self.engine, self.upload_to = out, identity, engine, upload_to
         self.ranks = ranks or TrainerRanks()
-        self.loop: asyncio.AbstractEventLoop | None = None  # set once the gateway runs
-        # one optimizer step per call, on exactly the groups given; the loop did dynamic sampling
-        self.plan_cfg = replace(cfg.train, groups_per_step=0, epochs=1, history=None, record_round=None)
-        self.publisher: WeightPublisher | None = None  # made at the first sync (the loop is set by then)
+        self.loop = loop  # the gateway's event loop: engine calls run there
+        self.publisher: WeightPublisher | None = None  # made at the first sync
 
-    def train(self, groups: list[Group], version: int) -> dict[str, Any] | None:
-        """One optimizer step on `groups`; None when none of them has a trainable rollout."""
+    def train(self, groups: list[Group], version: int) -> Update | None:
+        """One optimizer step on exactly `groups` (the loop did dynamic sampling); None when none of them has
+        a trainable rollout."""
         samples, rewards = [], {}
         for g in groups:
             samples += g.samples
             rewards.update({r.rollout_id: RewardRow(r.reward, r.status) for r in g.rollouts})
-        cfg = self.plan_cfg
+        cfg = self.cfg
         prepared = assemble(
             samples,
             rewards,
@@ -87,15 +89,16 @@ class Learner:
         torch.set_num_threads(trainer_threads(cfg.threads, self.ranks.ctx.world_size))
         try:
             with self.ranks.collective(Command.STEP, items):  # every rank trains on its share of the items
-                m: dict[str, Any] = dict(self.trainer.step(self.ranks.shard(items)))
+                figures = self.trainer.step(self.ranks.shard(items))
         finally:
             torch.set_num_threads(engine_threads)
-        m["train_s"] = time.perf_counter() - t0
-        rewards_step = [r.reward for r in members]
+        rewards_step = stats([r.reward for r in members])
         staleness = [version - g.oldest_version() for g in groups]
-        m.update(
-            reward_mean=stats(rewards_step)["mean"],
-            reward_std=stats(rewards_step)["std"],
+        return Update(
+            trainer=figures,
+            train_s=time.perf_counter() - t0,
+            reward_mean=rewards_step["mean"],
+            reward_std=rewards_step["std"],
             rollouts_trained=len(members),
             groups_trained=len(plan.steps[0]),
             staleness_mean=sum(staleness) / len(staleness),
@@ -103,8 +106,6 @@ class Learner:
             partial_rollouts=sum(g.partial_rollouts() for g in groups),
             excluded=sum(prepared.excluded.values()),
         )
-        m.pop("step", None)  # the trainer's own counter; the loop's step is the row's
-        return m
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's full (unsharded) tensors, one at a time, on the trainer's device. A collective with

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.io import write_jsonl
-from harnessrl.train.summary import strict_json
+from harnessrl.rl.records import StepRecord
 
 logger = logging.getLogger(__name__)
 
@@ -42,21 +42,24 @@ def echo_line(row: dict[str, Any]) -> str:
 
 
 class MetricsSink:
-    def __init__(self, out: Path, history: list[dict[str, Any]], echo: Callable[[str], None] | None = None):
+    """The one writer of step records: `steps.jsonl` (the rows of a resumed run's earlier steps first),
+    TensorBoard scalars, the echo line."""
+
+    def __init__(self, out: Path, earlier: list[StepRecord], echo: Callable[[str], None] | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.path = out / "steps.jsonl"
-        self.rows = list(history)
+        self.records = list(earlier)
         self.echo = echo
-        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"), purge_step=len(history) + 1)
+        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"), purge_step=len(earlier) + 1)
 
-    def add(self, row: dict[str, Any]) -> None:
-        row = strict_json(row)
-        self.rows.append(row)
-        write_jsonl(self.path, self.rows)
+    def add(self, record: StepRecord) -> None:
+        self.records.append(record)
+        row = record.row()
+        write_jsonl(self.path, [r.row() for r in self.records])
         for key, value in row.items():
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                self.writer.add_scalar(f"rl/{key}", value, global_step=int(row["step"]))
+                self.writer.add_scalar(f"rl/{key}", value, global_step=record.step)
         self.writer.flush()
         line = echo_line(row)
         logger.info("%s", line)

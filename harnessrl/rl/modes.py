@@ -18,10 +18,3 @@ class WorkloadKind(StrEnum):
 class StepOutcome(StrEnum):
     TRAINED = "trained"
     NO_SIGNAL = "no_signal"  # the group budget ran out before any group had reward variance
-
-
-class WeightSyncMode(StrEnum):
-    """How new weights reach the engines after an optimizer step (harnessrl.rl.publish)."""
-
-    CHECKPOINT = "checkpoint"  # safetensors under OUT/work/sync; every engine loads the path (shared volume)
-    BROADCAST = "broadcast"  # trainer rank 0 broadcasts to every engine worker (nccl on GPUs, gloo on CPU)

@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
-from harnessrl.rl.modes import WeightSyncMode
+from harnessrl.engine.base import (
+    BroadcastEngine,
+    WeightLoadingEngine,
+    WeightSyncMode,
+    WeightSyncUnsupported,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +74,7 @@ class CheckpointPublisher:
 
     def __init__(
         self,
-        engine: Any,
+        engine: WeightLoadingEngine,
         model: Any,
         root: Path,
         fingerprint: str,
@@ -96,21 +101,12 @@ class CheckpointPublisher:
         self._runner.close()
 
 
-def engine_urls(engine: Any) -> list[str]:
-    """The base URLs of an HTTP engine or of a Router's replicas."""
-    replicas = getattr(engine, "engines", None)
-    if isinstance(replicas, list):
-        return [u for e in replicas for u in engine_urls(e)]
-    url = getattr(engine, "base_url", None)
-    return [url] if isinstance(url, str) else []
-
-
-def trainer_address(engine: Any) -> str:
+def trainer_address(engine: BroadcastEngine) -> str:
     """Where the engines reach the trainer: 127.0.0.1 when they all run here, else this machine's address
     on the route to the first remote one."""
     from harnessrl.engine.broadcast import route_address
 
-    hosts = [urlparse(u).hostname or "127.0.0.1" for u in engine_urls(engine)]
+    hosts = [urlparse(u).hostname or "127.0.0.1" for u in engine.endpoints()]
     addresses = {route_address(h) for h in hosts}
     remote = sorted(a for a in addresses if a != "127.0.0.1")
     return remote[0] if remote else "127.0.0.1"
@@ -122,7 +118,7 @@ class BroadcastPublisher:
 
     def __init__(
         self,
-        engine: Any,
+        engine: BroadcastEngine,
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         name: str = "engine",
@@ -150,7 +146,7 @@ class BroadcastPublisher:
 
         t0 = time.perf_counter()
         self._runner.run(ensure_weight_sync(self.engine, self.name, WeightSyncMode.BROADCAST))
-        world_size = 1 + int(self.engine.workers)
+        world_size = 1 + self.engine.workers
         address = self.address or trainer_address(self.engine)
         store = WeightGroup.host_store(address, self.timeout_s)
         init = BroadcastInit(address, int(store.port), 1, world_size, str(self.backend))
@@ -202,7 +198,7 @@ class BroadcastPublisher:
 
 def make_publisher(
     mode: WeightSyncMode,
-    engine: Any,
+    engine: WeightLoadingEngine,
     loop: asyncio.AbstractEventLoop | None,
     *,
     model: Any,
@@ -211,6 +207,8 @@ def make_publisher(
     name: str = "engine",
 ) -> WeightPublisher:
     if WeightSyncMode(mode) is WeightSyncMode.BROADCAST:
+        if not isinstance(engine, BroadcastEngine):
+            raise WeightSyncUnsupported(f"{name}: {engine!r} cannot join a weight broadcast")
         device = next(model.parameters()).device
         return BroadcastPublisher(engine, loop, name=name, device=device)
     return CheckpointPublisher(engine, model, sync_root, fingerprint, loop)

@@ -39,8 +39,8 @@ from harnessrl.train.batching import SeqItem
 from harnessrl.train.distributed import DistContext
 
 if TYPE_CHECKING:
-    from harnessrl.rl.config import RLConfig
-    from harnessrl.rl.loop import RLInputs
+    from harnessrl.rl.config import RLConfig, RLInputs
+    from harnessrl.rl.records import RLSummary
     from harnessrl.train.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -67,9 +67,7 @@ def in_torchrun() -> bool:
 
 def init_ranks(cfg: RLConfig) -> DistContext:
     """This process's place among the trainer ranks (the process group is started when there are several)."""
-    from harnessrl.train.round import _device
-
-    ctx = dist_mod.init_from_env(_device(cfg.train.device))
+    ctx = dist_mod.init_from_env(cfg.device)
     if ctx.world_size != cfg.nproc:
         dist_mod.shutdown()
         raise ValueError(
@@ -187,12 +185,12 @@ def build_trainer(cfg: RLConfig, ctx: DistContext, setup: Setup) -> tuple[Any, T
     from harnessrl.train.checkpoint import load_checkpoint_state
     from harnessrl.train.trainer import Trainer, seed_everything
 
-    seed_everything(cfg.train.train.seed)
+    seed_everything(cfg.train.seed)
     model = load_model(Path(setup.model_dir))
     torch.nn.Module.to(model, ctx.device)
     if ctx.enabled:
         dist_mod.wrap_fsdp(model)
-    trainer = Trainer(model, cfg.train.train, device=ctx.device, pad_id=setup.pad_id)
+    trainer = Trainer(model, cfg.train, device=ctx.device, pad_id=setup.pad_id)
     if setup.checkpoint is not None:
         trainer.load_state_dict(load_checkpoint_state(Path(setup.checkpoint))[0])
     return model, trainer
@@ -205,7 +203,7 @@ def follow(cfg: RLConfig, ctx: DistContext) -> None:
         command, setup = _receive(bell)
         if command is Command.STOP:
             return
-        torch.set_num_threads(trainer_threads(cfg.train.threads, ctx.world_size))
+        torch.set_num_threads(trainer_threads(cfg.threads, ctx.world_size))
         model, trainer = build_trainer(cfg, ctx, setup)
         logger.info("trainer rank %d of %d ready on %s", ctx.rank, ctx.world_size, ctx.device)
         while True:
@@ -225,7 +223,7 @@ def follow(cfg: RLConfig, ctx: DistContext) -> None:
         dist_mod.shutdown()
 
 
-def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> dict[str, Any]:
+def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> RLSummary:
     """`harnessrl stage rl` under torchrun with `cfg.nproc` ranks (this process waits; the ranks' output
     passes through live). Returns rank 0's summary (OUT/metrics.json); raises launch.RanksFailed naming the
     rank that failed."""
@@ -255,4 +253,6 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
     run_ranks(
         stage_command(cfg.nproc, "rl", args), cfg.nproc, timeout=timeout, stream=True, what="trainer rank"
     )
-    return json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    from harnessrl.rl.records import RLSummary
+
+    return RLSummary.from_dict(json.loads((out / "metrics.json").read_text(encoding="utf-8")))

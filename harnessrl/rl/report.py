@@ -4,20 +4,23 @@ the per-step table; `report.md` embeds `curves.png` so the KFP Markdown viewer s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from harnessrl.io import atomic_write_bytes, atomic_write_text
 from harnessrl.reports import code, embed_png, figure_png, new_figure
+from harnessrl.rl.config import RLConfig
+from harnessrl.rl.records import RLSummary, StepRecord
 from harnessrl.train.report import spaced_rows
 
-CURVES = (
-    ("reward_mean", "reward (trained groups)"),
-    ("reward_all_mean", "reward (all finished rollouts)"),
-    ("loss", "loss"),
-    ("staleness_mean", "staleness (versions)"),
-    ("gen_tokens_per_s", "generated tokens/s"),
-    ("engine_idle_frac", "engine idle fraction"),
+CURVES: tuple[tuple[str, Callable[[StepRecord], float | None]], ...] = (
+    ("reward (trained groups)", lambda r: r.reward_mean),
+    ("reward (all finished rollouts)", lambda r: r.collected.reward_all_mean),
+    ("loss", lambda r: r.loss),
+    ("staleness (versions)", lambda r: None if r.update is None else r.update.staleness_mean),
+    ("generated tokens/s", lambda r: r.gen_tokens_per_s),
+    ("engine idle fraction", lambda r: r.engine_idle_frac),
 )
 TABLE_KEYS = (
     "step",
@@ -31,12 +34,12 @@ TABLE_KEYS = (
 )
 
 
-def plot_curves(rows: list[dict[str, Any]], png: Path) -> bytes:
+def plot_curves(records: list[StepRecord], png: Path) -> bytes:
     fig, axes = new_figure(4.8, 2, 3)
-    steps = [r["step"] for r in rows]
-    marker = "o" if len(rows) <= 60 else None
-    for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
-        values = [math.nan if r.get(key) is None else float(r[key]) for r in rows]
+    steps = [r.step for r in records]
+    marker = "o" if len(records) <= 60 else None
+    for ax, (title, value) in zip(axes.flat, CURVES, strict=True):
+        values = [math.nan if (v := value(r)) is None else float(v) for r in records]
         ax.plot(steps, values, marker=marker, ms=3)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
@@ -51,28 +54,28 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def render(summary: dict[str, Any], rows: list[dict[str, Any]], cfg: Any, png: bytes | None) -> str:
+def render(summary: RLSummary, records: list[StepRecord], cfg: RLConfig, png: bytes | None) -> str:
     lines = [
         "# RL stage",
         "",
-        f"Mode {code(cfg.mode)}: {summary['steps']} steps ({summary['steps_trained']} trained), "
+        f"Mode {code(cfg.mode)}: {summary.steps} steps ({summary.steps_trained} trained), "
         f"{cfg.batch_groups} groups × {cfg.group_size} rollouts per step, max staleness {cfg.max_staleness}, "
-        f"final policy version {summary['version']}, {_fmt(summary['wall_s'])} s.",
+        f"final policy version {summary.version}, {_fmt(summary.wall_s)} s.",
         "",
         "| metric | value |",
         "|---|---|",
     ]
-    lines += [f"| {code(k)} | {_fmt(v)} |" for k, v in summary.items() if k != "mode"]
+    lines += [f"| {code(k)} | {_fmt(v)} |" for k, v in summary.to_dict().items() if k != "mode"]
     lines.append("")
     if png is not None:
         lines += [embed_png(png, "rl curves"), ""]
     lines += ["| " + " | ".join(TABLE_KEYS) + " |", "|" + "---|" * len(TABLE_KEYS)]
-    for r in spaced_rows(rows, 30):
+    for r in spaced_rows([r.row() for r in records], 30):
         lines.append("| " + " | ".join(_fmt(r.get(k)) for k in TABLE_KEYS) + " |")
     lines += ["", "Every step's metrics: `steps.jsonl`; TensorBoard event files: `tensorboard/`."]
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]], cfg: Any) -> Path:
-    png = plot_curves(rows, out / "curves.png") if rows else None
-    return atomic_write_text(out / "report.md", render(summary, rows, cfg, png))
+def write_report(out: Path, summary: RLSummary, records: list[StepRecord], cfg: RLConfig) -> Path:
+    png = plot_curves(records, out / "curves.png") if records else None
+    return atomic_write_text(out / "report.md", render(summary, records, cfg, png))

@@ -22,10 +22,13 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import read_jsonl
+
+if TYPE_CHECKING:
+    from harnessrl.rollout.specs import NamedSpec
+from harnessrl.schema import RolloutStatus
 
 logger = logging.getLogger(__name__)
 
@@ -147,14 +150,14 @@ class SWEWorkload:
     def __init__(
         self,
         tasks: str | Path,
-        specs: Any = None,
+        specs: list[NamedSpec] | str | Path | None = None,
         group_size: int = 4,
         *,
         allow_unsandboxed: bool = False,
         verify_timeout_s: float = 120.0,
         work: str | Path | None = None,
     ):
-        from harnessrl.rollout.generate import _import_harnesses
+        from harnessrl.rollout.episode import Sandboxes, import_harnesses
         from harnessrl.rollout.specs import load_specs
         from harnessrl.taskset import TaskSet
 
@@ -162,46 +165,28 @@ class SWEWorkload:
         self.rows = {r["instance_id"]: r for r in self.taskset.rows()}
         if not self.rows:
             raise ValueError(f"{self.taskset.tasks_path}: no tasks")
+        self.sandboxes = Sandboxes(self.taskset, allow_unsandboxed)
         self.specs = specs if isinstance(specs, list) else load_specs(specs)
-        self.order = list(self.rows)
+        self.position = {task_id: i for i, task_id in enumerate(self.rows)}  # spec assignment, as in generate
         self.group_size = group_size
-        self.allow_unsandboxed = allow_unsandboxed
         self.verify_timeout_s = verify_timeout_s
         self.work = str(work) if work else None
-        _import_harnesses({s.spec.harness for s in self.specs})
+        import_harnesses({s.spec.harness for s in self.specs})
 
     def task_ids(self) -> list[str]:
-        return list(self.order)
+        return list(self.rows)
 
     def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished:
-        from harnessrl.rollout.generate import RolloutContext, RolloutRow, run_rollout
+        from harnessrl.rollout.episode import RolloutContext, plan_row, run_rollout
         from harnessrl.rollout.specs import assign
         from harnessrl.verify.grading import GRADED
         from harnessrl.verify.rollouts import verify_rollout
 
         t0 = time.monotonic()
         task = self.rows[plan.task_id]
-        spec = assign(self.specs, self.order.index(plan.task_id), plan.index, self.group_size)
-        row = RolloutRow(
-            plan.rollout_id,
-            plan.group_id,
-            plan.task_id,
-            task["repo"],
-            plan.index,
-            spec.name,
-            spec.spec.harness,
-            spec.spec.sandbox,
-            spec.spec.reward,
-            spec=spec.to_row(),
-        )
-        ctx = RolloutContext(
-            str(self.taskset.root.resolve()),
-            gateway.url,
-            gateway.admin_token,
-            self.allow_unsandboxed,
-            self.work,
-            False,
-        )
+        spec = assign(self.specs, self.position[plan.task_id], plan.index, self.group_size)
+        row = plan_row(task, spec, plan.index, group_id=plan.group_id, rollout=plan.rollout_id)
+        ctx = RolloutContext(self.sandboxes, gateway.url, gateway.admin_token, self.work)
         row = run_rollout(ctx, row, spec, task, plan.seed).row
         rollout = asdict(row)
         result = verify_rollout(self.taskset, self.rows, rollout, Path("."), self.verify_timeout_s, None)

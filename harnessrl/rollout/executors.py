@@ -18,17 +18,18 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.harness.base import EpisodeEnd, RolloutStatus
+from harnessrl.harness.base import EpisodeEnd
+from harnessrl.rollout.episode import RolloutContext, RolloutOutcome, RolloutRow
+from harnessrl.schema import RolloutStatus
 
 if TYPE_CHECKING:
-    from harnessrl.rollout.generate import RolloutContext, RolloutRow
     from harnessrl.rollout.specs import NamedSpec
 
-    RolloutFn = Callable[[RolloutContext, RolloutRow, NamedSpec, dict, int], "RolloutOutcome"]
+    RolloutFn = Callable[[RolloutContext, RolloutRow, NamedSpec, dict, int], RolloutOutcome]
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +37,6 @@ logger = logging.getLogger(__name__)
 class ExecutorName(StrEnum):
     THREADS = "threads"
     RAY = "ray"
-
-
-@dataclass
-class RolloutOutcome:
-    row: RolloutRow
-    files: dict[str, str] = field(default_factory=dict)  # transcripts/<name> -> text, written by the driver
 
 
 @dataclass

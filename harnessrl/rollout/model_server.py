@@ -7,15 +7,18 @@ the tokenizer then comes from `checkpoint` (or the tiny model). Harnesses only e
 
 from __future__ import annotations
 
-import inspect
 import logging
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.choices import parse_choice
 from harnessrl.gateway.toolcalls import ToolParser
+
+if TYPE_CHECKING:
+    from harnessrl.engine.base import Engine
+    from harnessrl.engine.local import LocalEngine
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +43,6 @@ class ModelSource:
             object.__setattr__(self, "tool_parser", parse_choice(ToolParser, self.tool_parser, "tool_parser"))
 
 
-def _remote_engine(url: str) -> Any:
-    from harnessrl.engine.http_client import HTTPEngine  # vLLM-compatible token API client
-
-    return HTTPEngine(url)
-
-
 def resolve_tool_parser(chosen: ToolParser | None, tokenizer: Any, model_dir: Path) -> ToolParser:
     """The parser asked for, else the one the chat template shows, else hermes (logged either way)."""
     from harnessrl.gateway.toolcalls import detect_tool_parser
@@ -68,7 +65,8 @@ class ModelServer:
         self.host = host  # where the gateway listens and what session URLs name (Ray workers on other pods)
         self.journal_dir = Path(journal_dir)
         self.admin_token = "adm-" + secrets.token_urlsafe(16)
-        self.engine: Any = None
+        self.engine: Engine | None = None
+        self._local: LocalEngine | None = None  # the in-process engine this server started (and stops)
         self.gateway: Any = None
         self.admin: Any = None
         self.tool_parser = source.tool_parser or ToolParser.HERMES  # resolved on start
@@ -79,20 +77,22 @@ class ModelServer:
 
         model_dir = Path(self.source.checkpoint) if self.source.checkpoint else tiny_model_dir()
         if self.source.engine_url:
-            self.engine = _remote_engine(self.source.engine_url)
+            from harnessrl.engine.http_client import HTTPEngine  # vLLM-compatible token API client
+
+            self.engine = HTTPEngine(self.source.engine_url)
             tokenizer = load_tokenizer(model_dir)
             max_len = self.source.max_model_len or 32768
         else:
             from harnessrl.engine.local import LocalEngine
 
-            self.engine = LocalEngine(
+            self.engine = self._local = LocalEngine(
                 model_dir,
                 max_batch=self.source.max_batch,
                 threads=self.source.threads,
                 prefix_cache_mb=self.source.prefix_cache_mb,
             )
-            tokenizer = self.engine.tokenizer
-            max_len = self.source.max_model_len or self.engine.max_context
+            tokenizer = self._local.tokenizer
+            max_len = self.source.max_model_len or self._local.max_context
         self.tool_parser = resolve_tool_parser(self.source.tool_parser, tokenizer, model_dir)
         self.gateway = GatewayServer(
             self.engine,
@@ -109,8 +109,5 @@ class ModelServer:
     def __exit__(self, *exc: Any) -> None:
         if self.gateway is not None:
             self.gateway.stop()
-        close = getattr(self.engine, "close", None)
-        if close is not None and not inspect.iscoroutinefunction(
-            close
-        ):  # remote clients close with the gateway
-            close()
+        if self._local is not None:  # a remote engine's client lets go of its connections with the gateway
+            self._local.close()

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import atomic_write_bytes, atomic_write_text
-from harnessrl.rollout.generate import FailedSamples, GenerateConfig
+from harnessrl.rollout.config import FailedSamples
+from harnessrl.schema import RolloutStatus
 
 
 def _gateway_stats(records: pa.Table) -> dict[str, dict[str, int]]:
@@ -48,7 +48,7 @@ def _gateway_stats(records: pa.Table) -> dict[str, dict[str, int]]:
 
 
 def export_and_summarize(
-    out: Path, rows: list[dict], gateway_metrics: dict, wall_s: float, cfg: GenerateConfig
+    out: Path, rows: list[dict], gateway_metrics: dict, wall_s: float, failed_samples: FailedSamples
 ) -> dict:
     """Moves the gateway export into `out`, stamps rollout_status on samples, adds gateway stats to rows."""
     export = out / "gateway_export"
@@ -67,7 +67,7 @@ def export_and_summarize(
             "rollout_status",
             pa.array([status[i] for i in ids], pa.string()),
         )
-        if cfg.failed_samples is FailedSamples.DROP:
+        if failed_samples is FailedSamples.DROP:
             keep = pa.array([status[i] == RolloutStatus.OK for i in ids])
             samples = samples.filter(keep)
     pq.write_table(records, out / "records.parquet")

@@ -228,9 +228,9 @@ def project_tag(target: ImageTarget = ImageTarget.CPU) -> str:
 
 def build_project(target: ImageTarget = ImageTarget.CPU, no_cache: bool = False) -> str:
     """The project image (podman's layer cache makes a rebuild of unchanged sources take seconds). The cpu
-    image is also tagged as the image the pipeline's components name (components.common.IMAGE), so the
+    image is also tagged as the image the pipeline's components name (harnessrl.cluster.IMAGE), so the
     container runner finds it locally."""
-    from components.common import IMAGE
+    from harnessrl.cluster import IMAGE
 
     ensure_base()
     targets = (ImageTarget.CPU,) if target is ImageTarget.CPU else (ImageTarget.CPU, ImageTarget.FULL)

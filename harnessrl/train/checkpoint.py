@@ -22,18 +22,18 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from harnessrl.io import atomic_write_json
+from harnessrl.train.fingerprint import RunIdentity
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-    from harnessrl.train.fingerprint import RunIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -202,3 +202,57 @@ def fetch_policy(uri: str, dest: str | Path) -> Path:
 
     ObjectStore.from_env().download_dir(uri, dest)
     return Path(dest)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    policy_dir: Path  # the starting weights as a local Hugging Face directory
+    identity: RunIdentity
+    checkpoint: Path | None  # this run's newest checkpoint to resume from; None: start at step 0
+
+
+def resolve_policy(
+    policy: str | Path | None, out: Path, *, main: bool = True, barrier: Callable[[], None] = lambda: None
+) -> Path:
+    """The starting weights as a local Hugging Face directory: `policy` itself, an `s3://` URI fetched into
+    OUT/policy_in (by the main rank), or the tiny model when None; FileNotFoundError unless it holds a
+    config.json."""
+    from harnessrl.tinymodel import tiny_model_dir
+
+    policy_dir = Path(policy) if policy else tiny_model_dir()
+    if str(policy).startswith("s3://"):
+        if main:
+            fetch_policy(str(policy), out / "policy_in")
+        barrier()
+        policy_dir = out / "policy_in"
+    if not (policy_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{policy_dir}: not a Hugging Face model directory (no config.json)")
+    return policy_dir
+
+
+def start_run(
+    policy: str | Path | None,
+    out: Path,
+    model_out: Path,
+    identity_of: Callable[[Path], RunIdentity],
+    *,
+    resume: bool,
+    main: bool = True,
+    barrier: Callable[[], None] = lambda: None,
+) -> RunStart:
+    """The start of a resumable run, the same for the train stage and the RL loop: the policy resolved
+    (`resolve_policy`), the run's identity (`identity_of(policy_dir)`), the checkpoint to resume from in OUT/checkpoints (another
+    run's are refused), then — by the main rank — this run's partial checkpoints and partial `model_out`
+    directories swept (and without `resume` its complete checkpoints). When every rank of a process group
+    calls it (the train stage), `barrier` is the group's and every rank gets the same answer; the RL loop's
+    rank 0 calls it alone (the other ranks wait for its commands, harnessrl.rl.ranks)."""
+    policy_dir = resolve_policy(policy, out, main=main, barrier=barrier)
+    identity = identity_of(policy_dir)
+    root = out / "checkpoints"
+    checkpoint = check_checkpoints(root, identity, resume=resume)  # every rank, before the main one cleans
+    barrier()
+    if main:
+        clean_checkpoints(root, identity, resume=resume)
+        sweep_partials(model_out.parent, re.escape(model_out.name), identity.digest)
+    barrier()
+    return RunStart(policy_dir, identity, checkpoint)

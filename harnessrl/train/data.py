@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.choices import parse_choice
-from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import read_jsonl
-from harnessrl.schema import Sample
+from harnessrl.schema import RolloutStatus, Sample
 from harnessrl.train.modes import NonOkHandling
 
 

@@ -43,8 +43,11 @@ class DistContext:
 def init_from_env(device: str) -> DistContext:
     """Reads torchrun's environment; with WORLD_SIZE > 1 initializes the default process group.
 
-    `device` is the stage's resolved device ("cpu", "cuda"): on CUDA each rank takes GPU LOCAL_RANK.
+    `device` is the stage's setting: "auto" (a GPU when there is one), "cpu", "cuda" or "cuda:N"; on CUDA
+    each rank takes GPU LOCAL_RANK.
     """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistContext(device=device)

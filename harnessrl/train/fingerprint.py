@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from harnessrl.train.data import Prepared
-    from harnessrl.train.round import Plan, TrainConfig
+    from harnessrl.train.plan import Plan
+    from harnessrl.train.round import TrainConfig
 
 # settings that change neither the plan nor any step's result
 UNHASHED_SETTINGS = ("max_steps", "save_every", "keep_checkpoints", "device")

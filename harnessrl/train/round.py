@@ -11,38 +11,30 @@ from __future__ import annotations
 
 import logging
 import os
-import random
-import re
-from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.choices import parse_choice
 from harnessrl.difficulty.history import PassRateHistory
-from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import atomic_write_json, write_jsonl
 from harnessrl.progress import ProgressBar
-from harnessrl.train import advantages as adv_mod
 from harnessrl.train import distributed as dist_mod
-from harnessrl.train.batching import SeqItem
 from harnessrl.train.checkpoint import (
-    check_checkpoints,
-    clean_checkpoints,
-    fetch_policy,
     load_checkpoint_state,
+    resolve_policy,
     save_checkpoint,
     save_model,
-    sweep_partials,
+    start_run,
     upload_dir,
 )
-from harnessrl.train.data import Prepared, Rollout, assemble, load_rewards, load_samples
+from harnessrl.train.config import UpdateConfig
+from harnessrl.train.data import Prepared, assemble, load_rewards, load_samples
 from harnessrl.train.fingerprint import run_identity
-from harnessrl.train.losses import sequence_weights
-from harnessrl.train.modes import AdvantageLevel, Estimator, NonOkHandling, SingletonHandling
+from harnessrl.train.plan import Plan, plan_round, step_items
 from harnessrl.train.report import write_report
 from harnessrl.train.summary import stats, strict_json, summarize
-from harnessrl.train.trainer import Trainer, TrainerConfig, seed_everything
+from harnessrl.train.trainer import Trainer, seed_everything
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -51,139 +43,32 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class TrainConfig:
-    """The train stage's settings (the `--config` JSON); `train` holds the optimizer-step settings."""
+class TrainConfig(UpdateConfig):
+    """The train stage's settings (the `--config` JSON): the update settings (harnessrl.train.config) and
+    how this stage spreads one round over optimizer steps."""
 
-    train: TrainerConfig = field(default_factory=TrainerConfig)
-    estimator: Estimator = Estimator.GRPO
-    advantage_level: AdvantageLevel = AdvantageLevel.ROLLOUT  # SAMPLE is an ablation
-    adv_eps: float = 1e-6
-    singleton: SingletonHandling = SingletonHandling.ZERO
-    nonok: NonOkHandling = NonOkHandling.DROP  # see data.py
-    mask_reward: float = 0.0
-    ok_statuses: tuple[RolloutStatus, ...] = (RolloutStatus.OK,)  # rewarded; the others follow `nonok`
     groups_per_step: int = 0  # 0 = every group in one optimizer step
     epochs: int = 1
-    drop_zero_variance: bool = True
-    history: str | None = None  # pass-rate history JSONL
-    history_last_k: int = 3
+    history: str | None = None  # pass-rate history JSONL (dynamic sampling over rounds)
     record_round: int | None = None  # append this round's pass counts to `history`
-    pass_threshold: float = 1.0  # reward ≥ this counts as a pass in the history
-    save_every: int = 0  # checkpoint every N steps (0: only the final model)
-    keep_checkpoints: int = 2
     max_steps: int | None = None
-    device: str = "auto"
-    # CPU threads for torch (0: every core). Set by the run itself, never inherited from whatever ran before
-    # in the process: the thread count decides the order of float reductions, so a resumed run repeats the
-    # interrupted one bit for bit only at the same count.
-    threads: int = 0
-    reference_kl: bool = False  # a frozen copy of the input policy as KL reference (needs policy.kl_coef > 0)
 
     def __post_init__(self) -> None:
-        self.estimator = parse_choice(Estimator, self.estimator, "estimator")
-        self.advantage_level = parse_choice(AdvantageLevel, self.advantage_level, "advantage_level")
-        self.singleton = parse_choice(SingletonHandling, self.singleton, "singleton")
-        self.nonok = parse_choice(NonOkHandling, self.nonok, "nonok")
-        self.ok_statuses = tuple(parse_choice(RolloutStatus, s, "ok_statuses") for s in self.ok_statuses)
-        if self.epochs < 1 or self.groups_per_step < 0 or self.threads < 0:
-            raise ValueError("epochs must be ≥ 1, groups_per_step ≥ 0 and threads ≥ 0")
+        super().__post_init__()
+        if self.epochs < 1 or self.groups_per_step < 0:
+            raise ValueError("epochs must be ≥ 1 and groups_per_step ≥ 0")
         if self.record_round is not None and not self.history:
             raise ValueError("record_round needs history (the pass-rate history JSONL to record into)")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        d = dict(d)
-        train = TrainerConfig.from_dict(d.pop("train", {}))
-        if "ok_statuses" in d:
-            d["ok_statuses"] = tuple(d["ok_statuses"])
-        return cls(train=train, **d)
-
-
-@dataclass
-class Plan:
-    rollouts: list[Rollout]
-    advantages: dict[str, float]  # rollout_id (or sample_id at sample level) → advantage
-    steps: list[list[str]]  # group ids per optimizer step
-    counts: dict[str, float]
-
-
-def plan_round(prepared: Prepared, cfg: TrainConfig) -> Plan:
-    counts: dict[str, float] = {f"excluded_{k}": v for k, v in prepared.excluded.items()}
-    counts.update({f"masked_{k}": v for k, v in prepared.masked.items()})
-    rollouts = prepared.rollouts
-    groups = sorted({r.group_id for r in rollouts})
-    counts["groups_in"] = len(groups)
-    counts["rollouts_in"] = len(rollouts)
-    skip: set[str] = set()
-    if cfg.history:
-        # this round's own row (from an earlier run of it) is not "history"
-        skip = PassRateHistory(cfg.history).skip_for_dynamic_sampling(cfg.history_last_k, cfg.record_round)
-        skip &= set(groups)
-    counts["groups_skipped_history"] = len(skip)
-    rollouts = [r for r in rollouts if r.group_id not in skip]
-    if cfg.advantage_level == AdvantageLevel.ROLLOUT:
-        advs, st = adv_mod.rollout_level(
-            {r.rollout_id: (r.group_id, r.reward) for r in rollouts},
-            cfg.estimator,
-            cfg.adv_eps,
-            cfg.singleton,
-        )
-    else:
-        advs, st = adv_mod.sample_level(
-            ((s.sample_id, r.group_id, r.reward) for r in rollouts for s in r.samples),
-            cfg.estimator,
-            cfg.adv_eps,
-            cfg.singleton,
-        )
-    counts["groups_zero_variance"] = st.zero_variance_groups
-    counts["groups_singleton"] = st.singleton_groups
-    zero_var: set[str] = set()
-    if cfg.drop_zero_variance:
-        by_group: dict[str, set[float]] = defaultdict(set)
-        for r in rollouts:
-            by_group[r.group_id].add(r.reward)
-        zero_var = {g for g, rs in by_group.items() if len(rs) == 1}
-    rollouts = [r for r in rollouts if r.group_id not in zero_var]
-    counts["groups_skipped_zero_variance"] = len(zero_var)
-    trained_groups = sorted({r.group_id for r in rollouts if r.trainable})
-    counts["groups_trained"] = len(trained_groups)
-    counts["rollouts_trained"] = sum(r.trainable for r in rollouts)
-    counts["samples_trained"] = sum(len(r.samples) for r in rollouts if r.trainable)
-    steps: list[list[str]] = []
-    per = cfg.groups_per_step or max(len(trained_groups), 1)
-    for epoch in range(cfg.epochs):
-        order = list(trained_groups)
-        random.Random(cfg.train.seed * 1000003 + epoch).shuffle(order)
-        steps += [order[i : i + per] for i in range(0, len(order), per)]
-    return Plan(rollouts=rollouts, advantages=advs, steps=steps, counts=counts)
-
-
-def step_items(plan: Plan, group_ids: list[str], cfg: TrainConfig) -> tuple[list[SeqItem], list[Rollout]]:
-    gset = set(group_ids)
-    members = [r for r in plan.rollouts if r.group_id in gset and r.trainable]
-    seqs = [(r, s) for r in members for s in r.samples]
-    counts = [sum(s.loss_mask[1:]) for _, s in seqs]
-    weights = sequence_weights(
-        counts, [r.rollout_id for r, _ in seqs], cfg.train.loss_mode, cfg.train.loss_scale_factor
-    )
-    items = []
-    for (r, s), w in zip(seqs, weights, strict=True):
-        a = plan.advantages[r.rollout_id if cfg.advantage_level == AdvantageLevel.ROLLOUT else s.sample_id]
-        items.append(
-            SeqItem(list(s.input_ids), list(s.loss_mask), list(s.behavior_logprobs), a, w, r.rollout_id)
-        )
-    return items, members
-
-
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+    def plan(self, prepared: Prepared) -> Plan:
+        """This round's optimizer steps: groups the pass-rate history says to skip are left out (this round's
+        own row, from an earlier run of it, is not "history"), the rest spread over `groups_per_step` groups
+        per step for `epochs` epochs."""
+        skip: frozenset[str] = frozenset()
+        if self.history:
+            history = PassRateHistory(self.history)
+            skip = frozenset(history.skip_for_dynamic_sampling(self.history_last_k, self.record_round))
+        return plan_round(prepared, self, groups_per_step=self.groups_per_step, epochs=self.epochs, skip=skip)
 
 
 def run_train(
@@ -209,21 +94,14 @@ def run_train(
     out = Path(out)
     model_out = Path(model_out) if model_out else out / "model"
     ckpt_root = out / "checkpoints"
-    ctx = dist_mod.init_from_env(_device(cfg.device))
+    ctx = dist_mod.init_from_env(cfg.device)
     device = ctx.device
     if str(device).startswith("cpu"):
         torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     main = ctx.is_main
     try:
-        policy_given = str(policy)
-        if policy_given.startswith("s3://"):
-            if main:
-                fetch_policy(policy_given, out / "policy_in")
-            dist_mod.barrier()
-            policy = out / "policy_in"
-        policy = Path(policy)
-        if not (policy / "config.json").is_file():
-            raise FileNotFoundError(f"{policy}: not a Hugging Face model directory (no config.json)")
+        given = str(policy)  # as the user gave it (an s3:// URI or a path), for the identity's messages
+        policy_dir = resolve_policy(given, out, main=main, barrier=dist_mod.barrier)  # a bad one: first
         prepared = assemble(
             load_samples(samples),
             load_rewards(rewards) if rewards else None,
@@ -231,17 +109,20 @@ def run_train(
             mask_reward=cfg.mask_reward,
             ok_statuses=frozenset(cfg.ok_statuses),
         )
-        plan = plan_round(prepared, cfg)
+        plan = cfg.plan(prepared)
         # the plan (and the fingerprint) cover the whole round; max_steps only stops early
         steps = plan.steps[: cfg.max_steps]
-        identity = run_identity(prepared, plan, cfg, policy, policy_given)
+        start = start_run(
+            policy_dir,
+            out,
+            model_out,
+            lambda policy_dir: run_identity(prepared, plan, cfg, policy_dir, given),
+            resume=resume,
+            main=main,
+            barrier=dist_mod.barrier,
+        )
+        policy, identity, ckpt = start.policy_dir, start.identity, start.checkpoint
         fp = identity.digest
-        ckpt = check_checkpoints(ckpt_root, identity, resume=resume)  # every rank, before rank 0 cleans
-        dist_mod.barrier()
-        if main:
-            clean_checkpoints(ckpt_root, identity, resume=resume)
-            sweep_partials(model_out.parent, re.escape(model_out.name), fp)
-        dist_mod.barrier()
         if main:
             logger.info(
                 "%d rollouts in, %d trained in %d groups over %d optimizer steps; counts %s",

@@ -8,7 +8,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harnessrl.train.round import Plan
+    from harnessrl.train.plan import Plan
 
 logger = logging.getLogger(__name__)
 

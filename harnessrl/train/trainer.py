@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,32 @@ class TrainerConfig:
         if "betas" in optim_d:
             optim_d["betas"] = tuple(optim_d["betas"])
         return cls(policy=policy, optim=OptimConfig(**optim_d), **d)
+
+
+class StepMetrics(TypedDict):
+    """What one optimizer step reports."""
+
+    loss: float
+    pg_loss: float
+    grad_norm: float
+    lr: float
+    entropy: float
+    clip_frac: float
+    dual_clip_frac: float
+    is_weight_mean: float
+    approx_kl: float
+    kl_ref: float
+    trained_tokens: float  # loss-masked tokens, summed over ranks
+    step: int  # the trainer's own count of steps
+    sequences: int
+    micro_batches: int
+    tokens: int
+    padding_fraction: float
+    step_seconds: float
+    tokens_per_s: float
+
+
+STEP_METRICS = tuple(StepMetrics.__annotations__)
 
 
 def seed_everything(seed: int) -> None:
@@ -170,7 +197,7 @@ class Trainer:
     def _logprobs_no_grad(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         return token_logprobs(self._forward(model, mb), mb.targets.to(self.device))
 
-    def step(self, items: Sequence[SeqItem]) -> dict[str, float]:
+    def step(self, items: Sequence[SeqItem]) -> StepMetrics:
         """One batch of whole rollouts → `ppo_epochs` optimizer steps. Returns metrics of the last."""
         cfg = self.cfg
         start = time.perf_counter()
@@ -189,7 +216,8 @@ class Trainer:
             old_lp = [self._logprobs_no_grad(self.model, mb) for mb in mbs]
         ref_model = self.ref_model if cfg.policy.kl_coef > 0 else None
         ref_lp = [self._logprobs_no_grad(ref_model, mb) for mb in mbs] if ref_model is not None else None
-        metrics: dict[str, float] = {}
+        sums: dict[str, float] = {}
+        grad_norm = lr = 0.0
         for _epoch in range(cfg.ppo_epochs):
             sums = {
                 k: 0.0
@@ -239,29 +267,16 @@ class Trainer:
                 sums["approx_kl"] += float((tl.approx_kl * mask).sum())
                 sums["tokens"] += n
                 del logits, lp, loss, per_token
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-            if isinstance(grad_norm, DTensor):  # FSDP2: a replicated DTensor
-                grad_norm = grad_norm.full_tensor()
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+            if isinstance(norm, DTensor):  # FSDP2: a replicated DTensor
+                norm = norm.full_tensor()
+            grad_norm = float(norm)
             sums = dist_mod.all_reduce_sum(sums, str(self.device))
             lr = float(self.scheduler.get_last_lr()[0])
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.global_step += 1
-            ntok = max(sums["tokens"], 1.0)
-            metrics = {
-                "loss": sums["loss"],
-                "pg_loss": sums["pg_loss"],
-                "grad_norm": float(grad_norm),
-                "lr": lr,
-                "entropy": sums["entropy"] / ntok,
-                "clip_frac": sums["clip"] / ntok,
-                "dual_clip_frac": sums["dual_clip"] / ntok,
-                "is_weight_mean": sums["is_weight"] / ntok,
-                "approx_kl": sums["approx_kl"] / ntok,
-                "kl_ref": sums["kl"] / ntok,
-                "trained_tokens": sums["tokens"],
-            }
         elapsed = time.perf_counter() - start
         mbs = mbs[:real_mbs]
         counts = dist_mod.all_reduce_sum(
@@ -274,18 +289,27 @@ class Trainer:
             str(self.device),
         )
         real = int(counts["tokens"])
-        metrics.update(
-            {
-                "step": self.global_step,
-                "sequences": int(counts["sequences"]),
-                "micro_batches": int(counts["micro_batches"]),
-                "tokens": real,
-                "padding_fraction": counts["pad"] / (real + counts["pad"]) if real + counts["pad"] else 0.0,
-                "step_seconds": elapsed,
-                "tokens_per_s": real * cfg.ppo_epochs / max(elapsed, 1e-9),
-            }
+        ntok = max(sums["tokens"], 1.0)  # the last PPO epoch's
+        return StepMetrics(
+            loss=sums["loss"],
+            pg_loss=sums["pg_loss"],
+            grad_norm=grad_norm,
+            lr=lr,
+            entropy=sums["entropy"] / ntok,
+            clip_frac=sums["clip"] / ntok,
+            dual_clip_frac=sums["dual_clip"] / ntok,
+            is_weight_mean=sums["is_weight"] / ntok,
+            approx_kl=sums["approx_kl"] / ntok,
+            kl_ref=sums["kl"] / ntok,
+            trained_tokens=sums["tokens"],
+            step=self.global_step,
+            sequences=int(counts["sequences"]),
+            micro_batches=int(counts["micro_batches"]),
+            tokens=real,
+            padding_fraction=counts["pad"] / (real + counts["pad"]) if real + counts["pad"] else 0.0,
+            step_seconds=elapsed,
+            tokens_per_s=real * cfg.ppo_epochs / max(elapsed, 1e-9),
         )
-        return metrics
 
     def state_dict(self) -> dict:
         """Under FSDP a collective: every rank calls it; the full (unsharded, FQN-keyed) optimizer state

@@ -30,13 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.choices import parse_choice
-from harnessrl.harness.base import SCORED_STATUSES, RolloutStatus
 from harnessrl.io import atomic_output, read_jsonl, write_jsonl
 from harnessrl.progress import ProgressBar
 from harnessrl.sandbox.backends import DEFAULT_CHOICE, SandboxChoice
 from harnessrl.sandbox.base import Limits
 from harnessrl.sandbox.workspace import safe_name
-from harnessrl.schema import RewardName
+from harnessrl.schema import SCORED_STATUSES, RewardName, RolloutStatus
 from harnessrl.taskset import TaskSet
 from harnessrl.verify.grading import GRADED, VerifyStatus
 from harnessrl.verify.verifier import (

@@ -13,13 +13,30 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from harnessrl.engine.base import SamplingParams
+from harnessrl.engine.base import Engine, Generation, SamplingParams
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.engine.server import serve
 
 DATA = Path(__file__).parent / "data"
 
 GREEDY = SamplingParams(temperature=0.0)
+
+
+class GenerateOnly(Engine):
+    """An engine that declares no ability beyond `generate` (it answers through `inner`): the protocol's
+    defaults answer "cannot" for everything else."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None = None,
+    ) -> Generation:
+        return await self.inner.generate(prompt_ids, sampling, max_tokens, stop_token_ids)
 
 
 @pytest.fixture(scope="session")
@@ -177,5 +194,5 @@ async def call(server: RecordedServer, **kwargs):
             **kwargs,
         )
     finally:
-        await client.close()
+        await client.release()
         await server.stop()

@@ -13,7 +13,7 @@ from harnessrl.engine.base import (
     generate_stream,
 )
 from harnessrl.engine.http_client import HTTPEngine
-from tests.engine.support import GREEDY, run
+from tests.engine.support import GREEDY, GenerateOnly, run
 
 
 async def _collect(stream, client: HTTPEngine | None = None) -> list[GenerationDelta]:
@@ -21,7 +21,7 @@ async def _collect(stream, client: HTTPEngine | None = None) -> list[GenerationD
         return [d async for d in stream]
     finally:
         if client is not None:
-            await client.close()
+            await client.release()
 
 
 def _joined(deltas: list[GenerationDelta]) -> tuple[list[int], list[float], list[int]]:
@@ -50,12 +50,8 @@ def test_local_stream_yields_a_delta_per_step_and_equals_generate(engine, chat):
 
 
 def test_adapter_turns_generate_into_one_final_delta(engine, chat):
-    class GenerateOnly:
-        async def generate(self, *args):
-            return await engine.generate(*args)
-
     prompt = chat("Say hi.")
-    deltas = run(_collect(generate_stream(GenerateOnly(), prompt, GREEDY, 6)))
+    deltas = run(_collect(generate_stream(GenerateOnly(engine), prompt, GREEDY, 6)))
     whole = run(engine.generate(prompt, GREEDY, 6))
     assert len(deltas) == 1 and deltas[0].token_ids == whole.token_ids
     assert deltas[0].finish_reason == whole.finish_reason

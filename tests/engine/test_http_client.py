@@ -89,7 +89,7 @@ def test_unreachable_engine_is_a_clear_error():
         try:
             await client.generate([1, 2], SamplingParams(), 4)
         finally:
-            await client.close()
+            await client.release()
 
     with pytest.raises(EngineError, match="unreachable"):
         asyncio.run(go())

@@ -119,7 +119,7 @@ def test_abort_returns_partial_tokens_and_spares_others(engine, chat):
         start = engine.steps
         while engine.steps < start + 3:
             await asyncio.sleep(0.01)
-        engine.abort(["victim"])
+        engine.abort_requests(["victim"])
         return await asyncio.wrap_future(victim.result), await bystander
 
     victim, bystander = run(go())
@@ -136,7 +136,7 @@ def test_decode_bytes_count_every_weight_and_the_window_each_step_reads(chat):
     try:
         prompt = chat("Name three colors.")
         out = run(eng.generate(prompt, GREEDY, 6))
-        stats = eng.stats()
+        stats = eng.snapshot().figures
         shape = eng._shape
         assert shape.weight_bytes == 4 * sum(p.numel() for p in eng.model.parameters() if p.dim() == 2)
         windows = [len(prompt) + i for i in range(1, len(out.token_ids))]
@@ -188,7 +188,7 @@ def test_weight_sync_swaps_weights_between_steps(engine, chat, tmp_path):
         start = engine.steps
         while engine.steps < start + 2:
             await asyncio.sleep(0.01)
-        engine.abort(["mid"])
+        engine.abort_requests(["mid"])
         return await pending
 
     mixed = run(mid_request())

@@ -45,7 +45,7 @@ def assert_same(native, reference) -> None:
 def test_the_tiny_model_is_served_natively_with_transformers_outputs(engine):
     from harnessrl.engine.local import LocalEngine
 
-    assert engine.model_impl == ModelImpl.NATIVE and engine.stats()["model_impl"] == "native"
+    assert engine.model_impl == ModelImpl.NATIVE and engine.snapshot().figures["model_impl"] == "native"
     with LocalEngine(max_batch=8, model_impl=ModelImpl.TRANSFORMERS) as reference:
         assert reference.model_impl == ModelImpl.TRANSFORMERS
         for temperature in (0.0, 1.0):

@@ -136,7 +136,7 @@ def test_cache_on_gives_the_tokens_of_cache_off_across_agentic_turns(engine, eng
         sum(t.cached[0] for t in on) >= 2 * (system_blocks - 4) * 16
     )  # later sessions share the system prompt
     assert all(c == 0 for t in off for c in t.cached)
-    stats = engine.stats()
+    stats = engine.snapshot().figures
     assert 0 < stats["prefix_cache_hit_rate"] <= 1 and stats["prefill_flops"] > 0
 
 
@@ -157,7 +157,7 @@ def test_weight_sync_flushes_the_cache_and_in_flight_kv_is_not_shared(engine, ch
     prompt = chat("List five animals that live in the ocean and describe each one.")
     run(engine.generate(prompt, GREEDY, 4))
     assert run(engine.generate(prompt, GREEDY, 4)).cached_prompt_tokens > 0
-    flushes = engine.stats()["prefix_cache"]["flushes"]
+    flushes = engine.snapshot().figures["prefix_cache"]["flushes"]
 
     async def sync_mid_request():
         crossing = asyncio.ensure_future(engine.generate(prompt, GREEDY, 40))
@@ -169,7 +169,7 @@ def test_weight_sync_flushes_the_cache_and_in_flight_kv_is_not_shared(engine, ch
         return fresh, await crossing
 
     fresh, crossed = run(sync_mid_request())
-    assert engine.stats()["prefix_cache"]["flushes"] == flushes + 1
+    assert engine.snapshot().figures["prefix_cache"]["flushes"] == flushes + 1
     assert fresh.cached_prompt_tokens == 0  # flushed
     assert len(set(crossed.token_policy_versions)) == 2
     # the crossing request's keys/values mix two weight versions: none of them may be served after the sync
@@ -213,7 +213,7 @@ def test_identical_prompts_arriving_together_are_prefilled_once(engine, chat):
     then each computes only its last partial block."""
     prompt = chat("Group prompt: " + " ".join(f"word{i}" for i in range(120)))
     assert 256 < len(prompt) < 2 * 256  # the first request needs two steps of the default budget
-    before = engine.stats()["prefill_forward_tokens"]
+    before = engine.snapshot().figures["prefill_forward_tokens"]
 
     async def group():
         return await asyncio.gather(*(engine.generate(prompt, GREEDY, 2) for _ in range(4)))
@@ -222,5 +222,7 @@ def test_identical_prompts_arriving_together_are_prefilled_once(engine, chat):
     hit = (len(prompt) - 1) // 16 * 16
     first, *followers = sorted(g.cached_prompt_tokens for g in gens)
     assert first < 100 and followers == [hit, hit, hit]  # the first may find the chat template's opening
-    assert engine.stats()["prefill_forward_tokens"] - before == len(prompt) - first + 3 * (len(prompt) - hit)
+    assert engine.snapshot().figures["prefill_forward_tokens"] - before == len(prompt) - first + 3 * (
+        len(prompt) - hit
+    )
     assert len({tuple(g.token_ids) for g in gens}) == 1

@@ -129,7 +129,7 @@ def test_router_over_real_servers_sticks_then_resets_at_weight_sync():
             return router.dispatched
         finally:
             for e in engines:
-                await e.close()
+                await e.release()
             for s in servers:
                 await s.stop()
 
@@ -148,7 +148,7 @@ def test_round_robin_router_spreads_concurrent_requests():
             await asyncio.gather(*(router.generate([1, 2, 3], SamplingParams(), 4) for _ in range(6)))
         finally:
             for e in engines:
-                await e.close()
+                await e.release()
             for s in servers:
                 await s.stop()
 

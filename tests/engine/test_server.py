@@ -68,7 +68,7 @@ def test_http_engine_against_our_server(url, chat):
                 await client.load_weights("/nonexistent/ckpt", 2)
             return gen, client.model
         finally:
-            await client.close()
+            await client.release()
 
     gen, model = run(go())
     assert model == "smollm2-135m-instruct"
@@ -86,10 +86,11 @@ def test_stats_over_http_count_the_requests_and_the_prefix_cache(url, chat):
             again = await client.generate(prompt, GREEDY, 3)
             return before, first, again, await client.stats()
         finally:
-            await client.close()
+            await client.release()
 
     before, first, again, after = run(go())
     assert before is not None and after is not None
+    before, after = before.figures, after.figures
     assert after["requests"] - before["requests"] == 2
     assert (
         again.cached_prompt_tokens == len(prompt) - 1 - (len(prompt) - 1) % 16 == again.cached_prompt_tokens
@@ -116,7 +117,7 @@ def test_load_weights_and_abort_over_http(url, chat):
                 health = await r.json()
             return after, aborted, health
         finally:
-            await client.close()
+            await client.release()
 
     after, aborted, health = run(go())
     assert after.policy_version == 3 and after.token_policy_versions == [3] * len(after.token_ids)
@@ -176,7 +177,7 @@ def test_serve_process_imports_without_vllm_and_fails_cleanly_when_killed(engine
             try:
                 return await client.generate(prompt, GREEDY, 4)
             finally:
-                await client.close()
+                await client.release()
 
         assert run(ask()).token_ids == run(engine.generate(prompt, GREEDY, 4)).token_ids
     finally:

@@ -110,9 +110,9 @@ def test_speculative_greedy_equals_plain_greedy_token_for_token(engine, plain_en
     the same tokens and logprobs with speculation as without, with fewer decode steps."""
     workload = AgenticWorkload(engine.tokenizer, sessions=3, turns=2, max_tokens=16)
     plain = run(workload.run(plain_engine))
-    before = engine.stats()
+    before = engine.snapshot().figures
     fast = run(workload.run(engine))
-    after = engine.stats()
+    after = engine.snapshot().figures
     assert [t.outputs for t in fast] == [t.outputs for t in plain]
     emitted = after["decode_emitted_tokens"] - before["decode_emitted_tokens"]
     row_steps = after["decode_row_tokens"] - before["decode_row_tokens"]
@@ -131,9 +131,9 @@ def test_speculative_sampled_logprobs_are_the_models(engine, chat, hf_model):
     log_softmax(logits / T) within the top-p nucleus."""
     prompt = chat("Repeat this line ten times: the cat sat on the mat. the cat sat on the mat.")
     temperature, top_p = 0.5, 0.95
-    before = engine.stats()
+    before = engine.snapshot().figures
     gen = run(engine.generate(prompt, SamplingParams(temperature=temperature, top_p=top_p, seed=3), 40))
-    after = engine.stats()
+    after = engine.snapshot().figures
     assert after["decode_emitted_tokens"] - before["decode_emitted_tokens"] > (
         after["decode_row_tokens"] - before["decode_row_tokens"]
     )

@@ -51,5 +51,5 @@ def test_the_engine_adapts_its_threads_by_default(engine, chat):
     from tests.engine.support import GREEDY, run
 
     run(engine.generate(chat("hi"), GREEDY, 2))
-    stats = engine.stats()
+    stats = engine.snapshot().figures
     assert stats["adaptive_threads"] is True and 1 <= stats["threads"] <= 8

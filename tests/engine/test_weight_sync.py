@@ -24,7 +24,7 @@ from harnessrl.engine.vllm_worker import (
 )
 from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
 from harnessrl.tinymodel import load_model, tiny_model_dir
-from tests.engine.support import GREEDY, RecordedServer, recorded, run
+from tests.engine.support import GREEDY, GenerateOnly, RecordedServer, recorded, run
 from tests.support.fake_vllm import FakeVLLM, FakeWorker, miniature_model
 from tests.support.weight_sync import close, teacher_forced
 
@@ -64,7 +64,7 @@ async def with_fake(go, model_dir=None, **fake_options):
     try:
         return await go(fake, client)
     finally:
-        await client.close()
+        await client.release()
         await fake.stop()
 
 
@@ -82,7 +82,7 @@ def test_stage_refuses_a_server_without_a_weight_endpoint():
                 await ensure_weight_sync(client, "rl stage engine")
             return url, str(caught.value)
         finally:
-            await client.close()
+            await client.release()
             await server.stop()
 
     url, message = run(go())
@@ -102,7 +102,7 @@ def test_a_router_names_its_first_replica_that_cannot_and_counts_the_others(url)
             return urls, str(caught.value)
         finally:
             for c in clients:
-                await c.close()
+                await c.release()
             for s in servers:
                 await s.stop()
 
@@ -118,9 +118,9 @@ def test_local_engine_our_server_and_a_router_of_them_pass(engine, url):
             await ensure_weight_sync(engine, "local")
             await ensure_weight_sync(Router([client, engine]), "router")
         finally:
-            await client.close()
-        with pytest.raises(WeightSyncUnsupported, match="^plain: .*has no load_weights"):
-            await ensure_weight_sync(object(), "plain")
+            await client.release()
+        with pytest.raises(WeightSyncUnsupported, match="^plain: .*cannot take new weights"):
+            await ensure_weight_sync(GenerateOnly(engine), "plain")
 
     run(go())
 
@@ -263,7 +263,7 @@ def test_every_replica_pulls_an_s3_checkpoint(s3_env, prompt, mini):
             return before, [await c.generate(prompt, GREEDY, 4) for c in clients]
         finally:
             for c in clients:
-                await c.close()
+                await c.release()
             for f in fakes:
                 await f.stop()
 

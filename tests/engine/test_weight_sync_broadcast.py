@@ -15,13 +15,12 @@ import pytest
 import torch
 from aiohttp import web
 
-from harnessrl.engine.base import EngineError
+from harnessrl.engine.base import EngineError, WeightSyncMode
 from harnessrl.engine.broadcast import BroadcastError, WeightGroup, buckets, receive_weights, send_weights
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.engine.router import Router
 from harnessrl.engine.vllm_worker import INFO, INIT_BROADCAST, RECEIVE
 from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
-from harnessrl.rl.modes import WeightSyncMode
 from harnessrl.rl.publish import BroadcastPublisher
 from harnessrl.tinymodel import load_model
 from tests.engine.support import GREEDY
@@ -78,7 +77,7 @@ def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broad
     finally:
         publisher.close()
         for c in clients:
-            on(background_loop, c.close())
+            on(background_loop, c.release())
         for proc, _ in procs:
             proc.kill()
             proc.wait()
@@ -106,7 +105,7 @@ def test_vllm_stand_in_receives_by_broadcast_through_the_extension(mini, prompt,
         info = on(background_loop, client._call("POST", "/collective_rpc", {"method": INFO}))
     finally:
         publisher.close()
-        on(background_loop, client.close())
+        on(background_loop, client.release())
         on(background_loop, fake.stop())
     assert gen.token_policy_versions == [3] * 6
     assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
@@ -191,8 +190,8 @@ def test_engines_that_cannot_take_a_broadcast_are_refused_in_one_line(engine, ur
                 await ours.receive_weights_broadcast(1)
             return old_url, str(by_http.value), str(in_process.value)
         finally:
-            await ours.close()
-            await old.close()
+            await ours.release()
+            await old.release()
             await older.stop()
 
     old_url, by_http, in_process = asyncio.run(go())

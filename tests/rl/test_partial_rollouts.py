@@ -93,7 +93,7 @@ def test_weight_sync_moves_the_engine_to_the_trainers_weights(rl_policy: Path, t
     tokenizer = load_tokenizer(rl_policy)
     engine = LocalEngine(rl_policy, max_batch=2, threads=1)
     learner = Learner(
-        model, tokenizer, Trainer(model, cfg.train.train), cfg, tmp_path, RunIdentity({"x": "1"}, "p"), engine
+        model, tokenizer, Trainer(model, cfg.train), cfg, tmp_path, RunIdentity({"x": "1"}, "p"), engine
     )
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False

@@ -1,6 +1,6 @@
 """`harnessrl stage rl --weight-sync broadcast`: the loop trains against a real `harnessrl engine serve` process
-and every sync reaches it by gloo broadcast, with no weight files written; an in-process engine is refused in
-one line before anything is trained."""
+and every sync reaches it by gloo broadcast, with no weight files written, and the engine's own figures reach
+every step record; an in-process engine is refused in one line before anything is trained."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_stage_rl_syncs_a_served_engine_by_broadcast(rl_policy: Path, prompt_tas
                 gen = await client.generate(prompt, GREEDY, 6)
                 return await client._call("GET", "/health"), prompt, gen.token_ids, gen.logprobs
             finally:
-                await client.close()
+                await client.release()
 
         health, prompt, tokens, logprobs = asyncio.run(ask())
     finally:
@@ -50,6 +50,9 @@ def test_stage_rl_syncs_a_served_engine_by_broadcast(rl_policy: Path, prompt_tas
     assert trained, "no step trained: the small policy's groups had no reward variance"
     assert summary["version"] == len(trained) == health["policy_version"]
     assert all(r["weight_sync_s"] > 0 for r in trained)
+    # the served engine's figures reach every step and the summary (GET /stats, awaited on the gateway's loop)
+    assert all(r["engine_idle_frac"] is not None and 0 <= r["engine_idle_frac"] <= 1 for r in rows), rows
+    assert summary["decode_tokens_per_s"] > 0 and summary["prefill_tokens_per_s"] > 0, summary
     assert not (out / "work" / "sync").exists()  # nothing written for the engine to read
     final = load_model(out / "model").eval()
     assert close(logprobs, teacher_forced(final, prompt, tokens))  # the engine serves the trained policy

@@ -24,7 +24,7 @@ from tests.rl.test_stage import REPO, rl_command
 def _config(tmp_path: Path) -> str:
     path = tmp_path / "rl.json"
     # one torch thread per rank and per engine: the float reductions do not depend on the machine
-    path.write_text(json.dumps({"prompt_max_tokens": 8, "engine_threads": 1, "train": {"threads": 1}}))
+    path.write_text(json.dumps({"prompt_max_tokens": 8, "engine_threads": 1, "threads": 1}))
     return str(path)
 
 

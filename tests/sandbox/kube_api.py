@@ -8,6 +8,7 @@ start, a container the kernel kills for memory (`oom_marker` in a command)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
@@ -142,6 +143,13 @@ class KubeAPI:
         if pod is None or pod.terminated is not None:
             await ws.close()
             return ws
+        if self.scenario.oom_marker is not None and any(self.scenario.oom_marker in c for c in command):
+            # the kernel kills the container for memory: the stream ends without a status. The command is
+            # not run at all: killing a real process here raced its own exit (a command that ends before
+            # the kill made `kill` raise, and the stream never closed) on a loaded machine.
+            pod.terminated = {"exitCode": 137, "reason": "OOMKilled"}
+            await ws.close()
+            return ws
         argv = self._container_argv(pod, command)
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -168,18 +176,11 @@ class KubeAPI:
                             pass
 
         feeder = asyncio.ensure_future(feed())
-        oom = self.scenario.oom_marker is not None and any(self.scenario.oom_marker in c for c in command)
-        if oom:  # the kernel kills the container for memory: the stream ends without a status
-            proc.kill()
-            await proc.wait()
-            pod.terminated = {"exitCode": 137, "reason": "OOMKilled"}
-            feeder.cancel()
-            await ws.close()
-            return ws
         pumps = asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
         done, _ = await asyncio.wait({pumps, feeder}, return_when=asyncio.FIRST_COMPLETED)
         if feeder in done:  # the client went away: kill the command, as the kubelet does
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+                proc.kill()
             await proc.wait()
             pumps.cancel()
             return ws

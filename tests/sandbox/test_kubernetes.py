@@ -276,7 +276,7 @@ def test_importable_inside_a_pipeline_step():
     import subprocess
     import sys
 
-    code = "import kfp.dsl.executor_main, harnessrl.sandbox.kubernetes, harnessrl.verify.rollouts, harnessrl.rl.rayjob"
+    code = "import kfp.dsl.executor_main, harnessrl.sandbox.kubernetes, harnessrl.verify.rollouts, components.launch_rl.rayjob"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, "_KFP_RUNTIME": "true"},

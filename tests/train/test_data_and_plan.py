@@ -7,9 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from harnessrl.difficulty.history import PassRateHistory
-from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import write_jsonl
-from harnessrl.schema import Sample
+from harnessrl.schema import RolloutStatus, Sample
 from harnessrl.train.data import assemble, load_rewards, load_samples
 from harnessrl.train.modes import NonOkHandling
 from harnessrl.train.round import TrainConfig, plan_round, step_items
@@ -106,7 +105,7 @@ def test_dynamic_sampling_from_history_and_zero_variance_groups(tmp_path):
     ]
     samples += [_rollout(f"flat{i}", "flat", 1.0) for i in range(3)]
     cfg = TrainConfig(history=str(hist), history_last_k=2, record_round=2, groups_per_step=2)
-    plan = plan_round(assemble(samples, None), cfg)
+    plan = cfg.plan(assemble(samples, None))
     assert plan.counts["groups_skipped_history"] == 2
     assert plan.counts["groups_skipped_zero_variance"] == 1
     assert plan.counts["groups_trained"] == 2

@@ -83,8 +83,8 @@ def test_sft_loss_decreases_on_a_fixed_batch(tmp_path, tokenizer):
 
 @requires_bwrap
 def test_scripted_demonstration_resolves_through_harness_and_gateway(tmp_path, task, tokenizer):
+    from components.sft.demos import run_demonstrations
     from harnessrl.tinymodel import tiny_model_dir
-    from harnessrl.train.sft_demos import run_demonstrations
 
     run = run_demonstrations(task.taskset.root, tmp_path / "demo", tiny_model_dir(), instance_ids=[task.iid])
     assert run.built == [task.iid] and run.resolved == [task.iid], run
@@ -105,7 +105,7 @@ def test_scripted_demonstration_resolves_through_harness_and_gateway(tmp_path, t
 
 
 def test_fix_becomes_unique_str_replace_edits():
-    from harnessrl.train.sft_demos import _file_edits
+    from components.sft.demos import _file_edits
 
     before = "def f(x):\n    y = 1\n    return x\n\n\ndef g(x):\n    y = 1\n    return x\n"
     after = "def f(x):\n    y = 1\n    return x\n\n\ndef g(x):\n    y = 2\n    z = 3\n    return x\n"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harnessrl.harness.base import RolloutStatus
+from harnessrl.schema import RolloutStatus
 from harnessrl.verify.grading import VerifyStatus
 from harnessrl.verify.rollouts import reward_row, verify_rollout
 from harnessrl.verify.verifier import VerifyResult

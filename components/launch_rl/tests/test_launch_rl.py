@@ -7,8 +7,8 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from harnessrl.rl.rayjob import rayjob_name
-from tests.rl.ray_api import RayAPI
+from components.launch_rl.rayjob import rayjob_name
+from components.launch_rl.tests.ray_api import RayAPI
 
 
 def test_the_exit_handler_deletes_the_rayjob_of_the_same_run(tmp_path):

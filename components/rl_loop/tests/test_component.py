@@ -47,7 +47,7 @@ def test_cli_flags_override_the_config_file(tmp_path):
         )
     )
     assert cfg.mode is RLMode.SEPARATE and cfg.steps == 3 and cfg.save_every == 2 and cfg.nproc == 2
-    assert cfg.train.train.optim.lr == 3e-5
+    assert cfg.train.optim.lr == 3e-5  # the file's nested layout of earlier versions still reads
 
 
 def test_bad_settings_name_the_field(tmp_path):

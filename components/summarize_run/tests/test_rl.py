@@ -4,6 +4,7 @@ from components.evaluate.stage import flat_metrics
 from components.summarize_run.rl import comparison_rows, evaluation_rows, render_rl_summary
 from components.summarize_run.stage import StageRef
 from harnessrl.reports import extract_pngs
+from harnessrl.rl.records import StepRecord
 
 DIFFICULTY = StageRef("estimate-difficulty", "/runs/x/estimate-difficulty/metrics", {"tasks": 10, "n": 4})
 DIFFICULTY.values.update({"valid_rollouts": 40, "passes": 10, "mixed": 6, "all_pass": 2, "all_fail": 2})
@@ -61,9 +62,14 @@ def test_evaluation_numbers_are_read_back_from_the_evaluate_steps_metric_names()
     )
 
 
+def _trained(step: int, reward: float, loss: float) -> StepRecord:
+    """A trained step's record as steps.jsonl holds it."""
+    return StepRecord.from_row({"step": step, "outcome": "trained", "reward_mean": reward, "loss": loss})
+
+
 def test_summary_reports_the_loop_and_the_held_out_comparison():
     evaluation = StageRef("evaluate", "/runs/x/evaluate/metrics", flat_metrics(EVALUATION))
-    steps = [{"step": 1, "reward_mean": 0.0, "loss": 0.1}, {"step": 2, "reward_mean": 0.5, "loss": 0.05}]
+    steps = [_trained(1, 0.0, 0.1), _trained(2, 0.5, 0.05)]
     report = render_rl_summary(DIFFICULTY, SELECTION, LOOP, evaluation, steps, "colocated")
     md = report.markdown
     assert md.startswith("# Run summary")

@@ -2,7 +2,7 @@
 (create -> wait + stream the driver log -> delete) driven by the real `kubernetes` client against a loopback
 server speaking those API shapes.
 
-tests/rl/schemas/kuberay-v1.1.1-rayjob-v1.schema.json is the `v1` openAPIV3Schema of
+components/launch_rl/tests/schemas/kuberay-v1.1.1-rayjob-v1.schema.json is the `v1` openAPIV3Schema of
 `ray-operator/config/crd/bases/ray.io_rayjobs.yaml` at KubeRay tag v1.1.1 (github.com/ray-project/kuberay),
 the oldest operator manifests/base supports, re-serialized as compact JSON. Validation is strict: unknown
 fields are errors, as with `kubectl apply --validate=strict` (the API server would otherwise drop them
@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from harnessrl.rl.rayjob import (
+from components.launch_rl.rayjob import (
     RayJobFailed,
     RayJobSpec,
     WorkerGroup,
@@ -30,9 +30,9 @@ from harnessrl.rl.rayjob import (
     render_rayjob,
     run_rayjob,
 )
-from tests.rl.ray_api import RayAPI
+from components.launch_rl.tests.ray_api import RayAPI
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMA = Path(__file__).parent / "schemas" / "kuberay-v1.1.1-rayjob-v1.schema.json"
 
 

@@ -1,6 +1,6 @@
 """`sft` stage (cold start): supervised fine-tuning on resolved trajectories in the gateway's sample format.
 
-Trajectories come from scripted demonstrations of each task's gold fix (sft_demos.py) and/or rejection
+Trajectories come from scripted demonstrations of each task's gold fix (demos.py) and/or rejection
 sampling (the verified-resolved rollouts of any earlier generate/evaluate run). Either way they are Sample
 rows exactly as the gateway recorded them; the loss is the negative log-likelihood of the sampled tokens
 only (the samples' loss mask), with the train stage's own machinery: `round.run_train` with
@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.choices import parse_choice
-from harnessrl.harness.base import RolloutStatus
 from harnessrl.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from harnessrl.rollout.specs import NamedSpec
-from harnessrl.schema import Sample
+from harnessrl.schema import RolloutStatus, Sample
 from harnessrl.train.data import assemble, load_rewards, load_samples
 from harnessrl.train.modes import LossMode, Objective, SftSource
 from harnessrl.train.round import TrainConfig
@@ -130,8 +129,8 @@ def collect(
     allow_unsandboxed: bool = False,
 ) -> Trajectories:
     """Gathers the trajectories the config's source asks for; writes `out/data/`."""
+    from components.sft.demos import run_demonstrations
     from harnessrl.taskset import TaskSet
-    from harnessrl.train.sft_demos import run_demonstrations
 
     out = Path(out)
     samples: list[Sample] = []

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from harnessrl.engine.base import FinishReason, Generation, GenerationDelta, SamplingParams
+from harnessrl.engine.base import (
+    EngineStats,
+    FinishReason,
+    Generation,
+    GenerationDelta,
+    SamplingParams,
+    StreamingEngine,
+)
 from harnessrl.gateway.toolcalls import ToolCall, ToolParser, get_parser
 from harnessrl.io import read_jsonl
 from harnessrl.rollout.specs import NamedSpec
@@ -143,7 +150,7 @@ def build_demonstration(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-class ScriptedEngine:
+class ScriptedEngine(StreamingEngine):
     """The `Engine` interface answering from demonstrations (see the module docstring); not a model."""
 
     def __init__(self, demos: list[Demonstration], tokenizer: Any, model_dir: str | Path):
@@ -164,8 +171,11 @@ class ScriptedEngine:
     def inflight(self) -> int:
         return 0
 
-    def stats(self) -> dict[str, Any]:
-        return {"calls": self.calls}
+    async def stats(self) -> EngineStats:
+        return EngineStats.from_figures({"calls": self.calls})
+
+    async def context_length(self) -> int:
+        return self.max_context
 
     def reply_for(self, prompt_ids: list[int]) -> str:
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)

@@ -1,0 +1,415 @@
+"""`RLRun`: everything one run of the RL loop holds, set up and torn down in one place (a context manager).
+
+Setup, in order: the run's start (policy resolved, identity, the checkpoint to resume from, an earlier
+attempt's leftovers swept: train.checkpoint.start_run, shared with the train stage) → the engines → the
+gateway in front of them (its event loop is where engine calls run) → the weight-sync check → the trainer
+(on every trainer rank) and its Learner → the metrics sink → the rollout pool and the mode's driver.
+Teardown runs the other way round, whatever failed. The loop itself (loop.py) only calls the run's named
+steps: collect, train, publish, record, checkpoint.
+
+Outputs in `out/`: `model/` (final policy, HF layout), `checkpoints/step-NNNNNN/` (every `save_every` steps:
+weights, trainer state, the loop's state — data cursor, policy version, pass-rate history, step records so
+far), `steps.jsonl`, `tensorboard/`, `metrics.json`, `report.md` + `curves.png`. `resume=True` continues from
+the newest checkpoint of the same run (fingerprint: settings less the step count, policy files, task file,
+specs) with the same data order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from harnessrl.engine.base import Engine, WeightLoadingEngine
+from harnessrl.io import atomic_write_json
+from harnessrl.rl.collect import JournalTail
+from harnessrl.rl.config import RLConfig, RLInputs
+from harnessrl.rl.drivers import Driver, make_driver
+from harnessrl.rl.groups import DataOrder, Group, PassRates, RolloutPool
+from harnessrl.rl.learner import Learner, run_on
+from harnessrl.rl.metrics import MetricsSink
+from harnessrl.rl.modes import StepOutcome, WorkloadKind
+from harnessrl.rl.ranks import Command, Setup, TrainerRanks, build_trainer
+from harnessrl.rl.records import Collected, EngineRates, RLSummary, StepRecord, Update, summarize
+from harnessrl.rl.workloads import GatewayAccess, PromptWorkload, SWEWorkload, Workload
+from harnessrl.train.fingerprint import RunIdentity, policy_digest
+
+logger = logging.getLogger(__name__)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def run_identity(cfg: RLConfig, inputs: RLInputs, policy_dir: Path, workload: Workload) -> RunIdentity:
+    tasks = inputs.tasks / "tasks.jsonl" if inputs.tasks.is_dir() else inputs.tasks
+    parts = {
+        "settings": _digest(json.dumps(cfg.hashed_settings(), sort_keys=True, default=str).encode()),
+        "policy": policy_digest(policy_dir),
+        "tasks": _digest(tasks.read_bytes() if tasks.is_file() else "\n".join(workload.task_ids()).encode()),
+        "workload": _digest(json.dumps([str(inputs.workload), str(inputs.specs)], default=str).encode()),
+    }
+    return RunIdentity(parts, inputs.policy or str(policy_dir))
+
+
+def make_workload(inputs: RLInputs, cfg: RLConfig, work: Path) -> Workload:
+    if inputs.workload is WorkloadKind.PROMPT:
+        return PromptWorkload(inputs.tasks, cfg.prompt_max_tokens, cfg.temperature)
+    return SWEWorkload(
+        inputs.tasks,
+        inputs.specs,
+        cfg.group_size,
+        allow_unsandboxed=cfg.allow_unsandboxed,
+        verify_timeout_s=cfg.verify_timeout_s,
+        work=work,
+    )
+
+
+@dataclass
+class Engines:
+    """What the loop samples from: `front` is what the gateway fronts (a Router over several replicas),
+    `local` the in-process engines this run started (and stops)."""
+
+    front: WeightLoadingEngine
+    replicas: list[Engine]
+    local: list[Any]  # LocalEngine (imported with torch only when used)
+    name: str  # for messages: "local engine" or the URLs
+
+    @classmethod
+    def start(cls, model_dir: Path, cfg: RLConfig, urls: list[str], version: int) -> Engines:
+        replicas: list[WeightLoadingEngine]
+        local: list[Any] = []
+        if urls:
+            from harnessrl.engine.http_client import HTTPEngine
+
+            replicas = [HTTPEngine(u, policy_version=version) for u in urls]
+            name = f"engine ({', '.join(urls)})"
+        else:
+            from harnessrl.engine.local import LocalEngine
+
+            local = [
+                LocalEngine(
+                    model_dir, max_batch=cfg.max_batch, threads=cfg.engine_threads, policy_version=version
+                )
+                for _ in range(cfg.replicas)
+            ]
+            replicas, name = list(local), "local engine"
+        if len(replicas) == 1:
+            return cls(replicas[0], list(replicas), local, name)
+        from harnessrl.engine.router import Router
+
+        return cls(Router(replicas), list(replicas), local, name)
+
+    async def stats(self) -> list[Any]:
+        return [await e.stats() for e in self.replicas]
+
+    def close(self) -> None:
+        for engine in self.local:
+            engine.close()
+
+
+def busy_s(reported: list[Any]) -> float | None:
+    """Seconds of forward passes over the replicas; None when one reports no figures."""
+    return None if any(s is None for s in reported) else sum(s.busy_s for s in reported)
+
+
+def engine_rates(reported: list[Any]) -> EngineRates:
+    if any(s is None for s in reported):
+        return EngineRates()
+    decode_s = sum(s.decode_forward_s for s in reported)
+    prefill_s = sum(s.prefill_forward_s for s in reported)
+    return EngineRates(
+        decode_tokens_per_s=sum(s.decode_emitted_tokens for s in reported) / decode_s if decode_s else None,
+        prefill_tokens_per_s=sum(s.prefill_forward_tokens for s in reported) / prefill_s
+        if prefill_s
+        else None,
+    )
+
+
+@dataclass
+class StepClock:
+    """One step while it runs: when it started, what collecting took, the weight sync's seconds."""
+
+    started: float = field(default_factory=time.perf_counter)
+    collected: Collected = field(default_factory=Collected)
+    weight_sync_s: float = 0.0
+
+
+class RLRun:
+    """One run of the loop on rank 0 (see the module docstring). `step` and `version` are where the run is:
+    optimizer steps taken, and weight versions published (a step that trained nothing publishes none)."""
+
+    def __init__(
+        self,
+        cfg: RLConfig,
+        inputs: RLInputs,
+        ranks: TrainerRanks,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cfg, self.inputs, self.ranks, self.echo = cfg, inputs, ranks, echo
+        self.out = inputs.out
+        self.work = self.out / "work"
+        self.step = self.version = 0
+        self._stack = contextlib.ExitStack()
+
+    # -- setup and teardown -----------------------------------------------------------------------------
+    def __enter__(self) -> RLRun:
+        try:
+            self._setup()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stack.close()
+
+    def _setup(self) -> None:
+        """The setup steps, in order; each registers its teardown on the stack as it goes."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.work, ignore_errors=True)  # journal and weight-sync files of an earlier attempt
+        (self.work / "workspaces").mkdir(parents=True)
+        workload = make_workload(self.inputs, self.cfg, self.work / "workspaces")
+        earlier, checkpoint = self._start(workload)
+        self._serve(checkpoint)
+        self._build_learner(checkpoint)
+        self.sink = MetricsSink(self.out, earlier, self.echo)
+        self._stack.callback(self.sink.close)
+        self._start_rollouts(workload)
+        self.started = time.perf_counter()
+        self._wall_before = earlier[-1].wall_s if earlier else 0.0  # earlier attempts' wall time
+        self._busy_before = busy_s(self._engine_stats())
+
+    def _start(self, workload: Workload) -> tuple[list[StepRecord], Path | None]:
+        """The run's start (train.checkpoint.start_run) and, on a resume, where the loop was."""
+        from harnessrl.train.checkpoint import read_meta, start_run
+
+        cfg, inputs = self.cfg, self.inputs
+        start = start_run(
+            inputs.policy,
+            self.out,
+            inputs.final_model,
+            lambda policy_dir: run_identity(cfg, inputs, policy_dir, workload),
+            resume=inputs.resume,
+        )
+        self.identity, self.policy_dir, checkpoint = start.identity, start.policy_dir, start.checkpoint
+        earlier: list[StepRecord] = []
+        state: dict[str, Any] = {}
+        if checkpoint is not None:
+            meta = read_meta(checkpoint) or {}
+            self.step, state = int(meta["step"]), dict(meta["loop"])
+            earlier = [StepRecord.from_row(row) for row in meta.get("history", [])]
+            self.version = int(state["version"])
+            logger.info(
+                "resuming from %s: step %d of %d, version %d", checkpoint, self.step, cfg.steps, self.version
+            )
+        order = state.get("order", {})
+        self.order = DataOrder(workload.task_ids(), cfg.seed, order.get("cursor", 0), order.get("done"))
+        self.pass_rates = PassRates(
+            cfg.history_last_k, cfg.pass_threshold, [tuple(r) for r in state.get("pass_rates", [])]
+        )
+        return earlier, checkpoint
+
+    def _serve(self, checkpoint: Path | None) -> None:
+        """The engines and the gateway in front of them."""
+        from harnessrl.gateway import GatewayConfig, GatewayServer
+        from harnessrl.gateway.toolcalls import ToolParser
+        from harnessrl.rollout.model_server import resolve_tool_parser
+        from harnessrl.tinymodel import load_tokenizer
+
+        cfg = self.cfg
+        self.tokenizer = load_tokenizer(self.policy_dir)
+        self.engines = Engines.start(
+            checkpoint or self.policy_dir, cfg, self.inputs.engine_urls, self.version
+        )
+        self._stack.callback(self.engines.close)
+        parser = resolve_tool_parser(
+            ToolParser(cfg.tool_format) if cfg.tool_format else None, self.tokenizer, self.policy_dir
+        )
+        self.admin_token = "adm-" + secrets.token_urlsafe(16)
+        gateway = GatewayServer(
+            self.engines.front,
+            self.tokenizer,
+            self.work / "journal",
+            self.admin_token,
+            config=GatewayConfig(max_model_len=self._context_length(), tool_format=parser),
+        )
+        self.gateway_url = gateway.start()
+        self._stack.callback(gateway.stop)
+        self.loop = gateway.loop  # engine calls run on the gateway's event loop
+        self._publisher_check(checkpoint)
+
+    def _build_learner(self, checkpoint: Path | None) -> None:
+        """The trainer on every trainer rank, and rank 0's Learner around it."""
+        tokenizer = self.tokenizer
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        weights = checkpoint or self.policy_dir
+        setup = Setup(str(weights), None if checkpoint is None else str(checkpoint), pad_id or 0)
+        with self.ranks.collective(Command.SETUP, setup):  # every trainer rank builds its part of the model
+            model, trainer = build_trainer(self.cfg, self.ranks.ctx, setup)
+        self.learner = Learner(
+            model,
+            tokenizer,
+            trainer,
+            self.cfg,
+            self.out,
+            self.identity,
+            self.engines.front,
+            loop=self.loop,
+            upload_to=self.inputs.upload_to,
+            ranks=self.ranks,
+        )
+        self._stack.callback(self.learner.close)
+
+    def _start_rollouts(self, workload: Workload) -> None:
+        """The rollout pool over the data order and the mode's driver, generating from now on."""
+        from harnessrl.gateway import GatewayAdmin
+
+        cfg = self.cfg
+        self.pool = RolloutPool(
+            workload,
+            GatewayAccess(self.gateway_url, self.admin_token),
+            JournalTail(self.work / "journal"),
+            self.order,
+            self.pass_rates,
+            group_size=cfg.group_size,
+            slots=cfg.rollout_slots,
+            max_slots=cfg.rollout_slots + cfg.lent_rollouts,
+            seed=cfg.seed,
+            dynamic_low=cfg.dynamic_low,
+            dynamic_high=cfg.dynamic_high,
+            version=lambda: self.driver.version,  # the weights rollouts sample now (set after each sync)
+        )
+        self._stack.callback(self.pool.close)
+        admin = GatewayAdmin(self.gateway_url, self.admin_token)
+        self.driver: Driver = make_driver(cfg, self.pool, self.version, admin)
+        self._stack.callback(self.driver.stop)
+        self.driver.start()
+
+    def _context_length(self) -> int:
+        """What the gateway may let a request hold: the engine's context length, asked before the gateway's
+        loop exists (on a loop of its own, whose connections are let go at once)."""
+        import asyncio
+
+        front = self.engines.front
+
+        async def ask() -> int | None:
+            try:
+                return await front.context_length()
+            finally:
+                await front.release()
+
+        length = asyncio.run(ask())
+        if length is None:
+            logger.warning("%s does not say its context length; assuming 32768 tokens", self.engines.name)
+        return length or 32768
+
+    def _publisher_check(self, checkpoint: Path | None) -> None:
+        """Before anything is trained: the engines must take weights the way the config sends them; a remote
+        engine resumed from a checkpoint gets the checkpoint's weights (it still serves what it started
+        with)."""
+        from harnessrl.engine.weight_sync import ensure_weight_sync
+
+        front = self.engines.front
+        run_on(self.loop, ensure_weight_sync(front, self.engines.name, self.cfg.weight_sync))
+        if checkpoint is not None and self.inputs.engine_urls:
+            run_on(self.loop, front.load_weights(str(checkpoint), self.version))
+
+    def _engine_stats(self) -> list[Any]:
+        return run_on(self.loop, self.engines.stats())
+
+    # -- the steps the loop calls -----------------------------------------------------------------------
+    def collect(self, clock: StepClock) -> list[Group]:
+        """Generate and verify until `batch_groups` groups with reward variance are done (the mode decides
+        how: drivers.py)."""
+        return self.driver.collect(clock.collected)
+
+    def train(self, clock: StepClock, groups: list[Group]) -> Update | None:
+        """One optimizer step on the groups (GRPO / RLOO, rollout-level advantages)."""
+        self.driver.before_train(clock.collected)
+        return self.learner.train(groups, self.version)
+
+    def publish(self, clock: StepClock, update: Update | None, groups: list[Group]) -> None:
+        """New weights into every engine (when the step changed them), then rollouts resume."""
+        if update is not None:
+            self.version += 1
+            clock.weight_sync_s = self.learner.sync_weights(self.version)
+        self.driver.after_sync(self.version)
+        for g in groups:
+            self.order.consume(g.group_index)
+
+    def record(self, clock: StepClock, groups: list[Group], update: Update | None) -> StepRecord:
+        self.step += 1
+        now = time.perf_counter()
+        step_s = now - clock.started
+        busy = busy_s(self._engine_stats())
+        idle = None
+        if busy is not None and self._busy_before is not None:
+            idle = max(0.0, 1.0 - (busy - self._busy_before) / (step_s * len(self.engines.replicas)))
+        self._busy_before = busy
+        record = StepRecord(
+            step=self.step,
+            mode=str(self.cfg.mode),
+            outcome=StepOutcome.TRAINED if update is not None else StepOutcome.NO_SIGNAL,
+            version=self.version,
+            groups=[g.group_id for g in groups],
+            collected=clock.collected,
+            update=update,
+            weight_sync_s=clock.weight_sync_s,
+            engine_idle_frac=idle,
+            gen_tokens_per_s=clock.collected.tokens_generated / step_s,
+            step_s=step_s,
+            wall_s=self._wall_before + now - self.started,
+        )
+        self.sink.add(record)
+        return record
+
+    def checkpoint_if_due(self) -> None:
+        every = self.cfg.save_every
+        if every and self.step % every == 0 and self.step < self.cfg.steps:
+            meta = {
+                "history": [r.row() for r in self.sink.records],
+                "loop": {
+                    "version": self.version,
+                    "order": self.order.state(),
+                    "pass_rates": self.pass_rates.to_rows(),
+                },
+            }
+            self.learner.checkpoint(self.step, meta)
+
+    def finish(self) -> RLSummary:
+        """Stops generating; writes the final model, `metrics.json` and the report."""
+        from harnessrl.rl.report import write_report
+
+        self.driver.stop()
+        summary = summarize(
+            self.sink.records,
+            str(self.cfg.mode),
+            self.pool.counts.groups_started,
+            time.perf_counter() - self.started,
+            engine_rates(self._engine_stats()),
+            self.ranks.ctx.world_size,
+        )
+        model_out = self.inputs.final_model
+        self.learner.save_final(model_out, {"steps": self.step, "version": self.version})
+        atomic_write_json(self.out / "metrics.json", summary.to_dict())
+        write_report(self.out, summary, self.sink.records, self.cfg)
+        logger.info(
+            "wrote %s after %d steps (policy version %d); metrics in %s",
+            model_out,
+            self.step,
+            self.version,
+            self.out,
+        )
+        return summary

@@ -1,0 +1,192 @@
+"""Every script in benchmarks/ runs its default code path at its smallest (`--smoke`) and ends with the one JSON
+object it documents.
+
+Each script runs as users run it (`python benchmarks/NAME.py --smoke`, a fresh process from the repository
+root); the test checks its exit status and that its last stdout line is a JSON object holding the headline keys
+of its docstring (the README's benchmark table). The scripts are found in the folder, so a new script without
+`--smoke`, or without a row in `HEADLINES`, fails here. Timings are never asserted: a smoke run's figures mean
+nothing. The rows marked slow take more than ~30 s on 2 busy cores (the real tiny model in several processes or
+stages): the whole file takes ~7 minutes there, `-m "not slow"` about one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from benchmarks.demo_steps import BASELINE_REV
+from benchmarks.gpu_check import skip_reason
+from harnessrl.sandbox.images import podman_problem
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+TIMEOUT_S = 600  # a hung script fails its test instead of stalling the suite
+
+
+@dataclass(frozen=True)
+class Headline:
+    keys: frozenset[str]  # what the script's docstring promises on its last line
+    slow: bool = False
+    bwrap: bool = False  # rollouts or verification run in bubblewrap sandboxes
+    git_rev: str | None = None  # a commit of this repository's history the script checks out
+
+
+def headline(*keys: str, slow: bool = False, bwrap: bool = False, git_rev: str | None = None) -> Headline:
+    return Headline(frozenset(keys), slow, bwrap, git_rev)
+
+
+HEADLINES: dict[str, Headline] = {
+    "async_sim.py": headline(
+        "colocated_time_ratio_vs_sync",
+        "separate_switch_throughput_vs_sync",
+        "separate_switch_throughput_vs_fixed_async",
+        "targets_met",
+        "mechanisms",
+        "workloads",
+    ),
+    "clean.py": headline("rows", "seconds", "peak_rss_mb", "kept", "rejected", "planted_rejections_match"),
+    "demo_steps.py": headline(
+        "difficulty_step_speedup",
+        "generate_speedup",
+        "model_s_per_turn_speedup",
+        "rollouts_per_hour_speedup",
+        "same_settings_step_speedup",
+        "same_settings_model_s_per_turn_speedup",
+        "loads",
+        slow=True,
+        bwrap=True,
+        git_rev=BASELINE_REV,
+    ),
+    "engine.py": headline(
+        "prefix_cache_speedup",
+        "cache_hit_rate",
+        "identical_agentic_outputs",
+        "prefill_flops_fraction",
+        "decode_flops_fraction",
+        "decode_bandwidth_fraction",
+        "decode_step_ms",
+        "decode_tokens_per_row_step",
+        "speculative_speedup",
+        "batched_speedup",
+        "identical_greedy_outputs",
+        "load_before",
+        "load_after",
+        slow=True,
+    ),
+    "gateway.py": headline(
+        "throughput_ratio_c64",
+        "p99_added_ms_c64",
+        "throughput_ratio_c64_staggered",
+        "p99_added_ms_c64_staggered",
+        "cpu_ratio_128k_vs_1k",
+    ),
+    "gpu_check.py": headline("ok", "phases", "seconds"),  # without a GPU: one skip line instead
+    "grading.py": headline("grading_agreement", "swebench_reward_agreement", "cases", "agreement_by_finding"),
+    "learning_check.py": headline("heldout_reward_base", "heldout_reward_trained", "heldout_gain"),
+    "learning_swe.py": headline(
+        "toolcall_rate_base",
+        "toolcall_rate_sft",
+        "pass1_base",
+        "pass1_sft",
+        "pass1_rl",
+        "pass1_rl_ci_low",
+        "heldout_pass1_base",
+        "heldout_pass1_sft",
+        "heldout_pass1_rl",
+        slow=True,
+        bwrap=True,
+    ),
+    "make_swesmith_rows.py": headline("rows", "repos", "expected_rejections", "expected_rejected_rows"),
+    "rl_modes.py": headline(
+        "colocated_wall_ratio_vs_sync",
+        "separate_wall_ratio_vs_sync",
+        "reward_gain_colocated",
+        "calibration",
+        slow=True,
+    ),
+    "rollout.py": headline(
+        "rollouts_per_hour",
+        "model_s_per_turn",
+        "prefix_cache_rollouts_speedup",
+        "overhead_s_per_turn",
+        "overhead_vs_model",
+        "ray_vs_threads_throughput",
+        slow=True,
+        bwrap=True,
+    ),
+    "router.py": headline(
+        "makespan_ratio_cache_aware_vs_least_inflight", "prefill_ratio_cache_aware_vs_least_inflight"
+    ),
+    "store.py": headline("resume_bytes_ratio", "resume_time_ratio", "upload_time_ratio_vs_5mib"),
+    "train.py": headline(
+        "packed_speedup", "padding_fraction_packed", "padding_fraction_padded", "peak_rss_mb", slow=True
+    ),
+    "verify.py": headline(
+        "overhead_ratio", "sandbox_ratio", "verifications_per_min", "load_avg", slow=True, bwrap=True
+    ),
+    "weight_sync.py": headline("checkpoint_s", "broadcast_s", "broadcast_vs_checkpoint", "join_s"),
+}
+# with podman here, verify.py measures the podman backend as well (the README's `overhead_ratio_podman`)
+PODMAN_KEYS = frozenset({"overhead_ratio_podman", "podman_sandbox_ratio"})
+
+
+def _scripts() -> list[str]:
+    return sorted(p.name for p in BENCHMARKS.glob("*.py"))
+
+
+def _param(name: str) -> object:
+    row = HEADLINES.get(name)
+    return pytest.param(name, marks=[pytest.mark.slow] if row is not None and row.slow else [], id=name)
+
+
+def _has_commit(rev: str) -> bool:
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{rev}^{{commit}}"], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
+def _skip_reason(row: Headline) -> str | None:
+    if row.bwrap and shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) not installed"
+    if row.git_rev is not None and not _has_commit(row.git_rev):
+        return f"commit {row.git_rev} is not in this clone's history (a shallow clone: git fetch --unshallow)"
+    return None
+
+
+def test_every_table_row_names_a_script():
+    assert sorted(HEADLINES) == _scripts(), "HEADLINES must list exactly the scripts in benchmarks/"
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in _scripts()])
+def test_smoke_run_ends_with_its_headline_json(name: str):
+    row = HEADLINES.get(name)
+    assert row is not None, f"benchmarks/{name} has no row in HEADLINES: add its documented last-line keys"
+    reason = _skip_reason(row)
+    if reason is not None:
+        pytest.skip(reason)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), "--smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"no output on stdout\n{done.stderr[-3000:]}"
+    if name == "gpu_check.py" and (gpu_reason := skip_reason()) is not None:
+        assert lines == [f"gpu-check: skipped: {gpu_reason}"]  # documented: one line, exit 0, without a GPU
+        return
+    last = json.loads(lines[-1])
+    assert isinstance(last, dict), lines[-1]
+    expected = row.keys | (PODMAN_KEYS if name == "verify.py" and podman_problem() is None else frozenset())
+    missing = sorted(expected - last.keys())
+    assert not missing, f"last line lacks {missing}: {lines[-1][:2000]}"

@@ -1,0 +1,142 @@
+"""The RL loop's settings and records as files hold them: configs in the layout of earlier versions still read,
+a run's settings hash to the identities earlier versions computed (so their checkpoints still resume), and a
+step record reads back as it was written — rows of earlier versions included."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harnessrl.rl.config import RLConfig, current_layout
+from harnessrl.rl.modes import StepOutcome
+from harnessrl.rl.records import Collected, EngineRates, StepRecord, Update, summarize
+from harnessrl.rl.run import _digest
+from harnessrl.train.trainer import STEP_METRICS, StepMetrics
+
+# identities of these settings as a270d73 (before the update settings were shared) computed them
+EARLIER_IDENTITIES = [
+    ({}, "f6b8303324c02581"),
+    (
+        {
+            "mode": "sync",
+            "steps": 3,
+            "save_every": 1,
+            "train": {"estimator": "rloo", "train": {"optim": {"lr": 1e-4}}},
+        },
+        "1b5c20b511c8ff3d",
+    ),
+]
+
+
+@pytest.mark.parametrize(("config", "identity"), EARLIER_IDENTITIES, ids=["defaults", "nested-rloo"])
+def test_settings_hash_to_the_identities_of_earlier_versions(config: dict, identity: str):
+    cfg = RLConfig.from_dict(config)
+    assert _digest(json.dumps(cfg.hashed_settings(), sort_keys=True, default=str).encode()) == identity
+
+
+def test_a_changed_update_setting_changes_the_identity():
+    base = RLConfig().hashed_settings()
+    assert RLConfig.from_dict({"estimator": "rloo"}).hashed_settings() != base
+    assert RLConfig.from_dict({"train": {"optim": {"lr": 3e-6}}}).hashed_settings() != base
+    assert RLConfig.from_dict({"steps": 99, "save_every": 3}).hashed_settings() == base  # unhashed
+
+
+def test_the_nested_layout_of_earlier_versions_reads_as_the_current_one():
+    old = {
+        "mode": "sync",
+        "train": {"estimator": "rloo", "threads": 1, "epochs": 3, "train": {"optim": {"lr": 2e-5}}},
+    }
+    assert current_layout(old) == {
+        "mode": "sync",
+        "estimator": "rloo",
+        "threads": 1,
+        "train": {"optim": {"lr": 2e-5}},
+    }
+    cfg = RLConfig.from_dict(old)
+    assert cfg.estimator == "rloo" and cfg.threads == 1 and cfg.train.optim.lr == 2e-5
+    current = {"estimator": "rloo", "train": {"optim": {"lr": 2e-5}, "seed": 4}}
+    assert current_layout(current) == current
+
+
+def test_an_unknown_field_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"rl config: unknown field\(s\) stepz; known: .*steps"):
+        RLConfig.from_dict({"stepz": 3})
+
+
+def _trained(step: int) -> StepRecord:
+    figures = StepMetrics(**{k: float(i) for i, k in enumerate(STEP_METRICS)})  # pyright: ignore[reportArgumentType]
+    update = Update(figures, 1.5, 0.25, 0.5, 8, 2, 0.5, 1, 3, 0)
+    collected = Collected(groups_zero_variance=1, tokens_generated=40, wait_s=2.0, groups_discarded=["t@g3"])
+    collected.add_rewards([0.0, 1.0, 1.0, 0.0])
+    return StepRecord(
+        step,
+        "colocated",
+        StepOutcome.TRAINED,
+        step,
+        ["t@g1", "t@g2"],
+        collected,
+        update,
+        0.2,
+        0.4,
+        20.0,
+        3.0,
+        3.0 * step,
+    )
+
+
+def test_a_step_record_reads_back_as_written():
+    trained = _trained(1)
+    idle = StepRecord(
+        2,
+        "colocated",
+        StepOutcome.NO_SIGNAL,
+        1,
+        [],
+        Collected(groups_skipped=["x@g5"]),
+        None,
+        0.0,
+        None,
+        0.0,
+        1.0,
+        4.0,
+    )
+    for record in (trained, idle):
+        row = json.loads(json.dumps(record.row()))
+        assert StepRecord.from_row(row).row() == record.row()
+    row = trained.row()
+    assert row["loss"] == 0.0 and row["reward_all_mean"] == 0.5 and row["rollouts_finished"] == 4
+    assert "step" in row and row["step"] == 1  # the loop's step, not the trainer's own counter
+    assert idle.row()["groups_trained"] == 0 and idle.row()["groups_skipped_dynamic"] == 1
+
+
+def test_a_row_of_an_earlier_version_reads():
+    row = {  # as a270d73 wrote a trained step (keys it had; some this version no longer writes)
+        "step": 3, "mode": "sync", "groups": ["a@g0"], "loss": 0.12, "grad_norm": 0.5, "tokens_per_s": 900.0,
+        "train_s": 1.0, "reward_mean": 0.5, "reward_std": 0.5, "rollouts_trained": 4, "groups_trained": 1,
+        "staleness_mean": 0.0, "staleness_max": 0, "partial_rollouts": 0, "excluded": 0,
+        "groups_zero_variance": 2, "groups_stale_dropped": 0, "reward_all_mean": 0.25, "rollouts_finished": 12,
+        "tokens_generated": 300, "wait_s": 5.0, "pause_s": 0.0, "lent_s": 0.0, "role_switches": 0,
+        "groups_discarded": ["b@g1", "c@g2"], "outcome": "trained", "version": 3, "weight_sync_s": 0.3,
+        "groups_skipped_dynamic": 0, "groups_skipped": [], "dynamic_sampling_exhausted": 0,
+        "engine_idle_frac": None, "gen_tokens_per_s": 30.0, "step_s": 10.0, "wall_s": 31.0,
+    }  # fmt: skip
+    record = StepRecord.from_row(row)
+    assert record.loss == 0.12 and record.reward_mean == 0.5 and record.collected.reward_all_mean == 0.25
+    assert record.update is not None and record.update.trainer["tokens_per_s"] == 900.0
+    assert {k: v for k, v in record.row().items() if k in row} == {
+        k: v for k, v in row.items() if k in record.row()
+    }
+
+
+def test_the_summary_is_computed_from_the_records():
+    records = [_trained(1), _trained(2)]
+    summary = summarize(records, "colocated", 6, 7.0, EngineRates(40.0, 400.0), 1)
+    assert summary.steps == summary.steps_trained == 2 and summary.version == 2
+    assert (
+        summary.groups_trained == 4 and summary.groups_zero_variance == 2 and summary.reward_all_mean == 0.5
+    )
+    assert summary.loss_last == 0.0 and summary.wall_s == 6.0 and summary.decode_tokens_per_s == 40.0
+    assert json.loads(json.dumps(summary.to_dict()))["train_tokens_per_s"] == float(
+        STEP_METRICS.index("tokens_per_s")
+    )
