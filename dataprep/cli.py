@@ -1,4 +1,4 @@
-"""`harnessrl tasks synthesize|import` and `harnessrl stage clean|validate`."""
+"""`harnessrl tasks synthesize|import|instruction|kernel|search|procedural` and `harnessrl stage clean|validate`."""
 
 from __future__ import annotations
 
@@ -34,6 +34,81 @@ def register(commands, stages) -> None:
     syn.add_argument("--workers", type=int, default=2, help="test runs in parallel (default 2)")
     syn.add_argument("--name", default=None, help="repository name in ids (default: from the source name)")
     syn.set_defaults(func=_synthesize)
+
+    ins = sub.add_parser(
+        "instruction", help="generate instruction-following tasks (verifiable constraints) as a task set"
+    )
+    ins.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
+    ins.add_argument("--n", type=int, default=64, help="tasks (default 64)")
+    ins.add_argument("--seed", type=int, default=0, help="task i depends only on (seed, i) (default 0)")
+    ins.add_argument(
+        "--split",
+        choices=["train", "test", "all"],
+        default="all",
+        help="base requests to draw from: train and test never share one (default all)",
+    )
+    ins.add_argument(
+        "--constraints", type=int, nargs="+", default=[1], help="constraints per task, drawn per task (1..3)"
+    )
+    ins.add_argument("--kinds", nargs="+", help="constraint kinds to draw from (default: every kind)")
+    ins.set_defaults(func=_instruction)
+
+    ker = sub.add_parser("kernel", help="kernel tasks (make a slow Python/NumPy function fast) as a task set")
+    ker.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
+    ker.add_argument("--n", type=int, default=None, help="tasks (default: every task that matches)")
+    ker.add_argument("--seed", type=int, default=0, help="task order (default 0)")
+    ker.add_argument(
+        "--split",
+        choices=["train", "test", "all"],
+        default="all",
+        help="task folders to draw from: train and test alternate in difficulty order, never sharing one",
+    )
+    ker.add_argument(
+        "--timing",
+        choices=["full", "quick"],
+        default="full",
+        help="time at each task's timing_size (full) or its smaller quick_timing_size (default full)",
+    )
+    ker.add_argument("--difficulty", type=int, nargs="+", help="difficulties to keep (1..5; default all)")
+    ker.add_argument("--names", nargs="+", help="task folders to keep (default all)")
+    ker.add_argument("--from", dest="root", type=Path, default=None, help="task folders' directory")
+    ker.set_defaults(func=_kernel)
+
+    sea = sub.add_parser(
+        "search", help="questions over a corpus of the installed packages' documentation, as a task set"
+    )
+    sea.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
+    sea.add_argument("--n", type=int, default=64, help="questions (default 64)")
+    sea.add_argument("--seed", type=int, default=0, help="which questions are drawn (default 0)")
+    sea.add_argument(
+        "--split",
+        choices=["train", "test", "all"],
+        default="all",
+        help="packages asked about: train and test never share one (default all)",
+    )
+    sea.add_argument(
+        "--kinds",
+        nargs="+",
+        help="question kinds: license requires_python version package cloze (default all)",
+    )
+    sea.add_argument(
+        "--site-dir",
+        dest="site_dirs",
+        type=Path,
+        action="append",
+        help="site-packages to build the corpus from (repeatable; default this interpreter's)",
+    )
+    sea.set_defaults(func=_search)
+
+    pro = sub.add_parser("procedural", help="reasoning-gym tasks (seed, difficulty) as a task set")
+    pro.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
+    pro.add_argument("--n", type=int, default=64, help="tasks (default 64)")
+    pro.add_argument("--seed", type=int, default=0, help="reasoning-gym seed (held out: another seed)")
+    pro.add_argument("--datasets", nargs="+", default=["chain_sum"], help="datasets, dealt round-robin")
+    pro.add_argument(
+        "--difficulty", type=int, default=0, help="curriculum level of every attribute (default 0)"
+    )
+    pro.set_defaults(func=_procedural)
 
     imp = sub.add_parser("import", help="turn downloaded SWE-smith/SWE-bench rows + repos into a task set")
     imp.add_argument("data", type=Path, help=".jsonl, .json, .parquet, or a HF `save_to_disk` directory")
@@ -204,3 +279,59 @@ def _validate(args: argparse.Namespace) -> int:
     report = validate_taskset(args.tasks, args.out, raise_on_failure=False)
     print(report.summary(), file=sys.stdout if report.success else sys.stderr)
     return 0 if report.success or args.no_fail else 1
+
+
+def _instruction(args: argparse.Namespace) -> int:
+    from harnessrl.environments.instruction.env import PromptSplit, write_instruction_taskset
+
+    taskset = write_instruction_taskset(
+        args.out,
+        args.n,
+        args.seed,
+        PromptSplit(args.split),
+        tuple(args.constraints),
+        tuple(args.kinds) if args.kinds else None,
+    )
+    print(f"{taskset.root}: {len(taskset.rows())} instruction tasks")
+    return 0
+
+
+def _kernel(args: argparse.Namespace) -> int:
+    from harnessrl.environments.kernel.env import TASKS_DIR, KernelSplit, Timing, write_kernel_taskset
+
+    taskset = write_kernel_taskset(
+        args.out,
+        args.n,
+        args.seed,
+        KernelSplit(args.split),
+        Timing(args.timing),
+        args.names,
+        args.difficulty,
+        args.root or TASKS_DIR,
+    )
+    print(f"{taskset.root}: {len(taskset.rows())} kernel tasks")
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from harnessrl.environments.search.env import SearchSplit, write_search_taskset
+
+    taskset = write_search_taskset(
+        args.out, args.n, args.seed, SearchSplit(args.split), args.kinds, args.site_dirs
+    )
+    corpus = taskset.manifest.get("corpus", {})
+    print(f"{taskset.root}: {len(taskset.rows())} search questions over {corpus.get('passages')} passages")
+    return 0
+
+
+def _procedural(args: argparse.Namespace) -> int:
+    from harnessrl.environments.procedural.env import write_procedural_taskset
+    from harnessrl.environments.procedural.source import ReasoningGymMissing
+
+    try:
+        taskset = write_procedural_taskset(args.out, args.n, args.seed, tuple(args.datasets), args.difficulty)
+    except ReasoningGymMissing as e:
+        print(f"harnessrl: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{taskset.root}: {len(taskset.rows())} procedural tasks")
+    return 0

@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "components.evaluate.cli",
     "components.sft.cli",
     "components.rl_loop.cli",
+    "components.task_family.cli",
 )
 
 # Top-level modules of the [local] extra (torch, ...): an install without it (the cpu project image) has no

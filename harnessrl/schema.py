@@ -71,6 +71,9 @@ class Sample:
 class HarnessName(StrEnum):
     REACT = "react"
     MINI_SWE_AGENT = "mini-swe-agent"
+    CLAUDE_CODE = "claude-code"  # the upstream CLI, pinned, inside the rollout's bubblewrap sandbox
+    CODEX = "codex"  # the upstream Codex CLI, pinned, inside the rollout's bubblewrap sandbox
+    CHAT = "chat"  # one reply, no tools (environments graded on the answer)
 
 
 class SandboxKind(StrEnum):
@@ -93,9 +96,12 @@ class HarnessSpec:
     harness: HarnessName = HarnessName.REACT
     tools: list[str] = field(default_factory=lambda: ["bash", "edit", "submit"])
     sandbox: SandboxKind = SandboxKind.BUBBLEWRAP
-    reward: RewardName = RewardName.SWEBENCH
+    reward: str = ""  # "": the task's environment's default; a name it offers; or "module:function"
     limits: dict[str, Any] = field(default_factory=lambda: {"turns": 20, "tokens": 8192, "wall_s": 600})
     options: dict[str, Any] = field(
         default_factory=dict
     )  # harness-specific (context strategy, error handling)
     network: str | None = None  # podman / kubernetes: named egress allow-list (None: no network)
+    # which of a rollout's chains train: "all" (main agent, subagents, compaction, side calls) or "main" (the
+    # chain its first call started); applied where the gateway assembles samples (gateway/samples.py)
+    train_chains: str = "all"

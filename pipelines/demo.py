@@ -1,10 +1,13 @@
-"""`harnessrl demo`: the full pipeline locally on the embedded default.
+"""`harnessrl demo`: the full pipeline locally on the embedded default, SmolLM2-135M on the CPU.
 
-A task set synthesized from a small real package (parse==1.22.4) → clean → validate → Best-of-N difficulty →
-select → the RL loop in colocated async mode (rollouts, verification, GRPO steps, in-place weight sync) →
-evaluation of base vs trained on the held-out task, with SmolLM2-135M on the CPU. Sizes are cut so it
-finishes in minutes on 2 cores: 4 tasks (3 to train on, 1 held out), N=2, 2 turns of at most 32 sampled
-tokens, 2 loop steps of one group each (at most 2 groups tried per step), 2 evaluation rollouts per policy.
+A SWE task set synthesized from a small real package (parse==1.22.4) → clean → validate → Best-of-N
+difficulty (N=2, our ReAct harness, 2 turns of at most 32 tokens) → select. The tiny model solves none of
+these, so the task-family step (`rl_family=auto`) says so and hands the RL loop an instruction-following
+family instead: 64 generated requests with IFEval's "no commas" constraint, 40 held out on base requests the
+training tasks never use. The loop (colocated async: rollouts through the chat harness and the recording
+gateway, verification, GRPO, in-place weight sync) runs 6 steps of 4 groups × 8 rollouts; the evaluation
+compares base vs trained on the 40 held-out tasks, 4 sampled rollouts each, with a paired interval; the run
+summary's first line says whether training helped.
 """
 
 from __future__ import annotations
@@ -75,8 +78,13 @@ def demo_source(console: Console, cache: Path = SOURCES_CACHE) -> Path:
 DEMO_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 2}, "options": {"max_tokens_per_turn": 32}}]'
 
 
-# The loop's budget per step: groups without reward variance are replaced, here by at most one more group.
-DEMO_RL_CONFIG = '{"max_groups_per_step": 2, "verify_timeout_s": 60}'
+# The loop's settings: GRPO at a learning rate that moves the tiny model within a few steps.
+DEMO_RL_CONFIG = '{"verify_timeout_s": 60, "train": {"optim": {"lr": 3e-5}}}'
+
+# The family the loop trains on when the SWE tasks give the tiny model no headroom: requests with one
+# constraint the base model meets now and then (IFEval's "no commas"), answered in one reply of <= 48 tokens.
+DEMO_FAMILY_KINDS = "no_commas"
+DEMO_FAMILY_SPECS = '[{"harness": "chat", "limits": {"tokens": 48}}]'
 
 
 def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
@@ -87,16 +95,22 @@ def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
         "base_model_uri": str(tiny_model_dir()),
         "max_tasks": max_tasks,
         "seed": 0,
-        "group_size": 2,
         "difficulty_n": 2,
         "k_all_fail": max_tasks,
         "test_fraction": 0.25,  # of 4 tasks: 1 held out for the evaluation, 3 to train on
         "specs_json": DEMO_SPECS,
+        "rollout_concurrency": 16,
+        "rl_family": "auto",
+        "family_train_tasks": 64,
+        "family_held_out_tasks": 40,
+        "family_kinds": DEMO_FAMILY_KINDS,
+        "family_specs_json": DEMO_FAMILY_SPECS,
         "mode": "colocated",
-        "steps": 2,
-        "batch_groups": 1,
+        "steps": 6,
+        "batch_groups": 4,
+        "group_size": 8,
         "config_json": DEMO_RL_CONFIG,
-        "eval_k": 2,
+        "eval_k": 4,
     }
 
 

@@ -2,9 +2,9 @@
 
     import-source → synthesize → clean → validate
                                   │ kept (after validate)
-    import-base-model ────────────┼─▶ estimate-difficulty ─▶ select ─┬─ selected ─▶ rl-loop ─┐ model
-          │                                                          └─ held_out ──▶ evaluate ◀┘
-          └──────────────────── policy (rl-loop), base_policy (evaluate) ─────────────┘
+    import-base-model ────────────┼─▶ estimate-difficulty ─▶ select ─▶ task-family ─┬─ train ─▶ rl-loop ─┐ model
+          │                                                                         └─ test ──▶ evaluate ◀┘
+          └──────────────────── policy (rl-loop), base_policy (evaluate) ────────────────────┘
                                               summarize-run ◀── every step's metrics
 
 `harnessrl-full-cold-start` adds a `cold-start` step (SFT on scripted demonstrations of the selected tasks'
@@ -27,6 +27,7 @@ from components.evaluate.component import evaluate
 from components.rl_loop.component import rl_loop
 from components.sft.component import sft
 from components.summarize_run.component import summarize_rl_run
+from components.task_family.component import task_family
 from pipelines.data_prep import add_data_prep
 from pipelines.k8s import gpu_step, use_s3_credentials
 from pipelines.selection import add_selection
@@ -76,6 +77,11 @@ def build_full(cold_start: bool = False):
         config_json: str = "{}",
         rl_gpus: int = 1,  # the rl-loop step's GPUs and trainer ranks, set per run
         eval_k: int = 4,
+        rl_family: str = "auto",  # the RL loop's tasks: auto | swe | instruction (components/task_family)
+        family_train_tasks: int = 64,
+        family_held_out_tasks: int = 40,
+        family_kinds: str = "",  # the instruction family's constraint kinds, comma-separated ("": all)
+        family_specs_json: str = "",  # the generated family's rollout spec ("": its environment's default)
         cold_start_epochs: int = 3,  # harnessrl-full-cold-start only, as the next one
         cold_start_config_json: str = "{}",  # the sft stage's settings (components.sft.stage.SftConfig)
     ):
@@ -115,8 +121,20 @@ def build_full(cold_start: bool = False):
             warm.set_display_name("cold-start")
             gpu_step(warm, gpus=1)
             policy = warm.outputs["model"]
+        family = task_family(
+            selected=selection.outputs["selected"],
+            held_out=selection.outputs["held_out"],
+            family=rl_family,
+            n_train=family_train_tasks,
+            n_held_out=family_held_out_tasks,
+            kinds=family_kinds,
+            seed=seed,
+            swe_specs_json=specs_json,
+            family_specs_json=family_specs_json,
+        )
+        family.set_display_name("task-family")
         trained = rl_loop(
-            tasks=selection.outputs["selected"],
+            tasks=family.outputs["train"],
             policy=policy,
             mode=mode,
             steps=steps,
@@ -125,7 +143,7 @@ def build_full(cold_start: bool = False):
             max_staleness=max_staleness,
             save_every=save_every,
             engine_url=engine_url,
-            specs_json=specs_json,
+            specs_json=family.outputs["Output"],
             config_json=config_json,
             seed=seed,
             nproc=rl_gpus,
@@ -133,12 +151,12 @@ def build_full(cold_start: bool = False):
         gpu_step(trained, gpus=rl_gpus)
         use_s3_credentials(trained)
         evaluation = evaluate(
-            tasks=selection.outputs["held_out"],
+            tasks=family.outputs["test"],
             base_policy=base_model,
             policy=trained.outputs["model"],
             k=eval_k,
             concurrency=rollout_concurrency,
-            specs_json=specs_json,
+            specs_json=family.outputs["Output"],
             engine_url=engine_url,
             seed=seed,
         )
@@ -146,6 +164,7 @@ def build_full(cold_start: bool = False):
         summarize_rl_run(
             difficulty=estimate.outputs["metrics"],
             selection=selection.outputs["metrics"],
+            family=family.outputs["metrics"],
             trained=trained.outputs["metrics"],
             trained_steps=trained.outputs["tensorboard"],
             evaluated=evaluation.outputs["metrics"],

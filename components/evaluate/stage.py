@@ -11,7 +11,6 @@ Output directory (replaced atomically):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import logging
 from collections.abc import Sequence
@@ -86,14 +85,10 @@ def resolve_tasks(path: str | Path, split: Split = Split.TEST) -> Path:
     return path
 
 
-def specs_for_mode(specs: list[NamedSpec], mode: EvalMode) -> list[NamedSpec]:
-    """Greedy: every spec at temperature 0 (both harnesses take the `temperature` option); sampled: as given."""
-    if mode is EvalMode.SAMPLED:
-        return specs
-    return [
-        NamedSpec(s.name, dataclasses.replace(s.spec, options={**s.spec.options, "temperature": 0.0}))
-        for s in specs
-    ]
+def mode_options(mode: EvalMode) -> dict[str, Any]:
+    """Greedy: every rollout's spec at temperature 0 (every harness takes the `temperature` option);
+    sampled: as given."""
+    return {} if mode is EvalMode.SAMPLED else {"temperature": 0.0}
 
 
 def _push_weights(policy: Policy, version: int) -> None:
@@ -154,9 +149,10 @@ def run_evaluate(
                 run_generate(
                     taskset.root,
                     run / "rollouts",
-                    specs_for_mode(named, mode),
+                    named,
                     policy.source(cfg.max_batch),
                     GenerateConfig(
+                        spec_options=mode_options(mode),
                         group_size=group,
                         concurrency=cfg.concurrency,
                         max_tasks=cfg.max_tasks,

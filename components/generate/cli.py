@@ -37,7 +37,7 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     add_tasks(p, help="task-set directory (tasks.jsonl + repos/)")
     add_specs(
         p,
-        help="JSON file: one HarnessSpec or a list (assigned round-robin per rollout); "
+        help="JSON file, or the JSON itself: one HarnessSpec or a list (assigned round-robin per rollout); "
         "default: the react harness in bubblewrap",
     )
     add_concurrency(p)
@@ -134,6 +134,8 @@ def _run(args) -> int:
                     "finish_reasons",
                     "records",
                     "samples",
+                    "samples_per_rollout_mean",
+                    "single_sample_share",
                     "rollouts_per_hour",
                 )
             }

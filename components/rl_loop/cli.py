@@ -22,9 +22,10 @@ from components.flags import (
     add_specs,
     add_tasks,
 )
-from harnessrl.engine.base import WeightSyncMode
+from harnessrl.engine.base import DType, WeightSyncMode
 from harnessrl.rl.admission import StalePolicy
 from harnessrl.rl.modes import RLMode, WorkloadKind
+from harnessrl.train.modes import Estimator
 
 if TYPE_CHECKING:
     from harnessrl.rl.config import RLConfig
@@ -62,7 +63,19 @@ def register(commands, stages) -> None:
     p.add_argument("--replicas", type=int, help="local engine replicas behind the router")
     p.add_argument("--nproc", type=int, help="trainer ranks (torchrun; one GPU each); default 1")
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--engine-dtype",
+        choices=list(DType),
+        help="local engine weights' format (auto: what this host multiplies faster); default float32",
+    )
     p.add_argument("--lr", type=float)
+    p.add_argument("--estimator", choices=list(Estimator), help="advantage estimator (default: grpo)")
+    p.add_argument(
+        "--env",
+        dest="environments",
+        action="append",
+        help="train only on the task set's tasks of this environment (repeat for several; default: every task)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT")
     add_model_out(p)
     p.add_argument("--upload-to", help="s3://bucket/prefix for checkpoints and the final model")
@@ -93,6 +106,9 @@ FLAGS = (
     "nproc",
     "seed",
     "weight_sync",
+    "engine_dtype",
+    "estimator",
+    "environments",
 )
 
 

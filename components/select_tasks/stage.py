@@ -50,7 +50,7 @@ def run_select(
     with atomic_output(out) as tmp:
         for split, ids in ((Split.TRAIN, sel.train), (Split.TEST, sel.test)):
             split_rows = [rows[i] for i in ids]
-            repos = sorted({r["repo"] for r in split_rows})
+            repos = sorted({r["repo"] for r in split_rows if r.get("repo")})  # rows without one: no data
             write_taskset(
                 tmp / split,
                 split_rows,

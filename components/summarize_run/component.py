@@ -55,6 +55,7 @@ def summarize_run(
 def summarize_rl_run(
     difficulty: Input[Metrics],
     selection: Input[Metrics],
+    family: Input[Metrics],
     trained: Input[Metrics],
     trained_steps: Input[Artifact],
     evaluated: Input[Metrics],
@@ -80,5 +81,6 @@ def summarize_rl_run(
         read_metrics(evaluated, "evaluate"),
         read_steps(Path(trained_steps.path)),
         mode,
+        read_metrics(family, "task-family"),
     )
     publish(result.markdown, result.metrics, report, metrics, html=report_html)

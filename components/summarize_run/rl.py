@@ -62,14 +62,25 @@ def comparison_rows(values: dict[str, float]) -> list[dict[str, Any]]:
 
 
 def plot_run(steps: list[StepRecord], evaluated: list[dict[str, Any]]) -> bytes:
-    """Left: reward mean and loss per RL step. Right: held-out pass@1 per policy with its 95% interval."""
+    """Left: reward per RL step (every finished rollout, and the trained groups) and the loss. Right: held-out
+    pass@1 per policy with its 95% interval. A panel with nothing to show says why in words."""
     fig, axes = new_figure(3.0, 1, 2)
     left, right = axes[0]
-    rewards = [(s.step, s.reward_mean) for s in steps if s.reward_mean is not None]
-    left.plot([x for x, _ in rewards], [v for _, v in rewards], marker="o", label="reward mean")
+    every = [(s.step, s.collected.reward_all_mean) for s in steps if s.collected.reward_all_mean is not None]
+    trained = [(s.step, s.reward_mean) for s in steps if s.reward_mean is not None]
     losses = [(s.step, s.loss) for s in steps if s.loss is not None]
-    if losses:
-        left.plot([x for x, _ in losses], [v for _, v in losses], marker="s", label="loss")
+    for points, marker, label in (
+        (every, "o", "reward, every finished rollout"),
+        (trained, "^", "reward, trained groups"),
+        (losses, "s", "loss"),
+    ):
+        if points:
+            left.plot([x for x, _ in points], [v for _, v in points], marker=marker, label=label)
+    if every or trained:
+        left.legend(fontsize=8)
+    else:
+        why = "the RL loop recorded no steps" if not steps else "no step finished a rewarded rollout"
+        left.text(0.5, 0.5, why, ha="center", va="center", transform=left.transAxes, fontsize=9)
     left.set_title("RL loop, per optimizer step", fontsize=10)
     left.set_xlabel("step", fontsize=8)
     if evaluated:
@@ -82,13 +93,46 @@ def plot_run(steps: list[StepRecord], evaluated: list[dict[str, Any]]) -> bytes:
         right.bar(range(len(values)), values, yerr=errors, capsize=4, color="#4c72b0")
         right.set_xticks(range(len(values)), labels)
         right.set_ylim(0, 1)
+    else:
+        right.text(0.5, 0.5, "no policy was evaluated", ha="center", va="center", transform=right.transAxes)
     right.set_title("held-out pass@1 (95% interval)", fontsize=10)
     for ax in (left, right):
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-    if rewards:
-        left.legend(fontsize=8)
     return figure_png(fig)
+
+
+def verdict_line(compared: list[dict[str, Any]], family: StageRef | None) -> str:
+    """The summary's first line: did training help, by the first paired comparison and its interval."""
+    if not compared:
+        return "**Did training help? Unknown**: the evaluation compared no policies."
+    c = compared[0]
+    where = ""
+    if family is not None and family.values.get("test"):
+        kind = "SWE" if family.values.get("family_swe") else "instruction-following"
+        where = f" on {family.values['test']:.0f} held-out {kind} tasks"
+    interval = f"[{_num(c['low'], '{:+.3f}')}, {_num(c['high'], '{:+.3f}')}]"
+    change = (
+        f"pass@1 {c['b']} − {c['a']} ({c['mode']}) {c['diff']:+.3f}, paired 95% interval {interval}{where}"
+    )
+    if c["significant"] and c["diff"] > 0:
+        return f"**Training helped**: {change}."
+    if c["significant"]:
+        return f"**Training hurt**: {change}."
+    return f"**Training did not measurably help**: {change} (the interval includes 0)."
+
+
+def family_line(family: StageRef) -> str:
+    v = family.values
+    if v.get("family_swe"):
+        return f"Trained on the selected SWE tasks ({_num(v.get('swe_mixed'), '{:.0f}')} with headroom)."
+    if v.get("swe_mixed"):
+        return "Trained on the instruction-following family, as the run's settings asked."
+    return (
+        "SWE tasks gave the policy no headroom (it solved none of their estimated rollouts), so the loop "
+        f"trained on the instruction-following family: {_num(v.get('train'), '{:.0f}')} tasks, "
+        f"{_num(v.get('test'), '{:.0f}')} held out (base requests the training tasks never use)."
+    )
 
 
 def render_rl_summary(
@@ -98,6 +142,7 @@ def render_rl_summary(
     evaluation: StageRef,
     steps: list[StepRecord],
     mode: str,
+    family: StageRef | None = None,
 ) -> StageReport:
     d, s, r = difficulty.values, selection.values, loop.values
     base_rate = _rate(d.get("passes"), d.get("valid_rollouts"))
@@ -111,8 +156,11 @@ def render_rl_summary(
     lines = [
         "# Run summary",
         "",
+        verdict_line(compared, family),
+        "",
         "Held-out pass@1 after training vs before: " + ("; ".join(verdicts) or "n/a (no comparison)") + ".",
         "",
+        *([family_line(family), ""] if family is not None else []),
         *tasks_table(d, s),
         "",
         f"Base model pass rate on every kept task (difficulty estimation, N={_num(d.get('n'), '{:.0f}')} "

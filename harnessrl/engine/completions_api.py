@@ -47,6 +47,8 @@ def build_request(
         "skip_special_tokens": False,
         "stream": False,
     }
+    if top_logprobs:
+        body["return_tokens_as_token_ids"] = True  # vLLM keys top_logprobs "token_id:N" (text is ambiguous)
     if sampling.seed is not None:
         body["seed"] = int(sampling.seed)
     if stop_token_ids:
@@ -151,9 +153,9 @@ def build_stream_chunk(
     }
 
 
-def parse_response(body: Any, source: str, default_version: int = 0) -> Generation:
+def parse_response(body: Any, source: str, default_version: int = 0, top_k: int = 0) -> Generation:
     """Reads the first choice of a completions reply into a Generation, or raises EngineError saying what
-    is wrong with the reply."""
+    is wrong with the reply. `top_k`: the alternatives asked for per token (0: none)."""
 
     def bad(what: str) -> EngineError:
         return EngineError(f"{source}: malformed /v1/completions reply: {what}")
@@ -162,23 +164,45 @@ def parse_response(body: Any, source: str, default_version: int = 0) -> Generati
     if finish is None:
         raise bad("choices[0].finish_reason is missing")
     version, versions = _token_versions(choice, len(token_ids), default_version)
-    tops = None
-    top_raw = choice["logprobs"].get("top_logprobs")
-    if isinstance(top_raw, list) and top_raw and isinstance(choice.get("top_logprob_ids"), list):
-        tops = [[(int(i), float(lp)) for i, lp in row] for row in choice["top_logprob_ids"]]
     return Generation(
         token_ids=token_ids,
         logprobs=logprobs,
         finish_reason=finish,
         policy_version=version,
         token_policy_versions=versions,
-        top_logprobs=tops,
+        top_logprobs=_top_logprobs(choice, len(token_ids), top_k, bad),
         timings={k: float(v) for k, v in (choice.get("timings") or {}).items() if isinstance(v, int | float)},
-        cached_prompt_tokens=_cached_tokens(body.get("usage")),
+        cached_prompt_tokens=cached_prompt_tokens(body.get("usage")),
     )
 
 
-def _cached_tokens(usage: Any) -> int:
+def _top_logprobs(choice: dict, n_tokens: int, top_k: int, bad) -> list[list[tuple[int, float]]] | None:
+    """Per token, the best alternatives (id, logprob), best first: our server's `top_logprob_ids`, or vLLM's
+    `logprobs.top_logprobs` dicts keyed "token_id:N" (`return_tokens_as_token_ids`; vLLM also lists the
+    sampled token when it is not among the best, so each row is cut to `top_k`)."""
+    ours = choice.get("top_logprob_ids")
+    if isinstance(ours, list):
+        return [[(int(i), float(lp)) for i, lp in row] for row in ours]
+    if top_k <= 0:
+        return None  # vLLM answers `logprobs: 0` with the sampled token alone, keyed by its text
+    raw = choice["logprobs"].get("top_logprobs")
+    if not (isinstance(raw, list) and raw and all(isinstance(row, dict) for row in raw)):
+        return None
+    if len(raw) != n_tokens:
+        raise bad(f"{n_tokens} token_ids but {len(raw)} rows of top_logprobs")
+    rows: list[list[tuple[int, float]]] = []
+    for row in raw:
+        parsed = []
+        for key, lp in row.items():
+            if not (isinstance(key, str) and key.startswith("token_id:")) or isinstance(lp, bool):
+                raise bad(f"top_logprobs key {key!r} is not a token id (send return_tokens_as_token_ids)")
+            parsed.append((int(key.removeprefix("token_id:")), float(lp)))
+        rows.append(sorted(parsed, key=lambda p: -p[1]))
+    return [r[:top_k] for r in rows]
+
+
+def cached_prompt_tokens(usage: Any) -> int:
+    """`usage.prompt_tokens_details.cached_tokens` (vLLM: with --enable-prompt-tokens-details), else 0."""
     details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return cached if isinstance(cached, int) and not isinstance(cached, bool) else 0

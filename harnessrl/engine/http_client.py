@@ -11,7 +11,12 @@ tags each token with the version this client had when the token arrived; the ver
 `/resume`, so tokens sampled before the sync and after it are tagged apart (as LocalEngine tags them).
 By broadcast (`init_weight_broadcast` once, `receive_weights_broadcast` per sync, while the trainer sends):
 ours is `POST /init_broadcast` and `POST /receive_weights`; vLLM the extension's methods, paused as above.
-The weight-sync client stays in this module (which makes it ~430 lines) because the protocol it finds decides
+Where vLLM answers differently from ours (checked against vLLM 0.32 CPU, tests/engine/test_vllm_*.py): abort is
+`POST /abort_requests` with vLLM's request ids (`cmpl-<X-Request-Id>-0`); top alternatives are asked for as token
+ids (`return_tokens_as_token_ids`: its `top_logprobs` are keyed "token_id:N"); a stream's cached prompt tokens
+come in a last usage chunk (`stream_options.include_usage`); its figures are Prometheus `/metrics`
+(`vllm_metrics.py`).
+The weight-sync client stays in this module (which makes it ~510 lines) because the protocol it finds decides
 how `generate` tags versions.
 """
 
@@ -37,9 +42,16 @@ from harnessrl.engine.base import (
     WeightSyncMode,
     WeightSyncUnsupported,
 )
-from harnessrl.engine.completions_api import build_request, parse_response, parse_stream_chunk
+from harnessrl.engine.completions_api import (
+    build_request,
+    cached_prompt_tokens,
+    parse_response,
+    parse_stream_chunk,
+)
+from harnessrl.engine.vllm_metrics import VLLMFigures
 from harnessrl.engine.vllm_worker import (
     EXTENSION,
+    FAILED_UPDATE,
     INFO,
     INIT_BROADCAST,
     LOAD,
@@ -50,6 +62,8 @@ from harnessrl.engine.vllm_worker import (
     ReceiveRequest,
 )
 from harnessrl.engine.weight_sync import VLLM_FIX, VLLM_VERSION, WeightSyncProtocol
+
+KEEPALIVE_S = 3.0  # below uvicorn's 5 s (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default)
 
 
 class HTTPEngine(StreamingEngine, BroadcastEngine):
@@ -74,6 +88,7 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         self._sync_checked = False
         self._workers = 1  # ranks this engine brings to a weight broadcast (vLLM: one per worker)
         self._context_length: int | None = None
+        self._figures = VLLMFigures()  # vLLM's /metrics, scrape to scrape
 
     def __repr__(self) -> str:
         return f"HTTPEngine({self.base_url!r})"
@@ -82,7 +97,9 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         loop = asyncio.get_running_loop()
         session = self._sessions.get(loop)
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(limit=0)  # many concurrent rollouts: no pool cap
+            # many concurrent rollouts: no pool cap. An idle connection is dropped after 3 s, before the server
+            # drops it (vLLM's uvicorn after 5 s): a request on a connection the server just closed fails
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
             session = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers, connector=connector)
             self._sessions[loop] = session
         return session
@@ -110,6 +127,10 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         params: dict[str, str] | None = None,
     ) -> tuple[int, str]:
         url = self.base_url + path
+        if path == "/collective_rpc":
+            # a worker's exception reaches vLLM's uvicorn unhandled: it answers 500 and then resets the
+            # connection, so a pooled one would fail the next request
+            headers = {**(headers or {}), "Connection": "close"}
         try:
             async with self._session().request(
                 method, url, json=body, headers=headers, params=params
@@ -159,7 +180,7 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         start = time.perf_counter()
         version = self.policy_version  # a server that reports no versions: the (older) version at the start
         reply = await self._call("POST", "/v1/completions", body, headers)
-        generation = parse_response(reply, self.base_url + "/v1/completions", version)
+        generation = parse_response(reply, self.base_url + "/v1/completions", version, top_logprobs)
         generation.timings["http_s"] = time.perf_counter() - start
         return generation
 
@@ -177,7 +198,8 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         logprobs: list[float] = []
         versions: list[int] = []
         finish = None
-        stream = self.generate_stream(prompt_ids, sampling, max_tokens, stop_token_ids, request_id=request_id)
+        usage: dict[str, Any] = {}
+        stream = self._stream(prompt_ids, sampling, max_tokens, stop_token_ids, request_id, usage)
         async for delta in stream:
             ids += delta.token_ids
             logprobs += delta.logprobs
@@ -191,6 +213,7 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
             policy_version=versions[-1] if versions else self.policy_version,
             token_policy_versions=versions,
             timings={"http_s": time.perf_counter() - start},
+            cached_prompt_tokens=cached_prompt_tokens(usage),
         )
 
     async def generate_stream(
@@ -204,9 +227,23 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
     ) -> AsyncIterator[GenerationDelta]:
         """`stream: true` on `/v1/completions`: one delta per SSE chunk as the server sends it; the last
         delta carries finish_reason. Closing the iterator early closes the connection (vLLM then aborts)."""
+        async for delta in self._stream(prompt_ids, sampling, max_tokens, stop_token_ids, request_id, {}):
+            yield delta
+
+    async def _stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stop_token_ids: list[int] | None,
+        request_id: str | None,
+        usage: dict[str, Any],
+    ) -> AsyncIterator[GenerationDelta]:
+        """`generate_stream`, filling `usage` from a usage chunk (vLLM sends one last, with no choices)."""
         model = self.model or await self._first_model()
         body = build_request(prompt_ids, sampling, max_tokens, stop_token_ids, model)
         body["stream"] = True
+        body["stream_options"] = {"include_usage": True}  # ours ignores it (its replies carry no usage)
         headers = {"X-Request-Id": request_id} if request_id else None
         url = self.base_url + "/v1/completions"
         finished = False
@@ -227,11 +264,14 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
                         continue  # blank separators, comments, `event:` lines
                     data = line[5:].strip()
                     if data == b"[DONE]":
-                        break
+                        continue  # read on to the body's end: a connection left mid-body is not reusable
                     try:
                         chunk = json.loads(data)
                     except json.JSONDecodeError as e:
                         raise EngineError(f"{url}: stream chunk is not JSON ({e}): {data[:200]!r}") from e
+                    if isinstance(chunk, dict) and chunk.get("choices") == [] and chunk.get("usage"):
+                        usage.update(chunk["usage"])  # the usage chunk: after the last token
+                        continue
                     delta = parse_stream_chunk(chunk, url, self.policy_version)
                     finished = delta.finish_reason is not None
                     yield delta
@@ -258,9 +298,13 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
             return False
 
     async def stats(self) -> EngineStats | None:
-        """The engine's counters (`GET /stats` of `harnessrl engine serve`: prefix cache hit rate, prefill and
-        decode seconds); None when the server has no such endpoint (vLLM: scrape its Prometheus `/metrics`)."""
+        """The engine's counters: `GET /stats` of `harnessrl engine serve` (prefix cache hit rate, prefill and
+        decode seconds), vLLM's Prometheus `GET /metrics` (`vllm_metrics.py`: which figures are approximate);
+        None when the server reports neither."""
         try:
+            if await self.weight_sync_protocol() is WeightSyncProtocol.VLLM:
+                status, text = await self._request("GET", "/metrics")
+                return self._figures.update(text) if status == 200 else None
             reply = await self._call("GET", "/stats")
         except EngineError:
             return None
@@ -411,6 +455,12 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
             if isinstance(reset, dict) and reset.get("success") is False:
                 raise EngineError(f"{self.base_url}: /reset_prefix_cache answered {reset!r}")
         except EngineError as e:
+            if await self._still_consistent():
+                await self._call("POST", "/resume")
+                raise EngineError(
+                    f"{self.base_url}: weight update to version {version} refused ({e}); no weight changed: "
+                    f"the engine still serves version {self.policy_version} and generates again"
+                ) from e
             raise EngineError(
                 f"{self.base_url}: weight update to version {version} failed ({e}); the engine stays paused "
                 "so that it samples no half-loaded policy: retry load_weights, or restart it"
@@ -418,8 +468,40 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         self.policy_version = version  # before /resume: tokens arriving from now on were sampled after it
         await self._call("POST", "/resume")
 
+    async def _still_consistent(self) -> bool:
+        """After a failed update: does every worker still serve the version it had (the extension refused the
+        update before changing a weight)? False when one reports a half-applied update, or cannot answer."""
+        try:
+            answers = _rpc_results(
+                await self._call("POST", "/collective_rpc", {"method": INFO}), self.base_url
+            )
+        except EngineError:
+            return False
+        return all(
+            isinstance(a, dict) and FAILED_UPDATE not in a and a.get("policy_version") == self.policy_version
+            for a in answers
+        )
+
     async def abort(self, request_ids: list[str] | None = None) -> bool:
-        await self._call("POST", "/abort", {} if request_ids is None else {"request_ids": list(request_ids)})
+        """Ours: `POST /abort`. vLLM: `POST /abort_requests` (a dev endpoint: False without it), its request ids
+        being `cmpl-<X-Request-Id>-0`; both answer the aborted requests with finish_reason "abort" and the
+        tokens sampled so far."""
+        if await self.weight_sync_protocol() is WeightSyncProtocol.HARNESSRL:
+            body = {} if request_ids is None else {"request_ids": list(request_ids)}
+            await self._call("POST", "/abort", body)
+            return True
+        if request_ids is not None and not request_ids:
+            return True  # vLLM reads an empty list as "all"
+        ids = None if request_ids is None else [f"cmpl-{r}-0" for r in request_ids]
+        status, text = await self._request(
+            "POST", "/abort_requests", {} if ids is None else {"request_ids": ids}
+        )
+        if status == 404:
+            return False  # dev endpoints off: the caller cancels instead
+        if status >= 400:
+            raise EngineError(
+                f"{self.base_url}/abort_requests: engine answered HTTP {status}: {_error_message(text)}"
+            )
         return True
 
 

@@ -216,4 +216,25 @@ def load(model_dir: Path, config: LlamaConfig, dtype: torch.dtype, device: torch
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(device).eval()
     model.inv_freq = model.inv_freq.to(device)
+    if device.type == "cpu" and dtype == torch.float32:
+        store_transposed(model)
     return model
+
+
+def store_transposed(model: nn.Module) -> None:
+    """Every weight matrix stored transposed ([in, out] in memory, the same [out, in] tensor to every reader:
+    names, shapes, values and weight syncs' in-place copies unchanged). `F.linear(x, W)` is then MKL's
+    `x @ B` with a plain row-major B instead of a transposed one, which its float32 GEMM runs ~2x faster
+    with the few rows of a decode step (8 rows: 48 vs 107 ms for one step's products, the head included;
+    64 rows: 2x; 256 rows and 1 row: the same; one thread, this project's Ice Lake VM). The tied head and
+    embedding stay one tensor (an embedding lookup reads rows of it either way)."""
+    done: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.dim() != 2:
+                continue
+            if id(param) not in done:
+                done[id(param)] = nn.Parameter(
+                    param.detach().t().contiguous().t(), requires_grad=param.requires_grad
+                )
+            setattr(module, name, done[id(param)])

@@ -65,6 +65,8 @@ class LocalEngine(SchedulerLoop, StreamingEngine, WeightLoadingEngine):
     - Default stop tokens: the tokenizer's eos and `<|im_end|>`; `stop_token_ids` adds to them (as in vLLM).
       The stop token is included in `token_ids` (it was sampled, so it is trainable).
     - `finish_reason`: a `FinishReason` (stop token, max_tokens or a full context, abort).
+    - `dtype`: the weights' (and keys/values') format; `auto`: float32 or bfloat16, whichever this host
+      multiplies faster at the model's shapes (`harnessrl.numformat`: measured once per host, cached).
     - `model_impl`: the engine's own forward pass for Llama-family checkpoints (`llama.py`; no transformers
       import, ~2.6 s less to start) or transformers' model (`hf_forward.py`); `auto` takes the first that
       serves the checkpoint.
@@ -95,7 +97,8 @@ class LocalEngine(SchedulerLoop, StreamingEngine, WeightLoadingEngine):
             torch.set_num_threads(threads)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = _load_tokenizer(self.model_dir)
-        served = _load_model(self.model_dir, ModelImpl(model_impl), DType(dtype), self.device)
+        dtype = _resolve_dtype(DType(dtype), self.model_dir, self.device)
+        served = _load_model(self.model_dir, ModelImpl(model_impl), dtype, self.device)
         self.model, self._forward, self.model_impl = served.model, served.forward, served.impl
         config = served.config
         self.num_layers = int(config.num_hidden_layers)
@@ -346,6 +349,19 @@ class ServedModel:
     config: Any  # its shape: num_hidden_layers, hidden_size, vocab_size, ... (transformers' names)
     forward: StepForward
     impl: ModelImpl
+
+
+def _resolve_dtype(dtype: DType, model_dir: Path, device: torch.device) -> DType:
+    """`auto`: the format this host multiplies faster at the model's shapes (`harnessrl.numformat`, cached)."""
+    if dtype is not DType.AUTO:
+        return dtype
+    import json
+    from types import SimpleNamespace
+
+    from harnessrl import numformat
+
+    config = SimpleNamespace(**json.loads((model_dir / "config.json").read_text()))
+    return DType(numformat.resolve(DType.AUTO, "engine", config, device))
 
 
 def _load_model(model_dir: Path, impl: ModelImpl, dtype: DType, device: torch.device) -> ServedModel:

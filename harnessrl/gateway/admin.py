@@ -1,6 +1,6 @@
 """Admin routes (all need `Authorization: Bearer <admin_token>`):
 
-POST /admin/sessions {rollout_id, group_id}           -> {session_id, api_key, base_url, openai_base_url, anthropic_base_url}
+POST /admin/sessions {rollout_id, group_id, train_chains?} -> {session_id, api_key, base_url, openai_base_url, anthropic_base_url}
 GET  /admin/sessions/{sid}                            -> session status, chain/call counts
 POST /admin/sessions/{sid}/end {status?, reason?}     -> ends it (status ok|failed)
 POST /admin/pause {mode: finish|abort, timeout_s?, hold_new?}
@@ -25,7 +25,7 @@ from harnessrl.engine.base import Engine
 from .auth import require_admin
 from .bodies import read_small_json
 from .config import GatewayConfig
-from .enums import EndStatus, PauseMode, Selection
+from .enums import EndStatus, PauseMode, Selection, TrainChains
 from .errors import HTTPError
 from .export import export_journal
 from .journal import Journal
@@ -69,7 +69,8 @@ class AdminAPI:
         for k in ("rollout_id", "group_id"):
             if not isinstance(body.get(k), str) or not body[k]:
                 raise RequestError(f"{k}: required non-empty string")
-        s, key = await self.sessions.create(body["rollout_id"], body["group_id"])
+        train_chains = choice(TrainChains, body.get("train_chains") or TrainChains.ALL, "train_chains")
+        s, key = await self.sessions.create(body["rollout_id"], body["group_id"], train_chains)
         base = f"{self.base_url()}/sessions/{s.session_id}"
         return web.json_response(
             {

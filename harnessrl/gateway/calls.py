@@ -20,13 +20,14 @@ from harnessrl.engine.base import (
     generate_stream,
 )
 
+from .api_formats import CONTEXT_LENGTH_EXCEEDED, CONTEXT_MESSAGE
 from .bodies import Offload
 from .chains import CallPlan
 from .config import GatewayConfig
 from .enums import Api, ChainOp, Drift, NoticeKind, SessionStatus
 from .errors import HTTPError
 from .journal import Journal, shielded
-from .messages import Msg
+from .messages import Msg, argument_defaults, same_actions, without_defaults
 from .metrics import GatewayMetrics
 from .params import CallParams
 from .pause import PauseControl
@@ -36,6 +37,9 @@ from .sessions import Session, SessionStore
 from .toolcalls import ToolCall
 
 OnTokens = Callable[[list[int]], Awaitable[None]]
+# The session is over (failed or ended): the Anthropic and OpenAI SDKs, and Claude Code's own retry loop,
+# honour this header, so a harness stops instead of retrying 409 / 502 for minutes.
+NO_RETRY = {"x-should-retry": "false"}
 
 
 class CallSink(Protocol):
@@ -72,6 +76,7 @@ class _Prepared:
     plan: CallPlan
     convert_cpu: float
     plan_cpu: float
+    defaults: dict[str, dict[str, Any]]  # tool -> argument defaults (a call is judged on its action)
 
 
 @dataclass
@@ -104,6 +109,7 @@ class CallRunner:
                 409,
                 "session_closed",
                 f"session {s.session_id} is {s.status}" + (f": {s.reason}" if s.reason else ""),
+                NO_RETRY,
             )
         if self.pause.paused:
             self.metrics.rejected_paused += 1
@@ -128,7 +134,7 @@ class CallRunner:
         try:
             room = self.config.max_model_len - len(plan.prompt_ids)
             if room < max(self.config.min_new_tokens, 1):
-                return await self._context_exhausted(s, plan, sink)
+                return await self._context_exhausted(s, plan, sink, req.api)
             call_id = "c-" + uuid.uuid4().hex[:16]
             if sink is not None:
                 sink.begin(call_id, len(plan.prompt_ids))
@@ -147,7 +153,8 @@ class CallRunner:
                 req.large, self._drift_check, plan, prep.msgs, prep.tools
             )
             cpu1 = time.thread_time()
-            rec = self._record(s, plan, out, req.api, call_id, content, calls, drift)
+            sampled = [without_defaults(c, prep.defaults) for c in calls]  # hashed as the harness echoes it
+            rec = self._record(s, plan, out, req.api, call_id, content, sampled, drift)
             t = rec.timings
             t.started_at, t.engine_s, t.drift_cpu_s = started, engine_s, drift_cpu
             # prompt building + record, without the sampled full re-render of the drift check (timed apart)
@@ -164,9 +171,11 @@ class CallRunner:
     def _prepare(self, s: Session, req: CallRequest) -> _Prepared:
         cpu0 = time.thread_time()
         msgs, tools = req.convert()
+        defaults = argument_defaults(tools)
+        msgs = same_actions(msgs, defaults)
         cpu1 = time.thread_time()
         plan = s.chains.plan(msgs, tools)
-        return _Prepared(msgs, tools, plan, cpu1 - cpu0, time.thread_time() - cpu1)
+        return _Prepared(msgs, tools, plan, cpu1 - cpu0, time.thread_time() - cpu1, defaults)
 
     async def _commit(self, s: Session, plan: CallPlan, rec: CallRecord) -> None:
         """Journal, then apply to the live chains: one step (run shielded), so what a restart rebuilds from
@@ -194,11 +203,23 @@ class CallRunner:
         async with s.lock:
             s.chains.release(plan)
 
-    async def _context_exhausted(self, s: Session, plan: CallPlan, sink: CallSink | None) -> CallResult:
-        """No room left for even `min_new_tokens`: answered "length" without asking the engine."""
+    async def _context_exhausted(
+        self, s: Session, plan: CallPlan, sink: CallSink | None, api: Api
+    ) -> CallResult:
+        """No room left for even `min_new_tokens`: answered without asking the engine — OpenAI chat: an empty
+        reply with finish_reason "length"; Anthropic: the 400 its API gives (`prompt is too long: N tokens >
+        M maximum`), which Claude Code reads as a full context (it ends or compacts; an empty reply cut for
+        length made it ask to "resume" until it failed); Responses: error code `context_length_exceeded`
+        (a 400, or a failed stream), which Codex reads as a full context window."""
         self.metrics.context_exhausted += 1
         n = len(plan.prompt_ids)
         await self.journal.append(NoticeRecord(s.session_id, NoticeKind.CONTEXT_EXHAUSTED, n, time.time()))
+        limit = self.config.max_model_len - max(self.config.min_new_tokens, 1)
+        if api is Api.ANTHROPIC:
+            raise HTTPError(400, "invalid_request_error", f"prompt is too long: {n} tokens > {limit} maximum")
+        if api is Api.RESPONSES:  # a streamed call answers it as a failed stream (harness_api)
+            message = f"{CONTEXT_MESSAGE} ({n} tokens > {limit} maximum)"
+            raise HTTPError(400, "invalid_request_error", message, code=CONTEXT_LENGTH_EXCEEDED)
         call_id = "ctx-" + uuid.uuid4().hex[:12]
         if sink is not None:
             sink.begin(call_id, n)
@@ -260,11 +281,11 @@ class CallRunner:
                 raise HTTPError(400, "invalid_request_error", msg) from None
             except EngineError as e:
                 await self._fail(s, str(e))
-                raise HTTPError(502, "engine_error", f"inference engine failed: {e}") from None
+                raise HTTPError(502, "engine_error", f"inference engine failed: {e}", NO_RETRY) from None
             except Exception as e:  # an engine bug is still an engine failure for the harness
                 await self._fail(s, f"{type(e).__name__}: {e}")
                 raise HTTPError(
-                    502, "engine_error", f"inference engine failed: {type(e).__name__}: {e}"
+                    502, "engine_error", f"inference engine failed: {type(e).__name__}: {e}", NO_RETRY
                 ) from None
             finally:
                 self.pause.untrack(request)

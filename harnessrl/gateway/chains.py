@@ -2,9 +2,10 @@
 
 A request either extends a chain (its messages start with the chain's whole message list), rolls back the
 chain's last assistant turn (retry, or a rewritten last turn: the replacement enters as mask-0 context), or
-starts a new chain (split: compaction, other tools, a concurrent sub-agent, a deeper rewind). A new chain may
-reuse the token prefix of the chain it split from; inherited tokens are mask 0 there (the chain they came from
-trains them). A chain with a call in flight is reserved, so concurrent calls never share a chain buffer.
+starts a new chain (split: compaction, other tools, a concurrent sub-agent, a deeper rewind; also a request
+that leaves out a last turn whose tool calls ran and goes on from before it, as Claude Code's compaction does).
+A new chain may reuse the token prefix of the chain it split from; inherited tokens are mask 0 there (the chain
+they came from trains them). A chain with a call in flight is reserved, so concurrent calls never share a chain buffer.
 
 State changes are *call records* (`records.CallRecord`, journaled) applied by `apply_call`; the live gateway and
 journal recovery / sample assembly run the same function, so a replay rebuilds exactly the acknowledged state.
@@ -167,9 +168,24 @@ class ChainSet:
         for chain, i in cands:
             lp = chain.last_prompt_node
             if not chain.busy and lp is not None and (i == lp or (self.rollback_any_depth and i < lp)):
+                if i == lp and self._moves_past_executed_turn(chain, msgs[k:]):
+                    continue
                 return self._continue(chain, ChainOp.ROLLBACK, i, msgs[k:], tools, cums, k)
         parent, i = cands[0]
         return self._fork(parent, i, msgs[k:], tools, cums, k)
+
+    def _moves_past_executed_turn(self, chain: Chain, new_msgs: list[Msg]) -> bool:
+        """A request that leaves out the chain's last reply, whose tool calls the harness ran, and goes on with
+        new non-assistant messages is a side call from an earlier point (Claude Code's compaction: the history
+        before its last turn plus "summarize"), not a retry: it forks a chain of its own and the executed turn
+        keeps its sampled tokens. A retry (no new messages), a rewritten reply (an assistant message in its
+        place) and a reply the harness could not act on (no tool calls: mini-swe-agent's format errors) still
+        roll back."""
+        if not new_msgs or new_msgs[0].role == "assistant" or chain.last_prompt_node is None:
+            return False
+        start = chain.nodes[chain.last_prompt_node].token_len
+        sampled = [t for t, m in zip(chain.tokens[start:], chain.mask[start:], strict=True) if m]
+        return bool(self.renderer.parse_completion(self.renderer.completion_text(sampled))[1])
 
     def _render_delta(
         self, new_msgs: list[Msg], tools: list[dict], start_len: int, cums: list[bytes], k: int

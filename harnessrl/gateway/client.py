@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from .enums import EndStatus, PauseMode, Selection
+from .enums import EndStatus, PauseMode, Selection, TrainChains
 
 
 class GatewayClientError(RuntimeError):
@@ -67,8 +67,13 @@ class GatewayAdmin:
     def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float = 600.0) -> dict:
         return request_json(method, self.base_url + path, self.token, body, timeout_s)
 
-    def create_session(self, rollout_id: str, group_id: str) -> SessionInfo:
+    def create_session(
+        self, rollout_id: str, group_id: str, train_chains: TrainChains | str = TrainChains.ALL
+    ) -> SessionInfo:
+        """`train_chains`: which of the session's chains become samples (`main`: only its first chain)."""
         body = {"rollout_id": rollout_id, "group_id": group_id}
+        if TrainChains(train_chains) is not TrainChains.ALL:  # a gateway of before gets the body it knows
+            body["train_chains"] = TrainChains(train_chains).value
         d = self._call("POST", "/admin/sessions", body, ADMIN_CALL_TIMEOUT_S)
         return SessionInfo(
             d["session_id"], d["api_key"], d["base_url"], d["openai_base_url"], d["anthropic_base_url"]

@@ -46,14 +46,22 @@ class Selection(StrEnum):
     LONGEST = "longest"
 
 
+class TrainChains(StrEnum):
+    """Which chains of a session become training samples (a harness spec's `train_chains`)."""
+
+    ALL = "all"  # every chain: the main agent, subagents, compaction, side calls
+    MAIN = "main"  # only the chain its first call started (the main agent from the task prompt)
+
+
 class PauseMode(StrEnum):
     FINISH = "finish"  # wait for in-flight calls
     ABORT = "abort"  # abort in-flight generations; they continue after resume
 
 
 class Api(StrEnum):
-    OPENAI = "openai"
+    OPENAI = "openai"  # chat completions
     ANTHROPIC = "anthropic"
+    RESPONSES = "responses"  # OpenAI Responses (Codex)
 
 
 class NodeKind(StrEnum):

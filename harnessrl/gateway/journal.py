@@ -34,7 +34,7 @@ import orjson
 from harnessrl.engine.base import FinishReason
 
 from .chains import STARTS_CHAIN
-from .enums import Api, ChainOp, Drift, NodeKind, NoticeKind, SessionStatus
+from .enums import Api, ChainOp, Drift, NodeKind, NoticeKind, SessionStatus, TrainChains
 from .records import (
     CallRecord,
     CallTimings,
@@ -123,7 +123,7 @@ def record_to_json(rec: Record) -> dict[str, Any]:
             },
         }
     if isinstance(rec, SessionRecord):
-        return {
+        out = {
             "type": rec.TYPE.value,
             "session_id": rec.session_id,
             "rollout_id": rec.rollout_id,
@@ -131,6 +131,9 @@ def record_to_json(rec: Record) -> dict[str, Any]:
             "key_sha256": rec.key_sha256,
             "created_at": rec.created_at,
         }
+        if rec.train_chains is not TrainChains.ALL:  # written only when set: journals of before read the same
+            out["train_chains"] = rec.train_chains.value
+        return out
     if isinstance(rec, SessionEndRecord):
         return {
             "type": rec.TYPE.value,
@@ -190,7 +193,12 @@ def record_from_json(d: Any) -> Record:
             )
         if kind == "session":
             return SessionRecord(
-                d["session_id"], d["rollout_id"], d["group_id"], d["key_sha256"], d.get("created_at", 0.0)
+                d["session_id"],
+                d["rollout_id"],
+                d["group_id"],
+                d["key_sha256"],
+                d.get("created_at", 0.0),
+                TrainChains(d.get("train_chains", TrainChains.ALL)),
             )
         if kind == "session_end":
             return SessionEndRecord(

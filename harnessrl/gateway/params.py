@@ -110,3 +110,11 @@ def anthropic_params(body: dict[str, Any]) -> CallParams:
         _stops(body.get("stop_sequences"), "stop_sequences"),
         flag(body.get("stream"), "stream"),
     )
+
+
+def responses_params(body: dict[str, Any], config: GatewayConfig) -> CallParams:
+    """OpenAI Responses: `max_output_tokens` (absent: the gateway's default), sampling, `stream`; the API has no
+    stop strings."""
+    raw = body.get("max_output_tokens")
+    max_tokens = config.default_max_tokens if raw is None else integer(raw, "max_output_tokens", 1)
+    return CallParams(max_tokens, _sampling(body), [], flag(body.get("stream"), "stream"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from harnessrl.engine.base import FinishReason
 
-from .enums import Api, ChainOp, Drift, NodeKind, NoticeKind, RecordType, SessionStatus
+from .enums import Api, ChainOp, Drift, NodeKind, NoticeKind, RecordType, SessionStatus, TrainChains
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class SessionRecord:
     group_id: str
     key_sha256: str  # the session's API key is never stored
     created_at: float = 0.0
+    train_chains: TrainChains = TrainChains.ALL  # which of its chains become samples
     TYPE = RecordType.SESSION
 
 

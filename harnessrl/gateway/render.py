@@ -124,6 +124,7 @@ class ChatRenderer:
         )
         template = getattr(tokenizer, "chat_template", None) or ""
         self.native_tools = "tools" in template
+        self.mid_system_role = self._mid_system_role()
         synth_ids = self._encode(self._render_text(_SYNTH, add_generation_prompt=False))
         self._synth_ids = synth_ids
         self.generation_prompt_ids = self._suffix(
@@ -147,6 +148,17 @@ class ChatRenderer:
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
 
+    def _mid_system_role(self) -> str:
+        """How a system message after the first turn is rendered: as `system` where the template renders it
+        there (ChatML does), else as `user` (templates that allow a system message only first raise or drop
+        it). Claude Code sends such messages."""
+        probe = "harnessrl mid-conversation system probe"
+        try:
+            text = self._render_text([*_SYNTH, {"role": "system", "content": probe}], False)
+        except Exception:  # jinja2's raise_exception, or a template that indexes what it expects
+            return "user"
+        return "system" if probe in text else "user"
+
     @staticmethod
     def _suffix(prefix: list[int], full: list[int], what: str) -> list[int]:
         if full[: len(prefix)] != prefix:
@@ -164,6 +176,8 @@ class ChatRenderer:
 
     # -- message conversion -----------------------------------------------------------------------------
     def template_message(self, msg: Msg, tools: list[dict] | None = None, first: bool = False) -> dict:
+        if msg.role == "system" and not first and self.mid_system_role != "system":
+            msg = Msg(self.mid_system_role, msg.content)
         if self.native_tools:
             d: dict[str, Any] = {"role": msg.role, "content": msg.content}
             if msg.tool_calls:

@@ -2,8 +2,11 @@
 
 One sample per chain: the chain's final token history — prompt, then alternating mask-0 context and mask-1
 sampled tokens (verbatim sampled ids, their logprobs and policy versions); rolled-back turns are gone.
-Selection `all` keeps every chain, `longest` only the longest chain (most tokens) of each rollout. Every
-sample carries its rollout id and group id; a rollout whose session failed gets `rollout_status="failed"`.
+Selection `all` keeps every chain, `longest` only the longest chain (most tokens) of each rollout. A session
+created with `train_chains: main` (a harness spec's choice) gives only its main chain — the one its first call
+started: the agent from the task prompt; subagents, compaction and side calls are left out — before the
+selection. Every sample carries its rollout id and group id; a rollout whose session failed gets
+`rollout_status="failed"`.
 """
 
 from __future__ import annotations
@@ -14,16 +17,22 @@ from typing import Any
 from harnessrl.schema import RolloutStatus, Sample
 
 from .chains import STARTS_CHAIN, Chain, apply_call
-from .enums import Selection, SessionStatus
+from .enums import Selection, SessionStatus, TrainChains
 from .records import CallRecord, Record, SessionEndRecord, SessionRecord, status_after
 
 
-def _sessions(records: Iterable[Record]) -> tuple[dict[str, SessionStatus], list[CallRecord]]:
+def _sessions(
+    records: Iterable[Record], main_only: set[str] | None = None
+) -> tuple[dict[str, SessionStatus], list[CallRecord]]:
+    """Session statuses and the call records; `main_only` collects the sessions that train their main chain
+    only."""
     status: dict[str, SessionStatus] = {}
     calls: list[CallRecord] = []
     for rec in records:
         if isinstance(rec, SessionRecord):
             status[rec.session_id] = SessionStatus.ACTIVE
+            if main_only is not None and rec.train_chains is TrainChains.MAIN:
+                main_only.add(rec.session_id)
         elif isinstance(rec, SessionEndRecord):
             status[rec.session_id] = status_after(status.get(rec.session_id, SessionStatus.ACTIVE), rec)
         elif isinstance(rec, CallRecord):
@@ -89,15 +98,20 @@ def build_samples(
         selection = Selection(selection)
     except ValueError:
         raise ValueError(f"selection {selection!r}: choose one of {[s.value for s in Selection]}") from None
-    status, calls = _sessions(records)
+    main_only: set[str] = set()
+    status, calls = _sessions(records, main_only)
     chains: dict[str, Chain] = {}
     owner: dict[str, CallRecord] = {}
+    main_chain: dict[str, str] = {}  # session -> the chain its first call started
     for rec in calls:
         apply_call(chains, rec)
         owner[rec.chain_id] = rec
+        main_chain.setdefault(rec.session_id, rec.chain_id)
     by_rollout: dict[str, list[tuple[Chain, CallRecord]]] = {}
     for cid, chain in chains.items():
         rec = owner[cid]
+        if rec.session_id in main_only and main_chain[rec.session_id] != cid:
+            continue  # a side chain of a session that trains its main chain only
         if _keep(rec, session_id, rollout_id):
             by_rollout.setdefault(rec.rollout_id, []).append((chain, rec))
     samples = []

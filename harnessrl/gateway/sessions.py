@@ -15,7 +15,7 @@ from aiohttp import web
 from .auth import key_matches, new_api_key, sha256_hex
 from .chains import ChainSet
 from .config import GatewayConfig
-from .enums import SessionStatus
+from .enums import SessionStatus, TrainChains
 from .errors import HTTPError
 from .journal import Journal, shielded
 from .messages import MessageHasher, PlainMessageCache
@@ -37,6 +37,7 @@ class Session:
     reason: str | None = None
     calls: int = 0
     created_at: float = field(default_factory=time.time)
+    train_chains: TrainChains = TrainChains.ALL
     # Held while its chains change (plan, commit, release): a large request plans in a worker thread.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -49,6 +50,7 @@ class Session:
             "reason": self.reason,
             "calls": self.calls,
             "chains": len(self.chains.chains),
+            "train_chains": self.train_chains.value,
         }
 
 
@@ -65,7 +67,7 @@ class SessionStore:
     # -- applying records (live and on recovery) --------------------------------------------------------
     def add(self, rec: SessionRecord) -> Session:
         s = Session(rec.session_id, rec.rollout_id, rec.group_id, rec.key_sha256, self._chainset())
-        s.created_at = rec.created_at
+        s.created_at, s.train_chains = rec.created_at, rec.train_chains
         self.sessions[rec.session_id] = s
         return s
 
@@ -75,10 +77,13 @@ class SessionStore:
             s.status, s.reason = status_after(s.status, rec), rec.reason
 
     # -- live ---------------------------------------------------------------------------------------------
-    async def create(self, rollout_id: str, group_id: str) -> tuple[Session, str]:
+    async def create(
+        self, rollout_id: str, group_id: str, train_chains: TrainChains = TrainChains.ALL
+    ) -> tuple[Session, str]:
         """A new session and its API key (only the key's hash is kept)."""
         key = new_api_key()
-        rec = SessionRecord("s-" + uuid.uuid4().hex[:16], rollout_id, group_id, sha256_hex(key), time.time())
+        sid = "s-" + uuid.uuid4().hex[:16]
+        rec = SessionRecord(sid, rollout_id, group_id, sha256_hex(key), time.time(), train_chains)
         return await shielded(self._journaled(rec, lambda: self.add(rec))), key
 
     async def end(self, s: Session, status: SessionStatus, reason: str | None) -> None:

@@ -77,6 +77,7 @@ class HarnessResult:
     tool_s: float = 0.0
     wall_s: float = 0.0
     error: str = ""  # human-readable reason for a non-ok status
+    final_answer: str = ""  # the agent's last reply: what answer-graded environments reward
     transcript: list[dict[str, Any]] = field(default_factory=list)  # debugging only — never training data
 
     def count(self, key: TurnError) -> None:

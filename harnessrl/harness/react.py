@@ -285,8 +285,9 @@ class ReActHarness:
     def _on_no_tool_call(self, history: list[dict], assistant: dict, res: HarnessResult) -> list[dict]:
         res.count(TurnError.NO_TOOL_CALL)
         handling = self.config.on_no_tool_call
-        if handling is OnNoToolCall.END:
-            raise _EndEpisode(EpisodeEnd.NO_TOOL_CALL)
+        if handling is OnNoToolCall.END:  # the reply is the agent's last word: its final answer
+            res.final_answer = str(assistant.get("content") or "")
+            raise _EndEpisode(EpisodeEnd.NO_TOOL_CALL, history=[*history, assistant])
         if handling is OnNoToolCall.FAIL_TURN:
             return self._fail_turn(history, res)
         nudge = NUDGE.format(tools=", ".join(self.tools))
@@ -319,6 +320,8 @@ class ReActHarness:
                     raise _EndEpisode(EpisodeEnd.TOOL_TIMEOUT)
             observations.append({"role": "tool", "tool_call_id": call["id"], "content": obs.content})
             submitted = submitted or obs.submitted
+            if obs.answer is not None:
+                res.final_answer = obs.answer
         history = [*history, assistant, *observations]
         if submitted:
             raise _EndEpisode(EpisodeEnd.SUBMITTED, history=history)

@@ -20,9 +20,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from harnessrl.sandbox import quota
+from harnessrl.sandbox.base import Limits, Sandbox
 
 # outcome values follow the sandbox's RunResult
 OK, NONZERO, TIMEOUT, RESOURCE_LIMIT, SANDBOX_ERROR = (
@@ -298,29 +299,47 @@ class SandboxRuntime(WorkspaceFiles):
     """Runs commands in a sandbox (`harnessrl.sandbox.bwrap.BubblewrapSandbox`); host-side writes respect the
     sandbox's workspace quota."""
 
-    def __init__(self, sandbox: Any, workspace: str | Path, limits: Any = None):
+    def __init__(self, sandbox: Sandbox, workspace: str | Path, limits: Limits | None = None):
         self.sandbox = sandbox
         self.workspace = Path(workspace)
         self.limits = limits
 
     def workspace_quota(self) -> quota.Quota | None:
-        get = getattr(self.sandbox, "workspace_quota", None)
-        return get(self.limits) if get is not None else None
+        return self.sandbox.workspace_quota(self.limits)
 
     def run_shell(self, command: str, timeout: float) -> ShellResult:
-        start = time.monotonic()
         try:
-            kwargs = {"limits": self.limits} if self.limits is not None else {}
-            res = self.sandbox.run(command, timeout=timeout, **kwargs)
+            res = self.sandbox.run(command, timeout=timeout, limits=self.limits)
         except Exception as e:  # the sandbox machinery broke (SandboxError…), not the command
             raise SandboxFailure(f"sandbox run failed: {type(e).__name__}: {e}") from e
-        outcome = str(getattr(res.outcome, "value", res.outcome))
+        outcome = str(res.outcome)
         if outcome == SANDBOX_ERROR:
-            detail = getattr(res, "detail", "") or (res.stderr or "").strip()[-500:]
+            detail = res.detail or (res.stderr or "").strip()[-500:]
             raise SandboxFailure(f"sandbox error: {detail}")
         out = (res.stdout or "") + (res.stderr or "")
-        if outcome == RESOURCE_LIMIT and getattr(res, "detail", ""):
+        if outcome == RESOURCE_LIMIT and res.detail:
             out += f"\n[resource limit: {res.detail}]"
-        return ShellResult(
-            outcome, res.exit_code, truncate(out), getattr(res, "wall_s", time.monotonic() - start)
-        )
+        return ShellResult(outcome, res.exit_code, truncate(out), res.wall_s)
+
+
+class NoToolsRuntime:
+    """The runtime of a task without a workspace (an environment graded on the answer alone): every tool
+    refuses. Harnesses that need tools are refused for such tasks before they run (rollout.episode)."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = workspace  # empty; nothing is read from it
+
+    def _refuse(self) -> ToolError:
+        return ToolError("this task has no workspace: its environment gives the agent no tools")
+
+    def run_shell(self, command: str, timeout: float) -> ShellResult:
+        raise self._refuse()
+
+    def read_file(self, path: str, max_bytes: int = MAX_EDIT_BYTES) -> str:
+        raise self._refuse()
+
+    def view_file(self, path: str, first: int = 1, last: int | None = None) -> FileView:
+        raise self._refuse()
+
+    def write_file(self, path: str, content: str) -> None:
+        raise self._refuse()

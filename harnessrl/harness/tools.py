@@ -3,6 +3,12 @@
 Tools: `bash` (shell command in the sandbox), `str_replace_editor` (view / create / str_replace a file),
 `submit` (end the episode). A tool set is chosen per sample by name (`HarnessSpec.tools`):
 "bash", "edit" (= str_replace_editor), "submit".
+
+Tools on a corpus, for environments whose tools run on the host against read-only data (environments.base
+.HostTools; the search environment): `search` (BM25 hits: doc id, title, snippet), `read` (one passage by
+doc id) and `answer` (the final answer; ends the episode and becomes the rollout's `final_answer`). They
+call the runtime's `search_corpus` / `read_document` (`CorpusRuntime`): lookups in an index, nothing the agent
+wrote is executed. On any other runtime they answer with an error the agent sees.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from harnessrl.harness.runtime import (
     OK,
@@ -34,6 +40,16 @@ class Observation:
     content: str
     timed_out: bool = False
     submitted: bool = False
+    answer: str | None = None  # the agent's final answer (the `answer` tool): the episode's final_answer
+
+
+@runtime_checkable
+class CorpusRuntime(Protocol):
+    """A runtime with a read-only corpus behind it (what `search` and `read` call)."""
+
+    def search_corpus(self, query: str, k: int) -> str: ...
+
+    def read_document(self, doc_id: str) -> str: ...
 
 
 @dataclass
@@ -160,6 +176,24 @@ def _submit(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Obser
     return Observation("Submitted.", submitted=True)
 
 
+def _search(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observation:
+    if not isinstance(runtime, CorpusRuntime):
+        return Observation("Error: this task has no corpus to search.")
+    k = max(1, min(int(args.get("k", SEARCH_K)), SEARCH_MAX_K))
+    return Observation(runtime.search_corpus(args["query"], k))
+
+
+def _read(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observation:
+    if not isinstance(runtime, CorpusRuntime):
+        return Observation("Error: this task has no corpus to read from.")
+    return Observation(runtime.read_document(args["doc_id"]))
+
+
+def _answer(args: dict[str, Any], runtime: ToolRuntime, timeout: float) -> Observation:
+    return Observation("Answer recorded.", submitted=True, answer=args["answer"])
+
+
+SEARCH_K, SEARCH_MAX_K = 5, 10
 BASH = Tool(
     "bash",
     "Run a bash command in the repository root. Each call runs in a fresh shell.",
@@ -195,12 +229,51 @@ EDITOR = Tool(
 SUBMIT = Tool(
     "submit", "Submit your changes and end the task.", {"type": "object", "properties": {}}, _submit
 )
+SEARCH = Tool(
+    "search",
+    "Search the corpus; returns the best-matching passages: doc_id, title and a snippet.",
+    {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "words to search for"},
+            "k": {
+                "type": "integer",
+                "description": f"how many hits (default {SEARCH_K}, at most {SEARCH_MAX_K})",
+            },
+        },
+        "required": ["query"],
+    },
+    _search,
+)
+READ = Tool(
+    "read",
+    "Read one passage of the corpus in full.",
+    {
+        "type": "object",
+        "properties": {"doc_id": {"type": "string", "description": "a doc_id from a search hit"}},
+        "required": ["doc_id"],
+    },
+    _read,
+)
+ANSWER = Tool(
+    "answer",
+    "Give your final answer (only the answer, as the text states it) and end the task.",
+    {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "description": "the answer"}},
+        "required": ["answer"],
+    },
+    _answer,
+)
 
 TOOLS_BY_SPEC_NAME: dict[str, Tool] = {
     "bash": BASH,
     "edit": EDITOR,
     "str_replace_editor": EDITOR,
     "submit": SUBMIT,
+    "search": SEARCH,
+    "read": READ,
+    "answer": ANSWER,
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.choices import parse_choice
-from harnessrl.engine.base import WeightSyncMode
+from harnessrl.engine.base import DType, WeightSyncMode
 from harnessrl.rl.modes import RLMode, WorkloadKind
 from harnessrl.train.config import UpdateConfig
 
@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 # settings that change no step's result: a resumed run may extend `steps` or change how often it saves
 UNHASHED = ("steps", "save_every", "keep_checkpoints", "engine_threads", "weight_sync")
+# settings the identities of earlier versions did not hash, with the value that behaves as they did: hashed only
+# when set otherwise (tests/rl/test_records.py keeps those identities)
+ADDED_LATER: dict[str, object] = {"engine_dtype": "float32", "environments": ()}
 
 
 @dataclass
@@ -40,6 +43,9 @@ class RLConfig(UpdateConfig):
     replicas: int = 1  # local engines behind a Router (several --engine-url values do the same remotely)
     nproc: int = 1  # trainer ranks (torchrun; FSDP2 over the ranks' GPUs, or gloo on CPU): harnessrl.rl.ranks
     engine_threads: int | None = None  # LocalEngine torch threads (None: adaptive)
+    # LocalEngine weights' format (auto: what this host multiplies faster, harnessrl.numformat); the trainer's
+    # is `train.precision`. Under bf16 the engine's logprobs are what it sampled from; TIS corrects the gap
+    engine_dtype: DType = DType.FLOAT32
     max_batch: int = 32  # LocalEngine batch slots
     lend_slots: int = 0  # separate mode: extra rollouts the trainer's share runs while lent (0: one batch)
     switch_prior_s: float = 1.0  # separate mode: assumed cost of one role switch before one is measured
@@ -47,6 +53,7 @@ class RLConfig(UpdateConfig):
     prompt_max_tokens: int = 64  # prompt workload: max tokens per reply
     temperature: float = 1.0  # prompt workload
     verify_timeout_s: float = 120.0  # swe workload: test run per rollout
+    environments: tuple[str, ...] = ()  # train only on the task set's tasks of these environments (): all
     allow_unsandboxed: bool = False
     tool_format: str = (
         ""  # the gateway's tool-call parser (hermes | qwen | ...); "": read off the chat template
@@ -57,8 +64,10 @@ class RLConfig(UpdateConfig):
         from harnessrl.rl.admission import StalePolicy
 
         super().__post_init__()
+        self.environments = tuple(self.environments)
         self.mode = parse_choice(RLMode, self.mode, "mode")
         self.weight_sync = parse_choice(WeightSyncMode, self.weight_sync, "weight_sync")
+        self.engine_dtype = parse_choice(DType, self.engine_dtype, "engine_dtype")
         parse_choice(StalePolicy, self.stale_policy, "stale_policy")
         if self.tool_format:
             from harnessrl.gateway.toolcalls import ToolParser
@@ -111,6 +120,9 @@ class RLConfig(UpdateConfig):
         nested = TrainConfig().to_dict()
         nested.update({k: v for k, v in everything.items() if k in shared and k not in legacy})
         legacy["train"] = nested
+        for name, before in ADDED_LATER.items():  # at the value that behaves as before: the same identity
+            if legacy.get(name) == before:
+                del legacy[name]
         return {k: v for k, v in legacy.items() if k not in UNHASHED}
 
 

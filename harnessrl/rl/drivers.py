@@ -80,6 +80,7 @@ class Driver:
         for g in self.pool.take_ready():
             rewards = g.rewards(self.ok)
             collected.add_rewards(rewards)
+            collected.add_samples([s.rollout_id for s in g.samples])
             collected.tokens_generated += g.generated_tokens()
             self.pool.pass_rates.record(g.task_id, rewards)
             self._finished(g)

@@ -11,6 +11,7 @@ by earlier versions read back too (fields they lack are None).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, cast
@@ -36,10 +37,30 @@ class Collected:
     groups_discarded: list[str] = field(default_factory=list)  # groups without signal, or too stale
     groups_skipped: list[str] = field(default_factory=list)  # dynamic sampling skipped them before sampling
     dynamic_sampling_exhausted: int = 0  # the pool's count so far: every task would have been skipped
+    # Samples per rollout (a CLI agent's side calls, subagents and compaction are chains of their own): of the
+    # finished rollouts with at least one sample, how many stayed one sample, and all their samples
+    sampled_rollouts: int = 0
+    single_sample_rollouts: int = 0
+    samples_collected: int = 0
 
     def add_rewards(self, rewards: list[float]) -> None:
         self.rollouts_finished += len(rewards)
         self.reward_sum += sum(rewards)
+
+    def add_samples(self, rollout_ids: list[str]) -> None:
+        """The rollout id of each sample of a finished group (its `Group.samples`)."""
+        per_rollout = Counter(rollout_ids)
+        self.sampled_rollouts += len(per_rollout)
+        self.single_sample_rollouts += sum(n == 1 for n in per_rollout.values())
+        self.samples_collected += len(rollout_ids)
+
+    @property
+    def single_sample_share(self) -> float | None:
+        return self.single_sample_rollouts / self.sampled_rollouts if self.sampled_rollouts else None
+
+    @property
+    def samples_per_rollout_mean(self) -> float | None:
+        return self.samples_collected / self.sampled_rollouts if self.sampled_rollouts else None
 
     @property
     def reward_all_mean(self) -> float | None:
@@ -47,15 +68,23 @@ class Collected:
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["reward_sum"]  # rows keep the mean
-        out.update(reward_all_mean=self.reward_all_mean, groups_skipped_dynamic=len(self.groups_skipped))
+        del out["reward_sum"], out["single_sample_rollouts"], out["samples_collected"]  # rows keep the ratios
+        out.update(
+            reward_all_mean=self.reward_all_mean,
+            groups_skipped_dynamic=len(self.groups_skipped),
+            single_sample_share=self.single_sample_share,
+            samples_per_rollout_mean=self.samples_per_rollout_mean,
+        )
         return out
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Collected:
-        known = {f.name for f in fields(cls)} - {"reward_sum"}
+        known = {f.name for f in fields(cls)} - {"reward_sum", "single_sample_rollouts", "samples_collected"}
         got = cls(**{k: row[k] for k in known if row.get(k) is not None})
         got.reward_sum = float(row.get("reward_all_mean") or 0.0) * got.rollouts_finished
+        n = got.sampled_rollouts
+        got.single_sample_rollouts = round(float(row.get("single_sample_share") or 0.0) * n)
+        got.samples_collected = round(float(row.get("samples_per_rollout_mean") or 0.0) * n)
         return got
 
 
@@ -196,6 +225,8 @@ class RLSummary:
     decode_tokens_per_s: float | None
     prefill_tokens_per_s: float | None
     trainer_ranks: int
+    single_sample_share: float | None = None  # over the run's finished rollouts with samples
+    samples_per_rollout_mean: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return strict_json(asdict(self))
@@ -221,6 +252,7 @@ def summarize(
         return stats([float(v) for v in values if v is not None and math.isfinite(v)])["mean"]
 
     last = records[-1] if records else None
+    sampled = sum(r.collected.sampled_rollouts for r in records)
     return RLSummary(
         mode=mode,
         steps=len(records),
@@ -248,4 +280,10 @@ def summarize(
         decode_tokens_per_s=rates.decode_tokens_per_s,
         prefill_tokens_per_s=rates.prefill_tokens_per_s,
         trainer_ranks=trainer_ranks,
+        single_sample_share=(
+            sum(r.collected.single_sample_rollouts for r in records) / sampled if sampled else None
+        ),
+        samples_per_rollout_mean=(
+            sum(r.collected.samples_collected for r in records) / sampled if sampled else None
+        ),
     )

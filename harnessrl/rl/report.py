@@ -22,6 +22,13 @@ CURVES: tuple[tuple[str, Callable[[StepRecord], float | None]], ...] = (
     ("generated tokens/s", lambda r: r.gen_tokens_per_s),
     ("engine idle fraction", lambda r: r.engine_idle_frac),
 )
+NOT_MEASURED = {
+    "reward (trained groups)": "no step trained:\nno group had reward variance",
+    "reward (all finished rollouts)": "no rollout finished\nwith a reward",
+    "loss": "no step trained",
+    "staleness (versions)": "no step trained",
+    "engine idle fraction": "the engines report\nno figures (e.g. vLLM)",
+}
 TABLE_KEYS = (
     "step",
     "outcome",
@@ -40,7 +47,11 @@ def plot_curves(records: list[StepRecord], png: Path) -> bytes:
     marker = "o" if len(records) <= 60 else None
     for ax, (title, value) in zip(axes.flat, CURVES, strict=True):
         values = [math.nan if (v := value(r)) is None else float(v) for r in records]
-        ax.plot(steps, values, marker=marker, ms=3)
+        if all(math.isnan(v) for v in values):  # say what did not happen instead of an empty chart
+            ax.text(0.5, 0.5, NOT_MEASURED.get(title, "not measured"), ha="center", va="center", fontsize=8,
+                    transform=ax.transAxes, wrap=True)  # fmt: skip
+        else:
+            ax.plot(steps, values, marker=marker, ms=3)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)

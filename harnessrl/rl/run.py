@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harnessrl.engine.base import Engine, WeightLoadingEngine
+from harnessrl.engine.base import Engine, EngineStats, WeightLoadingEngine
 from harnessrl.io import atomic_write_json
 from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.config import RLConfig, RLInputs
@@ -40,8 +40,11 @@ from harnessrl.rl.metrics import MetricsSink
 from harnessrl.rl.modes import StepOutcome, WorkloadKind
 from harnessrl.rl.ranks import Command, Setup, TrainerRanks, build_trainer
 from harnessrl.rl.records import Collected, EngineRates, RLSummary, StepRecord, Update, summarize
-from harnessrl.rl.workloads import GatewayAccess, PromptWorkload, SWEWorkload, Workload
+from harnessrl.rl.workloads import GatewayAccess, PromptWorkload, TaskSetWorkload, Workload
 from harnessrl.train.fingerprint import RunIdentity, policy_digest
+
+if TYPE_CHECKING:
+    from harnessrl.engine.local import LocalEngine
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +67,14 @@ def run_identity(cfg: RLConfig, inputs: RLInputs, policy_dir: Path, workload: Wo
 def make_workload(inputs: RLInputs, cfg: RLConfig, work: Path) -> Workload:
     if inputs.workload is WorkloadKind.PROMPT:
         return PromptWorkload(inputs.tasks, cfg.prompt_max_tokens, cfg.temperature)
-    return SWEWorkload(
+    return TaskSetWorkload(
         inputs.tasks,
         inputs.specs,
         cfg.group_size,
         allow_unsandboxed=cfg.allow_unsandboxed,
         verify_timeout_s=cfg.verify_timeout_s,
         work=work,
+        environments=tuple(cfg.environments),
     )
 
 
@@ -81,13 +85,13 @@ class Engines:
 
     front: WeightLoadingEngine
     replicas: list[Engine]
-    local: list[Any]  # LocalEngine (imported with torch only when used)
+    local: list[LocalEngine]
     name: str  # for messages: "local engine" or the URLs
 
     @classmethod
     def start(cls, model_dir: Path, cfg: RLConfig, urls: list[str], version: int) -> Engines:
         replicas: list[WeightLoadingEngine]
-        local: list[Any] = []
+        local: list[LocalEngine] = []
         if urls:
             from harnessrl.engine.http_client import HTTPEngine
 
@@ -98,18 +102,22 @@ class Engines:
 
             local = [
                 LocalEngine(
-                    model_dir, max_batch=cfg.max_batch, threads=cfg.engine_threads, policy_version=version
+                    model_dir,
+                    max_batch=cfg.max_batch,
+                    threads=cfg.engine_threads,
+                    policy_version=version,
+                    dtype=cfg.engine_dtype,
                 )
                 for _ in range(cfg.replicas)
             ]
-            replicas, name = list(local), "local engine"
+            replicas, name = list[WeightLoadingEngine](local), "local engine"
         if len(replicas) == 1:
             return cls(replicas[0], list(replicas), local, name)
         from harnessrl.engine.router import Router
 
         return cls(Router(replicas), list(replicas), local, name)
 
-    async def stats(self) -> list[Any]:
+    async def stats(self) -> list[EngineStats | None]:
         return [await e.stats() for e in self.replicas]
 
     def close(self) -> None:
@@ -117,21 +125,26 @@ class Engines:
             engine.close()
 
 
-def busy_s(reported: list[Any]) -> float | None:
+def _known(reported: list[EngineStats | None]) -> list[EngineStats] | None:
+    known = [s for s in reported if s is not None]
+    return known if len(known) == len(reported) else None
+
+
+def busy_s(reported: list[EngineStats | None]) -> float | None:
     """Seconds of forward passes over the replicas; None when one reports no figures."""
-    return None if any(s is None for s in reported) else sum(s.busy_s for s in reported)
+    known = _known(reported)
+    return None if known is None else sum(s.busy_s for s in known)
 
 
-def engine_rates(reported: list[Any]) -> EngineRates:
-    if any(s is None for s in reported):
+def engine_rates(reported: list[EngineStats | None]) -> EngineRates:
+    known = _known(reported)
+    if known is None:
         return EngineRates()
-    decode_s = sum(s.decode_forward_s for s in reported)
-    prefill_s = sum(s.prefill_forward_s for s in reported)
+    decode_s = sum(s.decode_forward_s for s in known)
+    prefill_s = sum(s.prefill_forward_s for s in known)
     return EngineRates(
-        decode_tokens_per_s=sum(s.decode_emitted_tokens for s in reported) / decode_s if decode_s else None,
-        prefill_tokens_per_s=sum(s.prefill_forward_tokens for s in reported) / prefill_s
-        if prefill_s
-        else None,
+        decode_tokens_per_s=sum(s.decode_emitted_tokens for s in known) / decode_s if decode_s else None,
+        prefill_tokens_per_s=sum(s.prefill_forward_tokens for s in known) / prefill_s if prefill_s else None,
     )
 
 

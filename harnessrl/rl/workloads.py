@@ -4,7 +4,7 @@ A workload turns one planned rollout (task, group, index, seed) into a finished 
 model is reached only through a gateway session, so the trainer's samples come from the gateway journal
 whatever the workload is.
 
-- `SWEWorkload`: a task set. Each rollout is the generate stage's `run_rollout` (workspace, sandbox, the
+- `TaskSetWorkload`: a task set (any environment). Each rollout is the generate stage's `run_rollout` (workspace, sandbox, the
   sample's harness spec, gateway session, diff) followed by the verify stage's `verify_rollout` (fresh tree,
   tests, SWE-bench grading); the reward is the one the sample's spec names (`swebench` or `f2p_fraction`).
 - `PromptWorkload`: single-turn prompts with a verifiable answer word (JSONL rows `{task_id, prompt,
@@ -146,7 +146,7 @@ def chat(base_url: str, api_key: str, body: dict[str, Any], timeout_s: float = 6
             time.sleep(min(float(e.headers.get("Retry-After") or 1), 0.2))
 
 
-class SWEWorkload:
+class TaskSetWorkload:
     def __init__(
         self,
         tasks: str | Path,
@@ -156,15 +156,29 @@ class SWEWorkload:
         allow_unsandboxed: bool = False,
         verify_timeout_s: float = 120.0,
         work: str | Path | None = None,
+        environments: tuple[str, ...] = (),
     ):
+        """`environments`: train only on the task set's tasks of these environments (none: every task)."""
+        from harnessrl.environments.registry import environment_name
         from harnessrl.rollout.episode import Sandboxes, import_harnesses
         from harnessrl.rollout.specs import load_specs
         from harnessrl.taskset import TaskSet
 
         self.taskset = TaskSet.open(tasks)
-        self.rows = {r["instance_id"]: r for r in self.taskset.rows()}
+        rows = self.taskset.rows()
+        self.rows = {
+            r["instance_id"]: r for r in rows if not environments or environment_name(r) in environments
+        }
         if not self.rows:
-            raise ValueError(f"{self.taskset.tasks_path}: no tasks")
+            found = sorted({environment_name(r) for r in rows})
+            raise ValueError(
+                f"{self.taskset.tasks_path}: no tasks"
+                + (
+                    f" of environment(s) {', '.join(environments)} (it holds: {', '.join(found)})"
+                    if rows
+                    else ""
+                )
+            )
         self.sandboxes = Sandboxes(self.taskset, allow_unsandboxed)
         self.specs = specs if isinstance(specs, list) else load_specs(specs)
         self.position = {task_id: i for i, task_id in enumerate(self.rows)}  # spec assignment, as in generate
@@ -177,14 +191,13 @@ class SWEWorkload:
         return list(self.rows)
 
     def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished:
-        from harnessrl.rollout.episode import RolloutContext, plan_row, run_rollout
-        from harnessrl.rollout.specs import assign
+        from harnessrl.rollout.episode import RolloutContext, plan_row, run_rollout, spec_for
         from harnessrl.verify.grading import GRADED
         from harnessrl.verify.rollouts import verify_rollout
 
         t0 = time.monotonic()
         task = self.rows[plan.task_id]
-        spec = assign(self.specs, self.position[plan.task_id], plan.index, self.group_size)
+        spec = spec_for(task, self.specs, self.position[plan.task_id], plan.index, self.group_size)
         row = plan_row(task, spec, plan.index, group_id=plan.group_id, rollout=plan.rollout_id)
         ctx = RolloutContext(self.sandboxes, gateway.url, gateway.admin_token, self.work)
         row = run_rollout(ctx, row, spec, task, plan.seed).row

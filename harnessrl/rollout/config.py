@@ -3,8 +3,9 @@ imports, so the CLI offers them at start-up."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from harnessrl.choices import parse_choice
 from harnessrl.rollout.executors import ExecutorName
@@ -34,6 +35,7 @@ class GenerateConfig:
     seed: int = 0
     executor: ExecutorName = ExecutorName.THREADS
     ray_cpus: float = 0.5  # CPUs Ray reserves per rollout (the engine's GPUs stay with the engine service)
+    spec_options: dict[str, Any] = field(default_factory=dict)  # laid over every rollout's spec options
 
     def __post_init__(self) -> None:  # modes may arrive as strings (KFP parameters, Python callers)
         self.failed_samples = parse_choice(FailedSamples, self.failed_samples, "failed_samples")

@@ -1,7 +1,9 @@
 """One rollout episode: a task and a harness spec in, a rollout row (and the harness's transcript) out.
 
-Per rollout: materialize a fresh workspace -> sandbox (per spec) -> gateway session -> harness episode ->
-diff of the final workspace (what verify grades) -> end the session (failed if the rollout was not ok). A
+Per rollout: a fresh workspace (the environment's `WorkspaceHooks`; swe: the task's repository) -> sandbox
+(per spec) -> gateway session -> harness episode -> what the agent produced in the final workspace (swe: the
+diff; what verify grades) -> end the session (failed if the rollout was not ok). A task without a workspace
+runs with no sandbox: no tools (chat), or its environment's host tools (search). A
 rollout that crashed, timed out or hit an infrastructure error keeps its row with the reason and is never
 trained as reward 0. The generate stage (generate.py) runs many of these through an executor; the RL loop's
 SWE workload (harnessrl.rl.workloads) runs one per planned rollout and verifies it.
@@ -19,14 +21,23 @@ import shutil
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harnessrl.environments.base import HostTools
+from harnessrl.environments.registry import (
+    environment_name,
+    environment_of,
+    resolve_reward,
+    workspace_hooks,
+)
 from harnessrl.harness.base import Endpoint, EpisodeEnd, HarnessResult, TaskPrompt, TurnError
-from harnessrl.harness.runtime import SandboxRuntime
-from harnessrl.rollout.specs import NamedSpec, build_harness, sandbox_limits
-from harnessrl.schema import HarnessName, RewardName, RolloutStatus, SandboxKind
+from harnessrl.harness.runtime import NoToolsRuntime, SandboxRuntime
+from harnessrl.rollout.snapshots import SnapshotRuntime
+from harnessrl.rollout.specs import NamedSpec, assign, build_harness, sandbox_limits
+from harnessrl.schema import HarnessName, RolloutStatus, SandboxKind
 from harnessrl.taskset import TaskSet
 
 if TYPE_CHECKING:
@@ -46,7 +57,8 @@ class RolloutRow:
     spec_name: str
     harness: HarnessName
     sandbox: SandboxKind
-    reward_fn: RewardName
+    reward_fn: str  # the reward the spec names, resolved for the task's environment
+    environment: str = "swe"
     rollout_status: RolloutStatus = RolloutStatus.OK
     finish_reason: EpisodeEnd | None = None  # set when the rollout ends
     error: str = ""
@@ -62,7 +74,9 @@ class RolloutRow:
     setup_s: float = 0.0  # workspace + sandbox + session
     teardown_s: float = 0.0  # diff + session end
     wall_s: float = 0.0
-    model_patch: str = ""
+    model_patch: str = ""  # what the agent produced in its workspace (swe: the framework's diff)
+    final_answer: str = ""  # the agent's last reply (what answer-graded environments reward)
+    snapshots: list[str] = field(default_factory=list)  # earlier distinct products (Episode.snapshots)
     spec: dict[str, Any] = field(default_factory=dict)
 
 
@@ -75,6 +89,20 @@ def rollout_seed(seed: int, rollout_id: str) -> int:
     return int.from_bytes(digest, "big") * 1000  # leaves room for per-call offsets
 
 
+def spec_for(
+    task: dict[str, Any], specs: list[NamedSpec], task_index: int, index: int, group_size: int
+) -> NamedSpec:
+    """The spec rollout `index` of a task runs under: the run's specs for the task's environment round-robin
+    (specs.assign), or, when the run gives none for it, the task's environment's default."""
+    env = environment_of(task)
+    names = {env.name, environment_name(task)}  # a custom environment: its name or its import path
+    fitting = [s for s in specs if not s.environments or names & set(s.environments)]
+    if fitting:
+        return assign(fitting, task_index, index, group_size)
+    spec = env.episode(task).default_spec
+    return NamedSpec(f"{spec.harness}/{spec.sandbox}#0", spec)
+
+
 def plan_row(
     task: dict[str, Any],
     spec: NamedSpec,
@@ -84,18 +112,35 @@ def plan_row(
     rollout: str | None = None,
 ) -> RolloutRow:
     """The row of rollout `index` of `task` under `spec`, before it runs. `group_id` defaults to the task
-    (the generate stage's groups); the RL loop names a group per position of its data order."""
+    (the generate stage's groups); the RL loop names a group per position of its data order. ValueError
+    (naming the task) when the spec does not fit the task's environment."""
+    env = environment_of(task)
+    env.check_task(task)
     instance_id = task["instance_id"]
+    if not env.episode(task).workspace and spec.spec.harness is not HarnessName.CHAT:
+        if not isinstance(env, HostTools):
+            raise ValueError(
+                f"task {instance_id!r} ({env.name}) has no workspace for the tools of harness "
+                f"{spec.spec.harness!r} (spec {spec.name!r}): use harness 'chat'"
+            )
+        foreign = sorted(set(spec.spec.tools) - set(env.host_tools))
+        if spec.spec.harness is not HarnessName.REACT or foreign:
+            raise ValueError(
+                f"task {instance_id!r} ({env.name}) has no workspace; its tools run on the host: use harness "
+                f"'react' with tools from {', '.join(env.host_tools)} or harness 'chat' (spec {spec.name!r}: "
+                f"harness '{spec.spec.harness}'" + (f", tools {foreign})" if foreign else ")")
+            )
     return RolloutRow(
         rollout_id=rollout or rollout_id(instance_id, index),
         group_id=group_id or instance_id,
         instance_id=instance_id,
-        repo=task["repo"],
+        repo=str(task.get("repo") or ""),
         sample_index=index,
         spec_name=spec.name,
         harness=spec.spec.harness,
         sandbox=spec.spec.sandbox,
-        reward_fn=spec.spec.reward,
+        reward_fn=resolve_reward(env, spec.spec.reward, task),
+        environment=env.name,
         spec=spec.to_row(),
     )
 
@@ -142,8 +187,16 @@ class Sandboxes:
                 self._envs[repo] = ensure_env(self.taskset, repo)
             return self._envs[repo]
 
-    def runtime(self, spec: NamedSpec, repo: str, workspace: Path, image: str | None = None) -> ToolRuntime:
-        """`image`: the task's image_name (podman / kubernetes run the rollout in it)."""
+    def runtime(
+        self,
+        spec: NamedSpec,
+        repo: str,
+        workspace: Path,
+        image: str | None = None,
+        env_dir: Callable[[], Path] | None = None,
+    ) -> ToolRuntime:
+        """`image`: the task's image_name (podman / kubernetes run the rollout in it); `env_dir`: the Python
+        environment bubblewrap runs (default: the task repository's, built once per process)."""
         from harnessrl.harness.runtime import LocalSubprocessRuntime, SandboxRuntime
 
         kind = spec.spec.sandbox
@@ -160,7 +213,7 @@ class Sandboxes:
         sandbox = make_sandbox(
             kind,
             workspace,
-            env_dir=self.env_dir(repo) if needs_env(kind) else None,
+            env_dir=(env_dir or (lambda: self.env_dir(repo)))() if needs_env(kind) else None,
             image=image,
             limits=Limits(**sandbox_limits(spec.spec)),
             network=spec.spec.network,
@@ -174,7 +227,7 @@ def run_rollout(
     """One rollout, start to end; errors are caught and kept in the row. Runs in a thread or a Ray worker."""
     from harnessrl.gateway import GatewayAdmin
     from harnessrl.sandbox.leftovers import make_tempdir
-    from harnessrl.sandbox.workspace import MAX_PATCH_BYTES, PatchTooLarge, RepoCache, materialize, safe_name
+    from harnessrl.sandbox.workspace import safe_name
 
     t0 = time.monotonic()
     sandboxes = ctx.sandboxes
@@ -189,36 +242,44 @@ def run_rollout(
     result: HarnessResult | None = None
     try:
         import_harnesses({spec.spec.harness})
-        strict = spec.spec.sandbox is SandboxKind.BUBBLEWRAP_STRICT
-        materialize(taskset, row.instance_id, workspace, strict=strict)
-        runtime = sandboxes.runtime(spec, row.repo, workspace, task.get("image_name"))
-        session = admin.create_session(rollout_id=row.rollout_id, group_id=row.group_id)
+        env = environment_of(task)
+        episode = env.episode(task)
+        hooks = workspace_hooks(env)
+        if episode.workspace:
+            hooks.prepare(task, workspace, taskset, spec.spec.sandbox is SandboxKind.BUBBLEWRAP_STRICT)
+            runtime = sandboxes.runtime(
+                spec, row.repo, workspace, task.get("image_name"), lambda: hooks.sandbox_env(task, taskset)
+            )
+            if episode.snapshots:
+                runtime = SnapshotRuntime(
+                    runtime, lambda: hooks.produced(task, workspace, taskset), episode.snapshots
+                )
+        elif isinstance(env, HostTools):  # tools on read-only data of the environment: nothing executed
+            runtime = env.host_runtime(task, taskset)
+        else:  # nothing to work on, nothing executed: no sandbox either
+            runtime = NoToolsRuntime(workspace)
+        session = admin.create_session(
+            rollout_id=row.rollout_id, group_id=row.group_id, train_chains=spec.spec.train_chains
+        )
         row.session_id = session.session_id
         row.setup_s = time.monotonic() - t0
         harness = build_harness(spec.spec, seed=seed)
         result = harness.run(
-            TaskPrompt(row.instance_id, task["problem_statement"]),
+            TaskPrompt(row.instance_id, episode.prompt),
             Endpoint(session.openai_base_url, session.api_key),
             runtime,
         )
-        row.rollout_status, row.finish_reason, row.error = result.status, result.finish_reason, result.error
-        row.turns, row.failed_turns, row.tool_calls = result.turns, result.failed_turns, result.tool_calls
-        row.harness_errors, row.compactions = dict(result.errors), result.compactions
-        row.model_s, row.tool_s, row.harness_wall_s = result.model_s, result.tool_s, result.wall_s
+        _record(row, result)
         failure = engine_failure(admin, session.session_id)
         if failure is not None:  # whatever the harness made of the errors it got afterwards
             row.rollout_status, row.finish_reason = RolloutStatus.INFRA_ERROR, EpisodeEnd.MODEL_ERROR
             row.error = failure
-        t1 = time.monotonic()
-        cache = RepoCache.for_repo(taskset, row.repo)
-        try:
-            patch = cache.diff_worktree(cache.task_tip(row.instance_id), workspace, max_bytes=MAX_PATCH_BYTES)
-            row.model_patch = patch.decode("utf-8", errors="replace")
-        except PatchTooLarge as e:  # the agent's doing: the row says so, no patch is stored
-            if row.rollout_status is RolloutStatus.OK:
-                row.rollout_status = RolloutStatus.PATCH_TOO_LARGE
-            row.error = (row.error + "; " + str(e)).strip("; ")
-        row.teardown_s = time.monotonic() - t1
+        if episode.workspace:
+            t1 = time.monotonic()
+            _produced(row, lambda: hooks.produced(task, workspace, taskset))
+            if isinstance(runtime, SnapshotRuntime):
+                row.snapshots = [s for s in runtime.snapshots if s != row.model_patch]
+            row.teardown_s = time.monotonic() - t1
     except Exception as e:  # setup / infrastructure: the rollout is kept with its reason
         row.rollout_status = RolloutStatus.INFRA_ERROR if result is None else RolloutStatus.FAILED
         row.finish_reason = row.finish_reason or EpisodeEnd.SETUP_ERROR
@@ -226,7 +287,8 @@ def run_rollout(
         files[f"{safe_name(row.rollout_id)}.traceback.txt"] = traceback.format_exc()
         logger.warning("rollout %s: %s", row.rollout_id, row.error)
     finally:
-        sandbox = runtime.sandbox if isinstance(runtime, SandboxRuntime) else None
+        inner = runtime.inner if isinstance(runtime, SnapshotRuntime) else runtime
+        sandbox = inner.sandbox if isinstance(inner, SandboxRuntime) else None
         if sandbox is not None:  # pods / containers go now, not when the object is collected
             try:
                 sandbox.close()
@@ -250,6 +312,27 @@ def run_rollout(
             shutil.rmtree(workspace if not own_work else work, ignore_errors=True)
     row.wall_s = time.monotonic() - t0
     return RolloutOutcome(row, files)
+
+
+def _record(row: RolloutRow, result: HarnessResult) -> None:
+    row.rollout_status, row.finish_reason, row.error = result.status, result.finish_reason, result.error
+    row.turns, row.failed_turns, row.tool_calls = result.turns, result.failed_turns, result.tool_calls
+    row.harness_errors, row.compactions = dict(result.errors), result.compactions
+    row.model_s, row.tool_s, row.harness_wall_s = result.model_s, result.tool_s, result.wall_s
+    row.final_answer = result.final_answer
+
+
+def _produced(row: RolloutRow, produced: Callable[[], str]) -> None:
+    """What the agent produced in the final workspace (swe: the diff against the task tip; what verify
+    grades)."""
+    from harnessrl.sandbox.workspace import PatchTooLarge
+
+    try:
+        row.model_patch = produced()
+    except PatchTooLarge as e:  # the agent's doing: the row says so, no patch is stored
+        if row.rollout_status is RolloutStatus.OK:
+            row.rollout_status = RolloutStatus.PATCH_TOO_LARGE
+        row.error = (row.error + "; " + str(e)).strip("; ")
 
 
 def import_harnesses(kinds: set[HarnessName]) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,12 @@ from harnessrl.rollout.episode import (
     plan_row,
     rollout_seed,
     run_rollout,
+    spec_for,
 )
 from harnessrl.rollout.executors import ExecutorName, RolloutJob, make_executor
 from harnessrl.rollout.model_server import ModelServer, ModelSource
 from harnessrl.rollout.report import export_and_summarize
-from harnessrl.rollout.specs import NamedSpec, assign, load_specs
+from harnessrl.rollout.specs import NamedSpec, load_specs
 from harnessrl.schema import SandboxKind
 from harnessrl.taskset import TaskSet
 
@@ -62,7 +63,11 @@ def plan_rollouts(
     plan = []
     for i, task in enumerate(tasks):
         for k in range(cfg.group_size):
-            spec = assign(specs, i, k, cfg.group_size)
+            spec = spec_for(task, specs, i, k, cfg.group_size)
+            if cfg.spec_options:
+                spec = NamedSpec(
+                    spec.name, replace(spec.spec, options={**spec.spec.options, **cfg.spec_options})
+                )
             plan.append((plan_row(task, spec, k), spec, task))
     return plan
 
@@ -117,10 +122,11 @@ def run_generate(
                     rows.append(outcome.row)
                 gateway_metrics = server.admin.metrics()
                 server.admin.export(str(tmp / "gateway_export"))
+                decode = server.gateway.renderer.decode  # the policy's tokenizer: the report's trajectories
             rows.sort(key=lambda r: (r.group_id, r.sample_index))
             wall = time.monotonic() - started
             row_dicts = [asdict(r) for r in rows]
-            metrics = export_and_summarize(tmp, row_dicts, gateway_metrics, wall, cfg.failed_samples)
+            metrics = export_and_summarize(tmp, row_dicts, gateway_metrics, wall, cfg.failed_samples, decode)
             metrics["executor"] = executor.name
             if "engine" in gateway_metrics:  # prefix cache hit rate, prefill/decode seconds, FLOP/s
                 metrics["engine"] = gateway_metrics["engine"]

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from harnessrl.io import atomic_write_bytes, atomic_write_text
 from harnessrl.rollout.config import FailedSamples
+from harnessrl.rollout.trajectories import Decode, pick_rollouts, read_calls, trajectory_markdown
 from harnessrl.schema import RolloutStatus
 
 
@@ -48,9 +49,15 @@ def _gateway_stats(records: pa.Table) -> dict[str, dict[str, int]]:
 
 
 def export_and_summarize(
-    out: Path, rows: list[dict], gateway_metrics: dict, wall_s: float, failed_samples: FailedSamples
+    out: Path,
+    rows: list[dict],
+    gateway_metrics: dict,
+    wall_s: float,
+    failed_samples: FailedSamples,
+    decode: Decode | None = None,
 ) -> dict:
-    """Moves the gateway export into `out`, stamps rollout_status on samples, adds gateway stats to rows."""
+    """Moves the gateway export into `out`, stamps rollout_status on samples, adds gateway stats to rows.
+    With `decode` (the policy's tokenizer) the report gets a trajectory view of a few rollouts."""
     export = out / "gateway_export"
     records = pq.read_table(export / "records.parquet")
     samples = pq.read_table(export / "samples.parquet")
@@ -90,13 +97,31 @@ def export_and_summarize(
     metrics = summarize(rows, gateway_metrics, wall_s, records.num_rows, samples.num_rows)
     png = plot_all(rows)
     atomic_write_bytes(out / "rollouts.png", png)
-    atomic_write_text(out / "report.md", report_markdown(metrics, png))
+    view = ""
+    if decode is not None:
+        shown = [rid for rid, _ in pick_rollouts(rows, None)]
+        view = trajectory_markdown(rows, read_calls(out / "records.parquet", shown), decode)
+    atomic_write_text(out / "report.md", report_markdown(metrics, png, view))
     return metrics
 
 
 def _per_turn(rows: list[dict], key: str) -> float:
     turns = sum(r["turns"] for r in rows)
     return sum(r[key] for r in rows) / turns if turns else 0.0
+
+
+def samples_per_rollout(rows: list[dict]) -> dict[str, float]:
+    """Of the rollouts that made a model call: the share that stayed a single sample (one chain), and the mean
+    samples per rollout. A CLI agent's side calls (subagents, compaction, title generation) are chains of their
+    own in the same rollout (one sample each, sharing its reward); Agent Lightning reports 36% and 2.4 for its
+    coding agent."""
+    counts = [r["gateway"]["chains"] for r in rows if r["gateway"]["chains"] > 0]
+    if not counts:
+        return {"single_sample_share": 0.0, "samples_per_rollout_mean": 0.0}
+    return {
+        "single_sample_share": sum(c == 1 for c in counts) / len(counts),
+        "samples_per_rollout_mean": mean(counts),
+    }
 
 
 def summarize(rows: list[dict], gateway_metrics: dict, wall_s: float, n_records: int, n_samples: int) -> dict:
@@ -118,6 +143,7 @@ def summarize(rows: list[dict], gateway_metrics: dict, wall_s: float, n_records:
             "calls": sum(r["gateway"]["calls"] for r in rs),
             "splits": sum(r["gateway"]["splits"] for r in rs),
             "rollbacks": sum(r["gateway"]["rollbacks"] for r in rs),
+            **samples_per_rollout(rs),
             "completion_tokens": sum(r["gateway"]["completion_tokens"] for r in rs),
             "model_s_per_turn": _per_turn(rs, "model_s"),
             "tool_s_per_turn": _per_turn(rs, "tool_s"),
@@ -140,6 +166,7 @@ def summarize(rows: list[dict], gateway_metrics: dict, wall_s: float, n_records:
         "completion_tokens": sum(r["gateway"]["completion_tokens"] for r in rows),
         "splits": sum(r["gateway"]["splits"] for r in rows),
         "rollbacks": sum(r["gateway"]["rollbacks"] for r in rows),
+        **samples_per_rollout(rows),
         "harness_errors": dict(errors),
         "wall_s": wall_s,
         "rollouts_per_hour": len(rows) / wall_s * 3600 if wall_s else 0.0,
@@ -208,7 +235,7 @@ def plot_all(rows: list[dict]) -> bytes:
     return figure_png(fig)
 
 
-def report_markdown(m: dict, png: bytes) -> str:
+def report_markdown(m: dict, png: bytes, trajectories: str = "") -> str:
     from harnessrl.reports import code, counts_text, embed_png
 
     lines = [
@@ -219,6 +246,9 @@ def report_markdown(m: dict, png: bytes) -> str:
         "",
         f"{m['records']} gateway records, {m['samples']} samples; {m['splits']} splits, {m['rollbacks']} rollbacks; "
         f"{m['completion_tokens']} sampled tokens; longest prompt {m['prompt_tokens_max']} tokens.",
+        "",
+        f"Samples per rollout (one per chain: side calls, subagents and compaction are chains of their own): "
+        f"mean {m['samples_per_rollout_mean']:.2f}, single-sample rollouts {m['single_sample_share']:.0%}.",
         "",
         f"Per turn: model {m['model_s_per_turn']:.3f} s, tools {m['tool_s_per_turn']:.3f} s, harness overhead "
         f"{m['harness_overhead_s_per_turn']:.4f} s. Setup (workspace + sandbox + session) {m['setup_s_mean']:.2f} s "
@@ -254,4 +284,6 @@ def report_markdown(m: dict, png: bytes) -> str:
         "their samples carry that `rollout_status` and are excluded from training statistics by the trainer's "
         "`--nonok` setting.",
     ]
+    if trajectories:
+        lines += ["", trajectories.rstrip("\n")]
     return "\n".join(lines) + "\n"

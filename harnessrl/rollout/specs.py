@@ -1,17 +1,28 @@
 """Per-sample harness specs: parse, validate, assign to rollouts, and build the harness + sandbox they name.
 
 A spec file is JSON: one `HarnessSpec` object or a list of them (fields: harness, tools, sandbox, network,
-reward, limits, options; plus an optional `name`). Rollout k of task i (global index g = i * group_size + k) gets
-spec[g % len(specs)], so a list of two specs mixes them inside every group.
+reward, limits, options; plus an optional `name` and `environments`). Rollout k of task i (global index g =
+i * group_size + k) gets spec[g % len(specs)] of the specs for the task's environment, so a list of two
+specs mixes them inside every group.
 
-    harness   HarnessName: react | mini-swe-agent
+    harness   HarnessName: react | mini-swe-agent | claude-code | codex (the real CLIs inside a bubblewrap
+              sandbox)
     sandbox   SandboxKind: bubblewrap (workspace = one-commit git repo) | bubblewrap-strict (no .git; git
               refuses) | podman (one container from the task's image_name) | kubernetes (one pod from the
               task's image_name, commands via exec) | local (no isolation: only with allow_unsandboxed)
     network   podman / kubernetes only: a named egress allow-list (e.g. a package-index proxy); default none
-    reward    RewardName: swebench | f2p_fraction (recorded as the rollout's reward_fn; verify scores with it)
+    reward    "" (the task's environment's default), one its environment offers (swe: swebench | f2p_fraction;
+              instruction: instruction_fraction | instruction_strict | instruction_loose; kernel: kernel_partial
+              | kernel_solved; search: search_em | search_f1; procedural: procedural_exact |
+              procedural_tagged), or a custom 'module:function' (recorded as the rollout's reward_fn; verify
+              scores with it)
+    environments  the task environments the spec is for (default: every one); a task set that mixes
+              environments gives each its own specs, and a task no spec is for runs under its environment's
+              default spec (rollout.episode.spec_for)
     limits    turns, tokens, wall_s (harness);  memory_mb, processes, cpu_s, file_size_mb, tmp_mb (sandbox);
               tool_timeout_s (per command)
+    train_chains  all (default: every chain of a rollout is a sample) | main (only the chain its first call
+              started; a CLI agent's subagents, compaction and side calls are left out of training)
 """
 
 from __future__ import annotations
@@ -22,10 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.choices import parse_choice
+from harnessrl.gateway.enums import TrainChains
 from harnessrl.harness.base import Harness
-from harnessrl.schema import HarnessName, HarnessSpec, RewardName, SandboxKind
+from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind
 
 HARNESS_LIMITS = ("turns", "tokens", "wall_s", "tool_timeout_s")
+# Harnesses that run inside the rollout's sandbox (a CLI agent) -> the backends that can host them.
+INSIDE_HARNESSES = {
+    HarnessName.CLAUDE_CODE: {SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT},
+    HarnessName.CODEX: {SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT},
+}
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
 
 
@@ -33,6 +50,7 @@ SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
 class NamedSpec:
     name: str
     spec: HarnessSpec
+    environments: tuple[str, ...] = ()  # the environments the spec is for (none: every one)
 
     def to_row(self) -> dict[str, Any]:
         return {"name": self.name, **asdict(self.spec)}
@@ -42,7 +60,7 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
     items = raw if isinstance(raw, list) else [raw]
     if not items:
         raise ValueError(f"{where}: empty list; give at least one harness spec")
-    allowed = {f.name for f in fields(HarnessSpec)} | {"name"}
+    allowed = {f.name for f in fields(HarnessSpec)} | {"name", "environments"}
     out = []
     for i, item in enumerate(items):
         here = f"{where}[{i}]"
@@ -51,20 +69,58 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
         unknown = sorted(set(item) - allowed)
         if unknown:
             raise ValueError(f"{here}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
-        kw = {k: v for k, v in item.items() if k != "name"}
+        kw = {k: v for k, v in item.items() if k not in ("name", "environments")}
+        environments = item.get("environments", [])
+        if not isinstance(environments, list) or not all(isinstance(e, str) and e for e in environments):
+            raise ValueError(
+                f"{here}.environments: expected a list of environment names, got {environments!r}"
+            )
+        from harnessrl.environments.registry import builtin_names
+
+        unknown_envs = [e for e in environments if ":" not in e and e not in builtin_names()]
+        if unknown_envs:
+            raise ValueError(
+                f"{here}.environments: unknown environment(s) {unknown_envs}; built-in: "
+                f"{', '.join(builtin_names())}, or 'module:attribute'"
+            )
         kw["harness"] = parse_choice(HarnessName, kw.get("harness", HarnessName.REACT), f"{here}.harness")
         kw["sandbox"] = parse_choice(
             SandboxKind, kw.get("sandbox", SandboxKind.BUBBLEWRAP), f"{here}.sandbox"
         )
-        kw["reward"] = parse_choice(RewardName, kw.get("reward", RewardName.SWEBENCH), f"{here}.reward")
+        kw["reward"] = parse_reward(kw.get("reward", ""), f"{here}.reward")
+        kw["train_chains"] = parse_choice(
+            TrainChains, kw.get("train_chains", TrainChains.ALL), f"{here}.train_chains"
+        ).value
         spec = HarnessSpec(**kw)
         if "limits" in item:  # partial limits extend the defaults
             spec.limits = {**HarnessSpec().limits, **item["limits"]}
         if spec.network is not None and spec.sandbox not in (SandboxKind.PODMAN, SandboxKind.KUBERNETES):
             raise ValueError(f"{here}.network: only sandbox podman or kubernetes has a network")
+        if spec.harness in INSIDE_HARNESSES and spec.sandbox not in INSIDE_HARNESSES[spec.harness]:
+            raise ValueError(
+                f"{here}.sandbox: harness {spec.harness} runs inside the sandbox, which it supports on "
+                f"{sorted(INSIDE_HARNESSES[spec.harness])} only (not {spec.sandbox})"
+            )
         validate_spec(spec, here)
-        out.append(NamedSpec(str(item.get("name") or f"{spec.harness}/{spec.sandbox}#{i}"), spec))
+        name = str(item.get("name") or f"{spec.harness}/{spec.sandbox}#{i}")
+        out.append(NamedSpec(name, spec, tuple(environments)))
     return out
+
+
+def parse_reward(value: object, where: str) -> str:
+    """A spec's `reward`: "" (the environment's default), a reward an environment offers, or a custom
+    function's import path `module:function` (checked when a task meets the spec: environments.registry)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected a string, got {value!r}")
+    if value and ":" not in value:
+        from harnessrl.environments.registry import builtin_reward_names
+
+        known = builtin_reward_names()
+        if value not in known:
+            raise ValueError(
+                f"{where}: unknown reward {value!r}; one of {', '.join(known)}, or 'module:function' for your own"
+            )
+    return value
 
 
 def validate_spec(spec: HarnessSpec, where: str) -> None:
@@ -80,8 +136,15 @@ def validate_spec(spec: HarnessSpec, where: str) -> None:
 
 
 def load_specs(path: str | Path | None) -> list[NamedSpec]:
+    """A spec file, or the JSON itself (`--specs '[{"harness": "claude-code"}]'`); none (`[]`) without
+    either: each task then runs under its environment's default spec (rollout.episode.spec_for)."""
     if path is None:
-        return parse_specs({}, "default harness spec")
+        return []
+    if isinstance(path, str) and path.lstrip()[:1] in ("[", "{"):
+        try:
+            return parse_specs(json.loads(path), "--specs")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--specs: not valid JSON ({e.msg} at column {e.colno})") from None
     path = Path(path)
     try:
         raw = json.loads(path.read_text())
@@ -115,6 +178,21 @@ def build_harness(spec: HarnessSpec, seed: int | None = None) -> Harness:
         if "tool_timeout_s" in limits:
             options.setdefault("tool_timeout_s", float(limits["tool_timeout_s"]))
         return MiniSweAgentHarness(MiniSweAgentConfig.from_spec(limits, options))
+    if spec.harness is HarnessName.CHAT:
+        from harnessrl.harness.chat import ChatConfig, ChatHarness
+
+        options = dict(spec.options)
+        if seed is not None:
+            options.setdefault("seed", seed)
+        return ChatHarness(ChatConfig.from_spec(limits, options))
+    if spec.harness is HarnessName.CLAUDE_CODE:  # no seed: the CLI sends none
+        from harnessrl.harness.claude_code import ClaudeCodeConfig, ClaudeCodeHarness
+
+        return ClaudeCodeHarness(ClaudeCodeConfig.from_spec(limits, dict(spec.options)))
+    if spec.harness is HarnessName.CODEX:  # no seed: the CLI sends none
+        from harnessrl.harness.codex import CodexConfig, CodexHarness
+
+        return CodexHarness(CodexConfig.from_spec(limits, dict(spec.options)))
     raise ValueError(f"unknown harness {spec.harness!r}")
 
 

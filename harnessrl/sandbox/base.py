@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 WORKSPACE_MOUNT = "/workspace"
 # The whole environment an agent's command starts with (plus PATH, and VIRTUAL_ENV where there is one):
@@ -92,6 +92,10 @@ class SandboxError(RuntimeError):
     """The sandbox could not be created or used (missing bwrap, bad workspace path): infrastructure, not agent."""
 
 
+if TYPE_CHECKING:
+    from harnessrl.sandbox.quota import Quota
+
+
 class Sandbox(ABC):
     """A place to run an agent's or a verifier's commands, with the workspace at /workspace."""
 
@@ -106,6 +110,11 @@ class Sandbox(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Releases backend resources (pods, cgroups). The workspace itself is left alone."""
+
+    def workspace_quota(self, limits: Limits | None = None) -> Quota | None:
+        """The bound on the workspace's growth that host-side writes (the harness's file tools) must respect
+        too; None where the backend enforces none on the host's side."""
+        return None
 
     def __enter__(self) -> Sandbox:
         return self

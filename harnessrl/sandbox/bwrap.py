@@ -36,6 +36,7 @@ import signal
 import subprocess
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from harnessrl.sandbox import cgroups, identity, leftovers, quota
@@ -137,14 +138,17 @@ class BubblewrapSandbox(Sandbox):
         self.extra_env = dict(extra_env or {})
         self.default_limits = limits or Limits()
         self.read_only_workspace = read_only_workspace
+        self.read_only_binds: list[tuple[Path, str]] = []  # (host path, path inside): bind_read_only
         self._stub_dir: Path | None = None
         self._stage_dir: Path | None = None
         self._closed = False
         leftovers.sweep_once([cgroups.factory().sweep_stale])
         self.identity = identity.acquire()
-        # closes what the sandbox holds (uid slot, temp dirs) even if the caller never calls close()
+        # closes what the sandbox holds (uid slot, temp dirs, a gateway forwarder) even if the caller never
+        # calls close()
         self._temp_dirs: list[Path] = []
-        self._finalizer = weakref.finalize(self, _release, self._temp_dirs, self.identity)
+        self._closers: list[Callable[[], None]] = []
+        self._finalizer = weakref.finalize(self, _release, self._temp_dirs, self.identity, self._closers)
         try:
             if self.gateway_socket is not None and self.identity is not None:
                 let_group_connect(self.gateway_socket, self.identity.gid)
@@ -162,6 +166,31 @@ class BubblewrapSandbox(Sandbox):
 
     def workspace_quota(self, limits: Limits | None = None) -> quota.Quota:
         return quota.Quota.growth(self.baseline, limits or self.default_limits)
+
+    # -- what a harness that runs inside adds -----------------------------------------------------------
+    def connect_gateway(self, url: str) -> str:
+        """Makes the gateway at `url` (http://host:port/...) reachable from later runs through one Unix socket
+        at GATEWAY_SOCKET_MOUNT (`$HARNESSRL_GATEWAY_SOCKET`), forwarded to it by this sandbox
+        (forward.UnixForwarder) until it closes; the only way out. Returns the path inside."""
+        from harnessrl.sandbox.forward import UnixForwarder
+
+        if self.gateway_socket is not None:
+            raise SandboxError(f"this sandbox already has a gateway socket ({self.gateway_socket})")
+        forwarder = UnixForwarder(url)
+        self._closers.append(forwarder.close)
+        if self.identity is not None:
+            let_group_connect(forwarder.socket, self.identity.gid)
+        self.gateway_socket = forwarder.socket
+        return GATEWAY_SOCKET_MOUNT
+
+    def bind_read_only(self, host: Path, inside: str) -> None:
+        """Binds `host` (a file or directory, e.g. a CLI's prefix) read-only at `inside` for later runs."""
+        host = Path(host).resolve()
+        if not host.exists():
+            raise SandboxError(f"{host} does not exist")
+        if not inside.startswith("/") or inside.rstrip("/") in ("", WORKSPACE_MOUNT, "/tmp", "/usr", "/proc"):
+            raise SandboxError(f"cannot bind over {inside!r}")
+        self.read_only_binds.append((host, inside))
 
     # -- argv -------------------------------------------------------------------------------------------
     def _ro_paths(self) -> list[Path]:
@@ -214,6 +243,7 @@ class BubblewrapSandbox(Sandbox):
             binds += [("--ro-bind", stub, "/run/harnessrl/bin/git"), ("--ro-bind", stub, "/usr/bin/git")]
         if self.gateway_socket is not None:
             binds.append(("--bind", self.gateway_socket, GATEWAY_SOCKET_MOUNT))
+        binds += [("--ro-bind", host, inside) for host, inside in self.read_only_binds]
         return binds
 
     def _staging(self) -> dict[Path, Path]:
@@ -229,19 +259,26 @@ class BubblewrapSandbox(Sandbox):
             self._temp_dirs.append(self._stage_dir)
             self._stage_dir.chmod(0o711)
         staged: dict[Path, Path] = {}
+        # the kind is in a point's name: a bind added later never reuses a point made for another kind
         for _, host, _ in self.host_binds():
             if host not in staged:
-                point = self._stage_dir / str(len(staged))
+                point = self._stage_dir / f"{len(staged)}{'d' if host.is_dir() else 'f'}"
                 if not point.exists():
                     point.mkdir(mode=0o755) if host.is_dir() else point.touch(mode=0o644)
                 staged[host] = point
         return staged
 
     def bwrap_options(
-        self, limits: Limits, cwd: str, fds: dict[str, int], sources: dict[Path, Path]
+        self,
+        limits: Limits,
+        cwd: str,
+        fds: dict[str, int],
+        sources: dict[Path, Path],
+        extra_env: dict[str, str] | None = None,
     ) -> list[str]:
         """bubblewrap's options: `fds` holds the descriptors of "status", "passwd" and "group" in the child,
-        `sources` where each host bind is mounted from (itself, or its staging mount point)."""
+        `sources` where each host bind is mounted from (itself, or its staging mount point), `extra_env` the
+        variables of this run on top of the sandbox's."""
         a = [
             "--unshare-all",
             "--unshare-user",
@@ -284,6 +321,7 @@ class BubblewrapSandbox(Sandbox):
         if self.gateway_socket is not None:
             env["HARNESSRL_GATEWAY_SOCKET"] = GATEWAY_SOCKET_MOUNT
         env.update(self.extra_env)
+        env.update(extra_env or {})
         a += ["--clearenv"]
         for k, v in env.items():
             a += ["--setenv", k, v]
@@ -291,7 +329,7 @@ class BubblewrapSandbox(Sandbox):
         return a
 
     def command_chain(
-        self, argv: list[str], limits: Limits, cwd: str, status_w: int
+        self, argv: list[str], limits: Limits, cwd: str, status_w: int, env: dict[str, str] | None = None
     ) -> tuple[list[str], list[int]]:
         """The full argv to start (after rlimits and a cgroup join) and the descriptors it must inherit; the
         caller closes the descriptors after the start. bubblewrap's own options travel in a memfd
@@ -309,7 +347,8 @@ class BubblewrapSandbox(Sandbox):
                 fds[name] = _memfd(name, text.encode())
                 opened.append(fds[name])
             fds["args"] = _memfd(
-                "args", b"".join(o.encode() + b"\0" for o in self.bwrap_options(limits, cwd, fds, sources))
+                "args",
+                b"".join(o.encode() + b"\0" for o in self.bwrap_options(limits, cwd, fds, sources, env)),
             )
             opened.append(fds["args"])
         except BaseException:
@@ -350,7 +389,9 @@ class BubblewrapSandbox(Sandbox):
         timeout: float,
         limits: Limits | None = None,
         cwd: str = WORKSPACE_MOUNT,
+        env: dict[str, str] | None = None,
     ) -> RunResult:
+        """`env`: variables for this run only, on top of the sandbox's (a harness's settings and key)."""
         limits = limits or self.default_limits
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
@@ -383,7 +424,7 @@ class BubblewrapSandbox(Sandbox):
         started = time.monotonic()
         stopped_for = ""  # "timeout" | a quota violation
         try:
-            chain, pass_fds = self.command_chain(argv, limits, cwd, status_w)
+            chain, pass_fds = self.command_chain(argv, limits, cwd, status_w, env)
             full = [*prlimit, *chain]
             if cgroup is not None:
                 join = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 121; shift; done; shift; exec "$@"'
@@ -472,7 +513,13 @@ def _tool(name: str) -> str:
     return path
 
 
-def _release(temp_dirs: list[Path], ident: identity.HostIdentity | None) -> None:
+def _release(
+    temp_dirs: list[Path], ident: identity.HostIdentity | None, closers: list[Callable[[], None]]
+) -> None:
+    for close in closers:
+        with contextlib.suppress(Exception):
+            close()
+    closers.clear()
     for d in temp_dirs:
         shutil.rmtree(d, ignore_errors=True)
     temp_dirs.clear()

@@ -62,5 +62,12 @@ class SftSource(StrEnum):
 
 
 class Precision(StrEnum):
+    """The trainer's compute format (the engine's `dtype` names are accepted too: float32, bfloat16)."""
+
     FP32 = "fp32"
-    BF16 = "bf16"  # autocast; master weights stay fp32
+    BF16 = "bf16"  # autocast; master weights and optimizer state stay fp32
+    AUTO = "auto"  # bf16 where this host multiplies it faster at the model's shapes (harnessrl.numformat)
+
+    @classmethod
+    def _missing_(cls, value: object) -> Precision | None:
+        return {"float32": cls.FP32, "bfloat16": cls.BF16}.get(str(value))

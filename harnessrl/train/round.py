@@ -205,6 +205,7 @@ def run_train(
         summary = summarize(plan, history)
         summary["fingerprint"] = fp
         summary["world_size"] = ctx.world_size
+        summary["precision"] = str(trainer.precision)  # what `auto` picked on this host
         weights = dist_mod.full_state_dict(model) if ctx.enabled else None
         if main:
             save_model(

@@ -131,6 +131,18 @@ def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     return torch.cat(out).view(logits.shape[:-1])
 
 
+def resolve_precision(precision: Precision, model: torch.nn.Module, device: torch.device) -> Precision:
+    """`auto`: bf16 where this host multiplies it faster than fp32 at the model's shapes (the probe of
+    `harnessrl.numformat`, measured once per host and cached), else fp32. The weights and AdamW's state stay
+    fp32 either way: bf16 is autocast compute."""
+    if precision is not Precision.AUTO:
+        return precision
+    from harnessrl import numformat
+
+    picked = numformat.resolve("auto", "trainer", getattr(model, "config", None), device)
+    return Precision.BF16 if picked == numformat.BFLOAT16 else Precision.FP32
+
+
 def micro_batches(items: Sequence[SeqItem], cfg: TrainerConfig, pad_id: int = 0) -> list[MicroBatch]:
     if cfg.packing:
         return pack(items, cfg.max_tokens_per_micro_batch)
@@ -160,6 +172,7 @@ class Trainer:
                 "under torch.distributed the model must be sharded first (distributed.wrap_fsdp): FSDP "
                 "averages the gradients across ranks"
             )
+        self.precision = resolve_precision(cfg.precision, model, self.device)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -179,7 +192,7 @@ class Trainer:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
     def _autocast(self):
-        if self.cfg.precision == Precision.BF16:
+        if self.precision == Precision.BF16:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -29,9 +29,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from harnessrl.choices import parse_choice
+from harnessrl.environments.base import Finished, Grading, Reward, RewardStatus
+from harnessrl.environments.registry import call_reward, environment_name, environment_of, resolve_reward
 from harnessrl.io import atomic_output, read_jsonl, write_jsonl
 from harnessrl.progress import ProgressBar
+from harnessrl.rollout.specs import parse_reward
 from harnessrl.sandbox.backends import DEFAULT_CHOICE, SandboxChoice
 from harnessrl.sandbox.base import Limits
 from harnessrl.sandbox.workspace import safe_name
@@ -65,21 +67,22 @@ def load_rollouts(rollouts: Path) -> tuple[list[dict], Path]:
         if row["rollout_id"] in seen:
             raise ValueError(f"{path}: row {i}: duplicate rollout_id {row['rollout_id']!r}")
         seen.add(row["rollout_id"])
-        rollout_reward(row, f"{path}: row {i} ({row['rollout_id']})")
+        parse_reward(rollout_reward(row), f"{path}: row {i} ({row['rollout_id']}): reward_fn")
         if row.get("rollout_status") != "infra_error" and not any(
-            k in row for k in ("workspace", "model_patch", "patch")
+            k in row for k in ("workspace", "model_patch", "patch", "final_answer")
         ):
             raise ValueError(
-                f"{path}: row {i} ({row['rollout_id']}): needs one of 'workspace', 'model_patch', 'patch'"
+                f"{path}: row {i} ({row['rollout_id']}): needs one of 'workspace', 'model_patch', 'patch' "
+                "(a swe task's work) or 'final_answer' (an answer-graded environment's)"
             )
     return rows, path.parent
 
 
-def rollout_reward(rollout: dict, where: str = "rollout") -> RewardName:
-    """The reward the rollout's harness spec names: `reward_fn` (generate's column), else `spec.reward`."""
+def rollout_reward(rollout: dict) -> str:
+    """The reward the rollout's harness spec names: `reward_fn` (generate's column), else `spec.reward`
+    ("": the environment's default)."""
     spec = rollout.get("spec")
-    name = rollout.get("reward_fn") or (spec.get("reward") if isinstance(spec, dict) else None)
-    return parse_choice(RewardName, name or RewardName.SWEBENCH, f"{where}: reward_fn")
+    return str(rollout.get("reward_fn") or (spec.get("reward") if isinstance(spec, dict) else None) or "")
 
 
 def verify_rollout(
@@ -91,9 +94,48 @@ def verify_rollout(
     limits: Limits | None,
     sandbox: SandboxChoice = DEFAULT_CHOICE,
 ) -> VerifyResult:
-    """The verdict on one rollout, with the reward its spec names."""
+    """The verdict on one rollout, with the reward its spec names. A swe task's is the tests' verdict
+    (below); any other environment's comes from its `reward` (environments.base), run here, outside the
+    agent's sandbox."""
+    row = tasks.get(rollout["instance_id"])
+    if row is not None and environment_name(row) != "swe":
+        return _environment_verdict(row, rollout, Grading(taskset, timeout_s, limits, sandbox))
     result = _verdict(taskset, tasks, rollout, base, timeout_s, limits, sandbox)
-    return apply_reward(result, rollout_reward(rollout))
+    return apply_reward(result, RewardName(rollout_reward(rollout) or RewardName.SWEBENCH))
+
+
+def _environment_verdict(row: dict, rollout: dict, grading: Grading) -> VerifyResult:
+    iid = row["instance_id"]
+    if rollout.get("rollout_status") == RolloutStatus.INFRA_ERROR:  # graded otherwise, as a swe rollout is:
+        # the rewards row keeps a failed or timed-out rollout's own status, and the trainer decides
+        return VerifyResult(
+            iid, VerifyStatus.INFRA_ERROR, detail="the rollout itself failed (infra_error); not graded"
+        )
+    finished = Finished(
+        str(rollout.get("final_answer") or ""),
+        str(rollout.get("model_patch") or ""),
+        rollout,
+        tuple(str(s) for s in rollout.get("snapshots") or ()),
+    )
+    try:
+        env = environment_of(row)
+        name = resolve_reward(env, rollout_reward(rollout), row)
+        reward = call_reward(name, row, finished) if ":" in name else env.reward(row, finished, name, grading)
+    except Exception as e:  # ours (or the environment's), never the agent's: keep the row with why
+        reward = Reward.failed(f"task {iid}: {type(e).__name__}: {e}")
+        name = rollout_reward(rollout)
+    if reward.status is RewardStatus.INFRA_ERROR or reward.total is None:
+        return VerifyResult(iid, VerifyStatus.INFRA_ERROR, detail=reward.detail, reward_fn=name)
+    resolved = reward.total >= 1.0
+    return VerifyResult(
+        iid,
+        VerifyStatus.RESOLVED if resolved else VerifyStatus.UNRESOLVED,
+        resolved=resolved,
+        reward=reward.total,
+        reward_parts=dict(reward.parts),
+        detail=reward.detail,
+        reward_fn=name,
+    )
 
 
 def _verdict(

@@ -77,7 +77,8 @@ class VerifyResult:
     exit_code: int | None = None
     detail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
-    reward_fn: RewardName = RewardName.SWEBENCH  # which reward `reward` is
+    reward_fn: str = RewardName.SWEBENCH  # which reward `reward` is
+    reward_parts: dict[str, float] = field(default_factory=dict)  # an environment's named components
 
     @property
     def infra_error(self) -> bool:

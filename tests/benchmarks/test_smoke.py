@@ -75,8 +75,31 @@ HEADLINES: dict[str, Headline] = {
         "speculative_speedup",
         "batched_speedup",
         "identical_greedy_outputs",
+        "bf16_vs_fp32_tokens_per_s",
+        "flops_fraction_float32",
+        "flops_fraction_bfloat16",
+        "identical_greedy_fp32_bf16",
+        "bf16_logprob_gap_fp32",
+        "tis_weight_mean_fp32",
+        "auto_engine_dtype",
+        "auto_engine_bf16_factor",
         "load_before",
         "load_after",
+        slow=True,
+    ),
+    "engine_vs_vllm.py": headline(  # without vLLM: the vLLM figures null, `vllm_unavailable` says why
+        "local_vs_vllm_decode_tokens_per_s_ratio",
+        "local_vs_vllm_turn_time_ratio",
+        "local_turn_s",
+        "vllm_turn_s",
+        "local_decode_tokens_per_s",
+        "vllm_decode_tokens_per_s",
+        "local_prefix_hit_rate",
+        "vllm_prefix_hit_rate",
+        "identical_agentic_outputs",
+        "identical_batch_outputs",
+        "max_logprob_diff",
+        "vllm_unavailable",
         slow=True,
     ),
     "gateway.py": headline(
@@ -86,9 +109,28 @@ HEADLINES: dict[str, Headline] = {
         "p99_added_ms_c64_staggered",
         "cpu_ratio_128k_vs_1k",
     ),
-    "gpu_check.py": headline("ok", "phases", "seconds"),  # without a GPU: one skip line instead
+    "gpu_check.py": headline("ok", "phases", "seconds"),
+    "harness_overhead.py": headline(
+        "startup_s",
+        "overhead_s_per_turn",
+        "model_s_per_turn",
+        "first_prompt_tokens",
+        "journal_bytes_per_call_1k",
+        "journal_bytes_per_call_30k",
+        bwrap=True,
+    ),  # without a GPU: one skip line instead
     "grading.py": headline("grading_agreement", "swebench_reward_agreement", "cases", "agreement_by_finding"),
     "learning_check.py": headline("heldout_reward_base", "heldout_reward_trained", "heldout_gain"),
+    "learning_envs.py": headline(
+        *(
+            f"{env}_{key}"
+            for env in ("instruction", "swe", "kernel", "search", "procedural")
+            for key in ("base", "trained", "ci_low")
+        ),
+        "minutes",
+        slow=True,
+        bwrap=True,
+    ),
     "learning_swe.py": headline(
         "toolcall_rate_base",
         "toolcall_rate_sft",
@@ -125,7 +167,16 @@ HEADLINES: dict[str, Headline] = {
     ),
     "store.py": headline("resume_bytes_ratio", "resume_time_ratio", "upload_time_ratio_vs_5mib"),
     "train.py": headline(
-        "packed_speedup", "padding_fraction_packed", "padding_fraction_padded", "peak_rss_mb", slow=True
+        "packed_speedup",
+        "padding_fraction_packed",
+        "padding_fraction_padded",
+        "peak_rss_mb",
+        "bf16_vs_fp32_tokens_per_s",
+        "matmul_fraction_fp32",
+        "matmul_fraction_bf16",
+        "auto_precision",
+        "auto_bf16_factor",
+        slow=True,
     ),
     "verify.py": headline(
         "overhead_ratio", "sandbox_ratio", "verifications_per_min", "load_avg", slow=True, bwrap=True

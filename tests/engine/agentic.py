@@ -16,6 +16,26 @@ from typing import Any
 
 from harnessrl.engine.base import Generation, SamplingParams
 
+# single-turn prompts that ask for long answers (the benchmarks' batch workloads)
+QUESTIONS = [
+    "Explain in detail how a hash map works and when it is slow.",
+    "Write a Python function that parses a CSV file and explain each line.",
+    "Describe the water cycle step by step for a school report.",
+    "What are the pros and cons of microservices? Give a long answer.",
+    "Tell me a long story about a robot who learns to paint.",
+    "Explain how git rebase differs from git merge, with examples.",
+    "List ten tips for writing readable code and explain each one.",
+    "Describe how a compiler turns source code into machine code.",
+    "Explain recursion to a beginner with three examples.",
+    "Why is the sky blue? Explain the physics thoroughly.",
+    "Compare Python lists, tuples and sets in depth.",
+    "Write a short essay about the history of the internet.",
+    "Explain what unit tests are and how to write good ones.",
+    "Describe how HTTP requests travel from a browser to a server.",
+    "What is gradient descent? Explain it with an analogy.",
+    "Explain how a bubble sort works and why it is slow.",
+]
+
 TOOLS = [
     {
         "name": "bash",

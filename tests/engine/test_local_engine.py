@@ -166,7 +166,10 @@ def test_weight_sync_swaps_weights_between_steps(engine, chat, tmp_path):
 
     prompt = chat("Name a fruit.")
     before = run(engine.generate(prompt, GREEDY, 5))
-    state = {k: v.detach().clone() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
+    # contiguous: the engine stores its weight matrices transposed in memory (llama.store_transposed)
+    state = {
+        k: v.detach().contiguous() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"
+    }
     state["model.norm.weight"] = -state["model.norm.weight"]  # flips every logit: a different greedy answer
     perturbed = tmp_path / "ckpt"
     perturbed.mkdir()

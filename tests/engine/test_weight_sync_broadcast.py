@@ -1,7 +1,7 @@
 """Weights by broadcast, end to end over gloo on this CPU: the trainer side is the loop's own
 `BroadcastPublisher` (the same code that runs nccl on GPUs), the receivers are real `harnessrl engine serve`
-processes behind the Router, and the vLLM stand-in whose worker runs the real `WeightSyncExtension`. Also the
-one-line refusal of engines that cannot take a broadcast."""
+processes behind the Router (a real vLLM receives in test_vllm_real.py). Also the one-line refusal of engines
+that cannot take a broadcast."""
 
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ from harnessrl.engine.base import EngineError, WeightSyncMode
 from harnessrl.engine.broadcast import BroadcastError, WeightGroup, buckets, receive_weights, send_weights
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.engine.router import Router
-from harnessrl.engine.vllm_worker import INFO, INIT_BROADCAST, RECEIVE
 from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
 from harnessrl.rl.publish import BroadcastPublisher
 from harnessrl.tinymodel import load_model
 from tests.engine.support import GREEDY
-from tests.support.fake_vllm import FakeVLLM, miniature_model
+from tests.support.fake_vllm import miniature_model
 from tests.support.weight_sync import close, serve_process, teacher_forced
 
 BROADCAST = WeightSyncMode.BROADCAST
@@ -91,33 +90,6 @@ def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broad
         assert gen.token_ids != old.token_ids or not close(gen.logprobs, old.logprobs)
     assert [h["policy_version"] for h in health] == [2, 2]
     assert failed_after_s < 30  # not the group's 600 s timeout
-
-
-def test_vllm_stand_in_receives_by_broadcast_through_the_extension(mini, prompt, background_loop):
-    model_dir, base, trained = mini
-    fake = FakeVLLM(model_dir)
-    url = on(background_loop, fake.start())
-    client = HTTPEngine(url)
-    publisher = BroadcastPublisher(client, background_loop, name="vllm")
-    try:
-        publisher.publish(3, trained.named_parameters())
-        gen = on(background_loop, client.generate(prompt, GREEDY, 6))
-        info = on(background_loop, client._call("POST", "/collective_rpc", {"method": INFO}))
-    finally:
-        publisher.close()
-        on(background_loop, client.release())
-        on(background_loop, fake.stop())
-    assert gen.token_policy_versions == [3] * 6
-    assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
-    assert info["results"][0]["policy_version"] == 3
-    assert fake.calls[:6] == [
-        f"/collective_rpc:{INFO}",
-        f"/collective_rpc:{INIT_BROADCAST}",
-        "/pause?mode=keep",
-        f"/collective_rpc:{RECEIVE}",
-        "/reset_prefix_cache?reset_running_requests=true",
-        "/resume",
-    ]
 
 
 def test_buckets_pack_mixed_dtypes_and_a_receiver_gets_every_tensor_back():

@@ -4,6 +4,8 @@ text, and the journal record is the same and durable before the stream ends."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 
 import anthropic
@@ -11,6 +13,7 @@ import openai
 import pytest
 from anthropic.types import Message, MessageParam
 
+from harnessrl.engine.base import FinishReason
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.gateway.records import CallRecord
 from harnessrl.gateway.streaming import safe_prefix
@@ -194,3 +197,52 @@ def test_text_streamed_before_an_aborting_pause_stays_in_the_record(gateway, fas
     assert paused and admin.metrics()["aborted_generations"] == 1
     shown = g.renderer.completion_text(rec.completion_ids)
     assert "".join(pieces) == shown and len(shown) > len(LONG_REPLY)  # partial stream + the continuation
+
+
+def test_text_written_while_the_call_is_cancelled_is_not_sent_twice():
+    """An aborting pause may cancel a streamed call while its text is being written: the write finishes
+    (shielded), and the text sent after the resume continues from it instead of repeating it (the stream
+    showed `about about` to a harness on a loaded machine)."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from harnessrl.gateway.enums import Api
+    from harnessrl.gateway.streaming import SSEReply
+
+    words = ["Let", " me", " think", " about", " this", " now."]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        reply = SSEReply(request, Api.OPENAI, "p", lambda ids: "".join(words[i] for i in ids), [])
+        reply.begin("c1", 3)
+        await reply.on_tokens([0, 1, 2])
+        streaming = asyncio.ensure_future(reply.on_tokens([0, 1, 2, 3]))
+        await asyncio.sleep(0)  # the call is now awaiting its (shielded) write
+        streaming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await streaming
+        await reply.on_tokens([0, 1, 2, 3, 4, 5])  # after the resume
+        return await reply.finish("Let me think about this now.", [], FinishReason.STOP, 6)
+
+    async def go() -> str:
+        app = web.Application()
+        app.router.add_post("/", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as http, http.post(f"http://127.0.0.1:{port}/") as r:
+                body = (await r.read()).decode()
+        finally:
+            await runner.cleanup()
+        chunks = [
+            json.loads(line[5:])
+            for line in body.splitlines()
+            if line.startswith("data:") and "[DONE]" not in line
+        ]
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+
+    assert asyncio.run(go()) == "Let me think about this now."

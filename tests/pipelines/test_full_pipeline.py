@@ -51,13 +51,16 @@ PREP_EDGES = [
 # (consumer step, its input) <- (producer step, its output): every artifact edge of the DAG, by display name.
 FULL_EDGES = [
     *PREP_EDGES,
-    ("rl-loop", "tasks", "select", "selected"),
+    ("task-family", "selected", "select", "selected"),
+    ("task-family", "held_out", "select", "held_out"),
+    ("rl-loop", "tasks", "task-family", "train"),
     ("rl-loop", "policy", "import-base-model", "artifact"),
-    ("evaluate", "tasks", "select", "held_out"),
+    ("evaluate", "tasks", "task-family", "test"),
     ("evaluate", "base_policy", "import-base-model", "artifact"),
     ("evaluate", "policy", "rl-loop", "model"),
     ("summarize-run", "difficulty", "estimate-difficulty", "metrics"),
     ("summarize-run", "selection", "select", "metrics"),
+    ("summarize-run", "family", "task-family", "metrics"),
     ("summarize-run", "trained", "rl-loop", "metrics"),
     ("summarize-run", "trained_steps", "rl-loop", "tensorboard"),
     ("summarize-run", "evaluated", "evaluate", "metrics"),
@@ -223,12 +226,19 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
     loop in colocated async mode."""
     from pipelines.demo import demo_arguments
 
-    # 3 tasks: 2 to train on, 1 held out for the evaluation
+    # 3 SWE tasks: 2 selected, 1 held out; the tiny model solves none, so the loop trains on the instruction
+    # family (4 tasks, 2 held out), 2 steps of one group of 2
     args = {
         **demo_arguments(MINIREPO, max_tasks=3),
         "difficulty_n": 1,
-        "group_size": 2,
         "test_fraction": 0.34,
+        "family_train_tasks": 4,
+        "family_held_out_tasks": 2,
+        "family_specs_json": '[{"harness": "chat", "limits": {"tokens": 8}}]',
+        "steps": 2,
+        "batch_groups": 1,
+        "group_size": 2,
+        "eval_k": 1,
     }
     result = run_local("harnessrl-full", args, tmp_path / "full")
     assert result.status == "succeeded", result.failed_log[-20:]
@@ -240,6 +250,7 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
         "validate",
         "estimate-difficulty",
         "select",
+        "task-family",
         "rl-loop",
         "evaluate",
         "summarize-rl-run",
@@ -251,5 +262,11 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
     assert [json.loads(r)["mode"] for r in rows] == ["colocated", "colocated"]
     evaluation = json.loads(Path(index["tasks"]["evaluate"]["outputs"]["evaluation"]["path"]).read_text())
     assert {r["policy"] for r in evaluation["results"]} == {"base", "trained"}
+    family = json.loads(Path(index["tasks"]["task-family"]["outputs"]["metrics"]["path"]).read_text())
+    assert family["family_swe"] == 0.0 and family["test"] == 2.0  # no SWE headroom: the instruction family
     summary = (result.run_dir / "reports" / "summarize-rl-run.md").read_text()  # kfp.local: component name
-    assert summary.startswith("# Run summary") and "Held-out pass@1 after training vs before" in summary
+    assert (
+        summary.startswith("# Run summary\n\n**Training")
+        and "Held-out pass@1 after training vs before" in summary
+    )
+    assert "SWE tasks gave the policy no headroom" in summary

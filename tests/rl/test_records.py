@@ -140,3 +140,24 @@ def test_the_summary_is_computed_from_the_records():
     assert json.loads(json.dumps(summary.to_dict()))["train_tokens_per_s"] == float(
         STEP_METRICS.index("tokens_per_s")
     )
+
+
+def test_samples_per_rollout_are_in_the_row_and_the_summary():
+    """A CLI agent's side calls are samples of their own: a step's row says how many of its finished rollouts
+    stayed one sample and the mean samples per rollout; they read back, and the summary weighs them over the
+    run (`null` when no rollout had a sample)."""
+    step = _trained(1)
+    step.collected.add_samples(["a", "b", "b", "b", "c"])  # one sample, three, one
+    row = json.loads(json.dumps(step.row()))
+    assert (row["sampled_rollouts"], row["single_sample_share"], row["samples_per_rollout_mean"]) == (
+        3,
+        2 / 3,
+        5 / 3,
+    )
+    assert StepRecord.from_row(row).row() == step.row()
+    other = _trained(2)
+    other.collected.add_samples(["d"])
+    summary = summarize([step, other], "sync", 2, 1.0, EngineRates(), 1)
+    assert (summary.single_sample_share, summary.samples_per_rollout_mean) == (3 / 4, 6 / 4)
+    assert _trained(3).row()["single_sample_share"] is None
+    assert summarize([_trained(3)], "sync", 1, 1.0, EngineRates(), 1).samples_per_rollout_mean is None

@@ -75,6 +75,9 @@ def test_stage_rl_runs_each_mode(mode: RLMode, rl_policy: Path, prompt_tasks: Pa
     assert summary["version"] == len(trained)
     for r in trained:
         assert r["groups_trained"] == 2 and r["loss"] is not None and r["weight_sync_s"] > 0
+    for r in rows:  # samples per rollout (a chat rollout is one chain: one sample)
+        assert r["sampled_rollouts"] > 0 and r["single_sample_share"] == r["samples_per_rollout_mean"] == 1.0
+    assert summary["samples_per_rollout_mean"] == 1.0
     assert (out / "model" / "model.safetensors").is_file()
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert "# RL stage" in (out / "report.md").read_text()

@@ -191,9 +191,9 @@ def test_cli_timed_out_rollout_is_kept_with_reason_and_its_samples_dropped(
 
 def test_spec_validation_names_the_problem(tmp_path):
     with pytest.raises(
-        ValueError, match=r"\[1\]\.harness must be one of react, mini-swe-agent, got 'claude-code'"
+        ValueError, match=r"\[1\]\.harness must be one of react, .*claude-code.*, got 'aider'"
     ):
-        parse_specs([{"harness": "react"}, {"harness": "claude-code"}])
+        parse_specs([{"harness": "react"}, {"harness": "aider"}])
     with pytest.raises(ValueError, match=r"\[0\]: unknown react harness option"):
         parse_specs([{"options": {"context_policy": "trim"}}])
     with pytest.raises(ValueError, match=r"limits: unknown key"):

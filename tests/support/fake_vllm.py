@@ -5,9 +5,14 @@ It serves the real tiny model on loopback and speaks the endpoints harnessrl use
 and SSE; no harnessrl version fields) and, only with dev mode on (vLLM's VLLM_SERVER_DEV_MODE=1),
 `POST /collective_rpc`, `/reset_prefix_cache`, `/pause`, `/resume` and `GET /is_paused`. `/collective_rpc`
 runs the named method on each worker as vLLM does: the worker is `FakeWorker`, which inherits the REAL
-`WeightSyncExtension` (as `--worker-extension-cls` makes vLLM's worker do) and whose `model_runner.model` has
-vLLM's model API (`load_weights(weights=...)` returning the loaded names) over the real model, so the
-weights generation uses really change. What is not vLLM: generation is a plain loop (one token per forward,
+`WeightSyncExtension` (as `--worker-extension-cls` makes vLLM's worker do) and has the vLLM 0.32 worker API the
+extension uses (`model_runner.get_model()`, `model_config`, `vllm_config`, `reload_weights(weights_iterator=...)`)
+over the real model's plain parameters, so the weights generation uses really change.
+
+The real vLLM (tests/engine/test_vllm_real.py, `make vllm`) is what shows that harnessrl works with vLLM; this
+stand-in stays for what the real one cannot show fast or at all: the protocol's error paths in seconds (a server
+without dev mode, an update that fails after weights started changing: `FakeWorker.break_reload`), replicas
+pulling an `s3://` checkpoint, a sync in the middle of a request on a slowed-down engine. What is not vLLM: generation is a plain loop (one token per forward,
 its own key/value cache per request, which `reset_prefix_cache?reset_running_requests=true` drops so the
 request recomputes on the new weights, as vLLM's preemption does), and the broadcast group runs over gloo on
 the CPU (the extension builds it with the same code as over nccl; the worker's `rank` is 0, one worker).
@@ -22,6 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -43,6 +49,9 @@ class VLLMModelAPI:
     def named_parameters(self) -> Iterable[tuple[str, torch.nn.Parameter]]:
         return self.hf.named_parameters()
 
+    def modules(self) -> Iterable[torch.nn.Module]:
+        return self.hf.modules()
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.hf.named_parameters())
         loaded: set[str] = set()
@@ -59,14 +68,37 @@ class ModelRunner:
     def __init__(self, model: VLLMModelAPI) -> None:
         self.model = model
 
+    def get_model(self) -> VLLMModelAPI:
+        return self.model
+
 
 class PlainWorker:
-    """vLLM's worker without an extension."""
+    """vLLM's worker without an extension: what `WeightSyncExtension` uses of vLLM 0.32's `Worker`."""
 
-    def __init__(self, hf_model: torch.nn.Module) -> None:
+    def __init__(self, hf_model: torch.nn.Module, model_dir: str | Path) -> None:
         self.model_runner = ModelRunner(VLLMModelAPI(hf_model))
         self.device = torch.device("cpu")
         self.rank = 0  # vLLM's WorkerBase: the worker's rank within the engine (tensor parallel size 1 here)
+        self.model_config = SimpleNamespace(
+            model=str(model_dir), revision=None, hf_text_config=hf_model.config
+        )
+        self.vllm_config = SimpleNamespace(load_config=SimpleNamespace(download_dir=None))
+        self.break_reload = (
+            False  # the next reload fails half-way (an update that fails after weights changed)
+        )
+
+    def reload_weights(
+        self, weights_iterator: Iterable[tuple[str, torch.Tensor]], is_checkpoint_format: bool = True
+    ) -> None:
+        """vLLM's in-place reload, on plain parameters: every tensor through the model's `load_weights`."""
+        assert is_checkpoint_format
+        weights: Iterable[tuple[str, torch.Tensor]] = weights_iterator
+        if self.break_reload:
+            self.break_reload = False
+            weights = list(weights_iterator)
+            self.model_runner.model.load_weights(weights[: len(weights) // 2])
+            raise RuntimeError("the stand-in's reload broke off half-way")
+        self.model_runner.model.load_weights(weights)
 
 
 class FakeWorker(PlainWorker, WeightSyncExtension):
@@ -89,7 +121,7 @@ class FakeVLLM:
     ) -> None:
         self.hf = load_model(model_dir).eval()
         self.tokenizer = load_tokenizer(model_dir)
-        self.worker = (FakeWorker if extension else PlainWorker)(self.hf)
+        self.worker = (FakeWorker if extension else PlainWorker)(self.hf, model_dir)
         self.dev_mode = dev_mode
         self.name = served_model_name
         self.token_delay_s = token_delay_s  # a slower engine: time for a sync in the middle of a request
@@ -144,12 +176,15 @@ class FakeVLLM:
         results = []
         async with self._lock:
             try:
-                function = getattr(self.worker, method, None)
-                if function is None:  # vLLM's run_method
-                    raise NotImplementedError(f"Method {method!r} is not implemented.")
+                function = getattr(self.worker, method)  # vLLM's worker: AttributeError for a missing one
                 results.append(await asyncio.to_thread(function, *args, **kwargs))
-            except Exception as e:  # vLLM 0.32: the engine core re-raises a plain Exception -> HTTP 500
-                message = f"Worker failed with error '{type(e).__name__}: {e}', please check the stack trace"
+            except (
+                Exception
+            ) as e:  # vLLM 0.32 answers HTTP 500 with the worker's error (and resets the connection)
+                message = (
+                    f"Call to collective_rpc method failed: Worker failed with error '{e}', please check the stack "
+                    "trace above for the root cause"
+                )
                 return _error(message, 500)
         answers = [r if r is None or isinstance(r, dict | list) else str(r) for r in results]
         return web.json_response({"results": answers})

@@ -116,5 +116,7 @@ def test_an_unknown_reward_in_a_rollout_row_is_one_error_naming_the_row(tmp_path
     write_jsonl(
         path, [{"rollout_id": "a__r0", "instance_id": "a", "model_patch": "", "reward_fn": "accuracy"}]
     )
-    with pytest.raises(ValueError, match=r"row 1 \(a__r0\): reward_fn must be one of swebench, f2p_fraction"):
+    with pytest.raises(
+        ValueError, match=r"row 1 \(a__r0\): reward_fn: unknown reward 'accuracy'; one of swebench"
+    ):
         load_rollouts(path)

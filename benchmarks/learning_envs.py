@@ -1,0 +1,308 @@
+"""Does training through the whole stack help, per environment? Base vs trained held-out pass@1, with intervals.
+
+For each environment, as a user runs it: training and held-out task sets (disjoint), then `harnessrl stage rl`
+(engine, recording gateway, the environment's harness, verification, GRPO, in-place weight sync; colocated
+async) on the training tasks, then `harnessrl stage evaluate` of the base and the trained policy on the
+held-out tasks (sampled rollouts, the paired bootstrap over tasks). Every step is the CLI in a subprocess.
+
+- `instruction`: generated requests with IFEval constraints (`--kinds`, default `no_commas`), the chat harness,
+  replies of at most `--max-tokens` tokens; held-out tasks use base requests the training tasks never use.
+- `swe`: SWE-smith-format tasks synthesized from tests/fixtures/minirepo (`--swe-source` for another repo or
+  sdist), split into training and held-out tasks, our ReAct harness in bubblewrap. Reported honestly: the
+  tiny model fixes no bug, so its figures are expected to stay at 0.
+- `kernel`: the kernel task folders, every other one (in difficulty order) for training and the rest held
+  out (`harnessrl tasks kernel --split train|test --timing quick`), the ReAct harness in bubblewrap
+  (`--kernel-turns`); pass@1 counts a rollout resolved when its reward is 1 (correct and >= 2x faster).
+- `search`: questions over the installed packages' documentation, training and held-out questions about
+  disjoint packages (`harnessrl tasks search --split train|test`, `--search-kinds`), the ReAct harness with
+  the search / read / answer tools (`--search-turns`; a reply without a tool call is the answer); exact match.
+- `procedural`: reasoning-gym tasks (`--datasets`, `--difficulty`), training and held-out from different
+  seeds, the chat harness; the dataset's own scorer, full marks only.
+
+    .venv/bin/python benchmarks/learning_envs.py                 # every environment, ~1 h on 2 quiet cores
+    .venv/bin/python benchmarks/learning_envs.py --envs instruction --steps 10
+    .venv/bin/python benchmarks/learning_envs.py --smoke         # every step at its smallest (~3 min)
+
+Last line: JSON with `<env>_base`, `<env>_trained` (held-out pass@1), `<env>_diff`, `<env>_ci_low`,
+`<env>_ci_high` (the paired 95% interval of trained − base), `<env>_significant` per environment, and
+`minutes`. Each environment trains its own policy from the base model (`--mixed`: one policy on the union
+of the environments' training tasks, evaluated once on the union of their held-out tasks; the figures per
+environment come from its own held-out tasks, each environment's rollouts under its own spec, and
+`<env>_reward_per_step` is the mixed run's). `--smoke`:
+`--mixed`, 1 to 4 training and 1 held-out task per environment, 1 RL step of one group of 2, 1 evaluation
+rollout per task, replies (and ReAct turns) of 8 tokens, 1 turn; the figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harnessrl.io import read_jsonl
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+MINIREPO = REPO / "tests" / "fixtures" / "minirepo"
+ENVS = ("instruction", "swe", "kernel", "search", "procedural")
+
+
+def harnessrl(*args: str, timeout_s: float = 7200) -> str:
+    """One CLI command, as a user types it; its stdout (the command fails loudly with its stderr's tail)."""
+    cmd = [sys.executable, "-m", "harnessrl.cli", "--no-progress", *args]
+    logger.info("$ harnessrl %s", " ".join(args))
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"harnessrl {' '.join(args[:3])} failed ({done.returncode}): {done.stderr[-2000:]}"
+        )
+    return done.stdout
+
+
+def instruction_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, str]:
+    kinds = ["--kinds", *args.kinds]
+    harnessrl(
+        "tasks",
+        "instruction",
+        "--out",
+        str(root / "train"),
+        "--n",
+        str(args.train_tasks),
+        "--split",
+        "train",
+        *kinds,
+    )
+    harnessrl(
+        "tasks", "instruction", "--out", str(root / "test"), "--n", str(args.heldout_tasks), "--split", "test",
+        "--seed", str(args.seed + 1), *kinds,
+    )  # fmt: skip
+    specs = json.dumps([{"harness": "chat", "limits": {"tokens": args.max_tokens}}])
+    return root / "train", root / "test", specs
+
+
+def swe_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, str]:
+    from harnessrl.taskset import TaskSet, write_taskset
+
+    n = args.train_tasks_swe + args.heldout_tasks_swe
+    harnessrl("tasks", "synthesize", str(args.swe_source), "--out", str(root / "all"), "--max-tasks", str(n))
+    everything = TaskSet.open(root / "all")
+    rows = everything.rows()
+    bundles = {r["repo"]: everything.bundle(r["repo"]) for r in rows}
+    split = len(rows) - args.heldout_tasks_swe
+    for name, part in (("train", rows[:split]), ("test", rows[split:])):
+        write_taskset(
+            root / name, part, {r["repo"]: bundles[r["repo"]] for r in part}, f"learning_envs {name}"
+        )
+    specs = json.dumps(
+        [
+            {
+                "harness": "react",
+                "limits": {"turns": args.swe_turns},
+                "options": {"max_tokens_per_turn": args.max_tokens},
+            }
+        ]
+    )
+    return root / "train", root / "test", specs
+
+
+def kernel_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, str]:
+    for split, n in (("train", args.train_tasks_kernel), ("test", args.heldout_tasks_kernel)):
+        harnessrl(
+            "tasks", "kernel", "--out", str(root / split), "--split", split, "--timing", "quick",
+            *(["--n", str(n)] if n else []), "--seed", str(args.seed),
+        )  # fmt: skip
+    specs = json.dumps(
+        [
+            {
+                "harness": "react",
+                "limits": {"turns": args.kernel_turns, "tool_timeout_s": 30},
+                "options": {"max_tokens_per_turn": args.max_tokens},
+            }
+        ]
+    )
+    return root / "train", root / "test", specs
+
+
+def search_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, str]:
+    kinds = ["--kinds", *args.search_kinds] if args.search_kinds else []
+    for split, n, seed in (
+        ("train", args.train_tasks, args.seed),
+        ("test", args.heldout_tasks, args.seed + 1),
+    ):
+        harnessrl(
+            "tasks", "search", "--out", str(root / split), "--split", split, "--n", str(n), "--seed", str(seed),
+            *kinds,
+        )  # fmt: skip
+    specs = json.dumps(
+        [
+            {
+                "harness": "react",
+                "tools": ["search", "read", "answer"],
+                "limits": {"turns": args.search_turns},
+                "options": {"max_tokens_per_turn": args.max_tokens, "on_no_tool_call": "end"},
+            }
+        ]
+    )
+    return root / "train", root / "test", specs
+
+
+def procedural_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, str]:
+    common = ["--datasets", *args.datasets, "--difficulty", str(args.difficulty)]
+    harnessrl(
+        "tasks", "procedural", "--out", str(root / "train"), "--n", str(args.train_tasks), "--seed",
+        str(args.seed), *common,
+    )  # fmt: skip
+    harnessrl(
+        "tasks", "procedural", "--out", str(root / "test"), "--n", str(args.heldout_tasks), "--seed",
+        str(args.seed + 1000), *common,
+    )  # fmt: skip
+    specs = json.dumps([{"harness": "chat", "limits": {"tokens": args.max_tokens}}])
+    return root / "train", root / "test", specs
+
+
+TASKS = {
+    "instruction": instruction_tasks,
+    "swe": swe_tasks,
+    "kernel": kernel_tasks,
+    "search": search_tasks,
+    "procedural": procedural_tasks,
+}
+
+
+def merged(sets: dict[str, tuple[Path, Path, str]], root: Path) -> tuple[Path, Path, str]:
+    """One training and one held-out task set holding every environment's tasks (a task set may mix
+    environments; each row keeps its own, and its repo data: SWE bundles, the search corpus), and one spec
+    list where each environment's specs are for that environment only."""
+    from harnessrl.taskset import TaskSet, write_taskset
+
+    out = []
+    for i, name in enumerate(("train", "test")):
+        rows: list[dict] = []
+        bundles: dict[str, Path] = {}
+        for env_sets in sets.values():
+            part = TaskSet.open(env_sets[i])
+            for row in part.rows():
+                rows.append(row)
+                if row.get("repo") and part.bundle(row["repo"]).is_file():
+                    bundles[row["repo"]] = part.bundle(row["repo"])
+        write_taskset(root / name, rows, bundles, f"learning_envs {name}: {', '.join(sets)}")
+        out.append(root / name)
+    specs = [{**spec, "environments": [env]} for env, (_, _, raw) in sets.items() for spec in json.loads(raw)]
+    return out[0], out[1], json.dumps(specs)
+
+
+def measure(envs: list[str], args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Trains one policy on the environments' training tasks (one environment, or all of them mixed) and
+    evaluates it against the base model on their held-out tasks; the figures of each environment come from
+    its own held-out tasks."""
+    from harnessrl.evaluate.results import compare
+
+    sets = {env: TASKS[env](args, root / env / "tasks") for env in envs}
+    train, test, specs = sets[envs[0]] if len(envs) == 1 else merged(sets, root / "tasks")
+    rl = root / "rl"
+    config = root / "rl.json"
+    config.write_text(json.dumps({"train": {"optim": {"lr": args.lr}}, "verify_timeout_s": 60}))
+    harnessrl(
+        "stage", "rl", "--tasks", str(train), "--out", str(rl), "--mode", "colocated", "--steps", str(args.steps),
+        "--batch-groups", str(args.batch_groups), "--group-size", str(args.group_size), "--specs", specs,
+        "--config", str(config), "--seed", str(args.seed),
+    )  # fmt: skip
+    harnessrl(
+        "stage", "evaluate", "--tasks", str(test), "--out", str(root / "eval"), "--policy", "base=base",
+        "--policy", f"trained={rl / 'model'}", "--k", str(args.k), "--specs", specs,
+        "--concurrency", str(args.concurrency), "--seed", str(args.seed),
+    )  # fmt: skip
+    evaluation = json.loads((root / "eval" / "evaluation.json").read_text())
+    by_policy = {r["policy"]: r for r in evaluation["results"]}
+    steps = [json.loads(line) for line in (rl / "steps.jsonl").read_text().splitlines()]
+    out: dict[str, Any] = {}
+    for env, (_, env_test, _) in sets.items():
+        ids = {r["instance_id"] for r in read_jsonl(env_test / "tasks.jsonl")}
+        base, trained = (
+            {**by_policy[p], "per_task": {i: t for i, t in by_policy[p]["per_task"].items() if i in ids}}
+            for p in ("base", "trained")
+        )
+        c = compare(base, trained, seed=args.seed)
+        out.update(
+            {
+                f"{env}_base": c["a_pass_at_1"],
+                f"{env}_trained": c["b_pass_at_1"],
+                f"{env}_diff": c["diff"],
+                f"{env}_ci_low": c["low"],
+                f"{env}_ci_high": c["high"],
+                f"{env}_significant": bool(c["significant"]),
+                f"{env}_reward_per_step": [s.get("reward_all_mean") for s in steps],
+            }
+        )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", nargs="+", choices=ENVS, default=list(ENVS))
+    p.add_argument("--kinds", nargs="+", default=["no_commas"], help="instruction: constraint kinds")
+    p.add_argument("--train-tasks", type=int, default=64)
+    p.add_argument("--heldout-tasks", type=int, default=40)
+    p.add_argument("--train-tasks-swe", type=int, default=3)
+    p.add_argument("--heldout-tasks-swe", type=int, default=2)
+    p.add_argument("--swe-source", type=Path, default=MINIREPO)
+    p.add_argument("--swe-turns", type=int, default=3)
+    p.add_argument("--train-tasks-kernel", type=int, default=0, help="kernel: 0 = every training task")
+    p.add_argument("--heldout-tasks-kernel", type=int, default=0, help="kernel: 0 = every held-out task")
+    p.add_argument("--kernel-turns", type=int, default=4)
+    p.add_argument("--search-turns", type=int, default=3)
+    p.add_argument("--search-kinds", nargs="+", help="search: question kinds (default all)")
+    p.add_argument("--datasets", nargs="+", default=["basic_arithmetic"], help="procedural: datasets")
+    p.add_argument("--difficulty", type=int, default=0, help="procedural: curriculum level")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch-groups", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (swe: per turn)")
+    p.add_argument("--k", type=int, default=4, help="evaluation rollouts per held-out task")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="run folder (default: a temporary one)")
+    p.add_argument(
+        "--mixed", action="store_true", help="one policy trained on every environment's tasks at once"
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="every step at its smallest, --mixed (the figures mean nothing)"
+    )
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.smoke:
+        args.train_tasks, args.heldout_tasks, args.train_tasks_swe, args.heldout_tasks_swe = 4, 2, 1, 1
+        args.train_tasks_kernel, args.heldout_tasks_kernel = 1, 1
+        args.steps, args.batch_groups, args.group_size, args.k, args.max_tokens = 1, 1, 2, 1, 8
+        args.swe_turns = args.kernel_turns = args.search_turns = 1
+        args.mixed = True
+    started = time.perf_counter()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="learning-envs-") as scratch:
+        root = args.out or Path(scratch)
+        runs = [list(args.envs)] if args.mixed else [[env] for env in args.envs]
+        for envs in runs:
+            t0 = time.perf_counter()
+            results.update(measure(envs, args, root / "-".join(envs)))
+            for env in envs:
+                print(
+                    f"{env}: held-out pass@1 base {results[f'{env}_base']:.3f} -> trained {results[f'{env}_trained']:.3f}, "
+                    f"diff {results[f'{env}_diff']:+.3f} [{results[f'{env}_ci_low']:+.3f}, {results[f'{env}_ci_high']:+.3f}] "
+                    f"({time.perf_counter() - t0:.0f} s for {'+'.join(envs)})",
+                    flush=True,
+                )
+    results.update(minutes=round((time.perf_counter() - started) / 60, 2), load_avg=os.getloadavg()[0])
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
