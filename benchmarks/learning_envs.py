@@ -162,7 +162,7 @@ def procedural_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, 
     )  # fmt: skip
     harnessrl(
         "tasks", "procedural", "--out", str(root / "test"), "--n", str(args.heldout_tasks), "--seed",
-        str(args.seed + 1000), *common,
+        str(args.seed + 1000), "--held-apart-from", str(root / "train"), *common,
     )  # fmt: skip
     specs = json.dumps([{"harness": "chat", "limits": {"tokens": args.max_tokens}}])
     return root / "train", root / "test", specs

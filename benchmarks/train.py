@@ -10,9 +10,13 @@ probe (forward and backward products at the model's shapes, measured here at the
 of a measurement before and one after the steps), and a
 step's FLOPs are 6 × the linear and head weights × its tokens (attention's few left out).
 
-    .venv/bin/python benchmarks/train.py [--reps 2] [--threads 0] [--smoke]
+    .venv/bin/python benchmarks/train.py [--reps 2] [--threads 0] [--row-tokens 0] [--copies 1] [--smoke]
 
-Last line: JSON with packed_speedup, padding_fraction_packed, padding_fraction_padded, peak_rss_mb,
+Packed once more with transformers' row-wide block-diagonal mask instead of per-sequence attention (the
+trainer's own, train/segments.py): `per_sequence_attention_speedup`. `--row-tokens N` sets the packed budget
+(the RL loop's default is 4096: a step's rollouts in one row) and `--copies K` repeats the batch K times.
+
+Last line: JSON with packed_speedup, per_sequence_attention_speedup, padding_fraction_packed, padding_fraction_padded, peak_rss_mb,
 `bf16_vs_fp32_tokens_per_s` (packed bf16 over packed fp32), `tokens_per_s_fp32` / `_bf16`, `matmul_fraction_fp32` /
 `_bf16` (the step's FLOP/s over the probe's for its format), `matmul_limit_gflops`, and `auto_precision` with the
 probe's `auto_bf16_factor` (what `precision: auto` picks on this host, from the cached probe).
@@ -35,10 +39,10 @@ LENGTHS = [16, 24, 40, 56, 80, 104, 136, 160]
 SMOKE_LENGTHS = [n // 4 for n in LENGTHS]
 
 
-RUNS = [("padded", "fp32"), ("packed", "fp32"), ("packed", "bf16")]
+RUNS = [("padded", "fp32"), ("packed", "fp32"), ("packed", "bf16"), ("packed-row-mask", "fp32")]
 
 
-def child(mode: str, threads: int, lengths: list[int], precision: str = "fp32") -> None:
+def child(mode: str, threads: int, lengths: list[int], precision: str = "fp32", row_tokens: int = 0) -> None:
     import torch
 
     if threads:
@@ -67,12 +71,16 @@ def child(mode: str, threads: int, lengths: list[int], precision: str = "fp32") 
         for k, ((i, m, b, r), wk) in enumerate(zip(seqs, w, strict=True))
     ]
     cfg = TrainerConfig(
-        packing=(mode == "packed"),
-        max_tokens_per_micro_batch=4 * max(lengths),
+        packing=mode.startswith("packed"),
+        max_tokens_per_micro_batch=row_tokens or 4 * max(lengths),
         seqs_per_micro_batch=4,
         precision=precision,  # pyright: ignore[reportArgumentType]  (parsed into a Precision)
     )
-    trainer = Trainer(load_model(), cfg)
+    model = load_model()
+    trainer = Trainer(model, cfg)
+    if mode == "packed-row-mask":  # the baseline: transformers' SDPA under a block-diagonal row-wide mask
+        trainer._per_sequence.clear()
+        model.config._attn_implementation = "sdpa"
     t = time.perf_counter()
     m = trainer.step(items)
     elapsed = time.perf_counter() - t
@@ -99,16 +107,29 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="one repetition, sequences a quarter as long")
-    ap.add_argument("--child", choices=["packed", "padded"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--row-tokens",
+        type=int,
+        default=0,
+        help="packed micro-batch budget (default 4 x the longest sequence)",
+    )
+    ap.add_argument("--copies", type=int, default=1, help="the batch's sequences this many times over")
+    ap.add_argument("--child", choices=["packed", "padded", "packed-row-mask"], help=argparse.SUPPRESS)
     ap.add_argument("--lengths", help=argparse.SUPPRESS)  # the child's sequence lengths, comma-separated
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)  # the child's
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.threads, [int(n) for n in args.lengths.split(",")], args.precision)
+        child(
+            args.child,
+            args.threads,
+            [int(n) for n in args.lengths.split(",")],
+            args.precision,
+            args.row_tokens,
+        )
         return
-    lengths = LENGTHS
+    lengths = LENGTHS * args.copies
     if args.smoke:
-        args.reps, lengths = 1, SMOKE_LENGTHS
+        args.reps, lengths = 1, SMOKE_LENGTHS * args.copies
         args.threads = args.threads or 1  # one thread: a shared machine's other jobs cannot stall it
     limits = matmul_limits(args.threads, 0.05 if args.smoke else 0.5)
     results: dict[str, list[dict]] = {f"{mode}-{precision}": [] for mode, precision in RUNS}
@@ -126,6 +147,8 @@ def main() -> None:
                     ",".join(map(str, lengths)),
                     "--precision",
                     precision,
+                    "--row-tokens",
+                    str(args.row_tokens),
                 ],
                 capture_output=True,
                 text=True,
@@ -134,7 +157,7 @@ def main() -> None:
             row = json.loads(out.stdout.strip().splitlines()[-1])
             results[f"{mode}-{precision}"].append(row)
             print(
-                f"rep {rep} {mode:6s} {precision}: {row['tokens_per_s']:.1f} tok/s, step {row['step_s']:.1f}s, "
+                f"rep {rep} {mode:15s} {precision}: {row['tokens_per_s']:.1f} tok/s, step {row['step_s']:.1f}s, "
                 f"padding {row['padding_fraction']:.1%}, {row['micro_batches']} micro-batches, "
                 f"peak RSS {row['peak_rss_mb']:.0f} MB",
                 flush=True,
@@ -143,8 +166,11 @@ def main() -> None:
     limits = {k: max(v, after[k]) for k, v in limits.items()}
     tps = {m: statistics.median(r["tokens_per_s"] for r in rows) for m, rows in results.items()}
     rss = {m: max(r["peak_rss_mb"] for r in rows) for m, rows in results.items()}
-    packed, padded, bf16 = (results[k][0] for k in ("packed-fp32", "padded-fp32", "packed-bf16"))
-    assert abs(packed["loss"] - padded["loss"]) < 1e-4, "modes must compute the same loss"
+    packed, padded, bf16, row_mask = (
+        results[k][0] for k in ("packed-fp32", "padded-fp32", "packed-bf16", "packed-row-mask-fp32")
+    )
+    for other in (padded, row_mask):
+        assert abs(packed["loss"] - other["loss"]) < 1e-4, "modes must compute the same loss"
     flops_per_token = 6 * model_weights()  # forward and backward through every linear map and the head
     from harnessrl import numformat
 
@@ -155,6 +181,9 @@ def main() -> None:
                 "packed_speedup": round(tps["packed-fp32"] / tps["padded-fp32"], 3),
                 "tokens_per_s_packed": round(tps["packed-fp32"], 1),
                 "tokens_per_s_padded": round(tps["padded-fp32"], 1),
+                "per_sequence_attention_speedup": round(tps["packed-fp32"] / tps["packed-row-mask-fp32"], 3),
+                "tokens_per_s_packed_row_mask": round(tps["packed-row-mask-fp32"], 1),
+                "micro_batches_packed": packed["micro_batches"],
                 "padding_fraction_packed": packed["padding_fraction"],
                 "padding_fraction_padded": round(padded["padding_fraction"], 4),
                 "peak_rss_mb": round(rss["packed-fp32"], 1),
@@ -172,6 +201,7 @@ def main() -> None:
                 "reps": args.reps,
                 "threads": args.threads,
                 "lengths": lengths,
+                "row_tokens": args.row_tokens or 4 * max(lengths),
             }
         )
     )

@@ -108,6 +108,11 @@ def register(commands, stages) -> None:
     pro.add_argument(
         "--difficulty", type=int, default=0, help="curriculum level of every attribute (default 0)"
     )
+    pro.add_argument(
+        "--held-apart-from",
+        type=Path,
+        help="a task set (the training one) whose questions this one must not repeat (for a held-out set)",
+    )
     pro.set_defaults(func=_procedural)
 
     imp = sub.add_parser("import", help="turn downloaded SWE-smith/SWE-bench rows + repos into a task set")
@@ -325,11 +330,14 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _procedural(args: argparse.Namespace) -> int:
-    from harnessrl.environments.procedural.env import write_procedural_taskset
+    from harnessrl.environments.procedural.env import questions_of, write_procedural_taskset
     from harnessrl.environments.procedural.source import ReasoningGymMissing
 
+    seen = questions_of(args.held_apart_from) if args.held_apart_from else set()
     try:
-        taskset = write_procedural_taskset(args.out, args.n, args.seed, tuple(args.datasets), args.difficulty)
+        taskset = write_procedural_taskset(
+            args.out, args.n, args.seed, tuple(args.datasets), args.difficulty, held_apart=seen
+        )
     except ReasoningGymMissing as e:
         print(f"harnessrl: error: {e}", file=sys.stderr)
         return 2

@@ -102,6 +102,20 @@ def plot_run(steps: list[StepRecord], evaluated: list[dict[str, Any]]) -> bytes:
     return figure_png(fig)
 
 
+FAMILY_NAMES = {
+    "swe": "SWE",
+    "instruction": "instruction-following",
+    "procedural": "procedural (reasoning-gym)",
+    "search": "search",
+    "kernel": "kernel",
+}
+
+
+def family_name(family: StageRef) -> str | None:
+    """The family the task-family step chose, from its one-hot metrics (`family_<name>`)."""
+    return next((FAMILY_NAMES[f] for f in FAMILY_NAMES if family.values.get(f"family_{f}")), None)
+
+
 def verdict_line(compared: list[dict[str, Any]], family: StageRef | None) -> str:
     """The summary's first line: did training help, by the first paired comparison and its interval."""
     if not compared:
@@ -109,8 +123,9 @@ def verdict_line(compared: list[dict[str, Any]], family: StageRef | None) -> str
     c = compared[0]
     where = ""
     if family is not None and family.values.get("test"):
-        kind = "SWE" if family.values.get("family_swe") else "instruction-following"
-        where = f" on {family.values['test']:.0f} held-out {kind} tasks"
+        where = f" on {family.values['test']:.0f} held-out {family_name(family) or ''} tasks".replace(
+            "  ", " "
+        )
     interval = f"[{_num(c['low'], '{:+.3f}')}, {_num(c['high'], '{:+.3f}')}]"
     change = (
         f"pass@1 {c['b']} − {c['a']} ({c['mode']}) {c['diff']:+.3f}, paired 95% interval {interval}{where}"
@@ -124,14 +139,15 @@ def verdict_line(compared: list[dict[str, Any]], family: StageRef | None) -> str
 
 def family_line(family: StageRef) -> str:
     v = family.values
+    name = family_name(family) or "generated"
     if v.get("family_swe"):
         return f"Trained on the selected SWE tasks ({_num(v.get('swe_mixed'), '{:.0f}')} with headroom)."
-    if v.get("swe_mixed"):
-        return "Trained on the instruction-following family, as the run's settings asked."
+    if not v.get("auto"):
+        return f"Trained on the {name} family, as the run's settings asked."
     return (
         "SWE tasks gave the policy no headroom (it solved none of their estimated rollouts), so the loop "
-        f"trained on the instruction-following family: {_num(v.get('train'), '{:.0f}')} tasks, "
-        f"{_num(v.get('test'), '{:.0f}')} held out (base requests the training tasks never use)."
+        f"trained on the {name} family: {_num(v.get('train'), '{:.0f}')} tasks, "
+        f"{_num(v.get('test'), '{:.0f}')} held out (never sharing a source with the training tasks)."
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from components.flags import add_out
+from components.task_family.stage import Family
 
 
 def register(commands, stages) -> None:
@@ -20,18 +21,21 @@ def register(commands, stages) -> None:
     p.add_argument("--selected", required=True, type=Path, help="select's train/ task set")
     p.add_argument("--held-out", required=True, type=Path, help="select's test/ task set")
     add_out(p, "train/, test/, family.json, report.md", path=True)
-    p.add_argument("--family", choices=["auto", "swe", "instruction"], default="auto")
+    p.add_argument("--family", choices=[str(f) for f in Family], default="auto")
     p.add_argument("--n-train", type=int, default=64)
     p.add_argument("--n-held-out", type=int, default=40)
     p.add_argument(
-        "--kinds", nargs="+", default=[], help="instruction constraint kinds (default: every kind)"
+        "--kinds",
+        nargs="+",
+        default=[],
+        help="narrow the family: instruction constraint kinds, procedural datasets, search question kinds",
     )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from components.task_family.stage import Family, run_task_family
+    from components.task_family.stage import run_task_family
 
     choice = run_task_family(
         args.selected,

@@ -25,7 +25,8 @@ def task_family(
     swe_specs_json: str = "",
     family_specs_json: str = "",
 ) -> str:
-    """family: auto | swe | instruction; kinds: the instruction family's constraint kinds, comma-separated.
+    """family: auto | swe | instruction | procedural | search | kernel; kinds (comma-separated) narrow a
+    generated family: instruction constraint kinds, procedural datasets, search question kinds.
     Returns (output `Output`) the harness spec JSON the chosen family's rollouts run under."""
     import shutil
     import tempfile

@@ -4,9 +4,10 @@ A workload turns one planned rollout (task, group, index, seed) into a finished 
 model is reached only through a gateway session, so the trainer's samples come from the gateway journal
 whatever the workload is.
 
-- `TaskSetWorkload`: a task set (any environment). Each rollout is the generate stage's `run_rollout` (workspace, sandbox, the
-  sample's harness spec, gateway session, diff) followed by the verify stage's `verify_rollout` (fresh tree,
-  tests, SWE-bench grading); the reward is the one the sample's spec names (`swebench` or `f2p_fraction`).
+- `TaskSetWorkload`: a task set, any environment (harnessrl.environments). Each rollout is the generate
+  stage's `run_rollout` (the environment's episode: workspace and sandbox or none, the sample's harness spec,
+  gateway session, what the agent produced) followed by the verify stage's `verify_rollout` (swe: fresh tree,
+  tests, SWE-bench grading; others: the environment's reward); the reward is the one the sample's spec names.
 - `PromptWorkload`: single-turn prompts with a verifiable answer word (JSONL rows `{task_id, prompt,
   answer}`); reward 1 when the reply contains the answer as a word. Small enough for tests and for the
   mode benchmark, where the tiny model can learn it.

@@ -1,8 +1,9 @@
 """Turns one optimizer step's sequences into micro-batches: packed (no padding) or padded (baseline).
 
 Packed micro-batch: one row, sequences concatenated, position ids restarting at 0 per sequence and no
-attention mask — transformers then derives a block-diagonal causal mask from the position ids, so packed
-logits equal per-sequence logits. Targets are shifted *within* each sequence, so no token is ever
+attention mask — the trainer's models attend per sequence (segments.py; a model that cannot gets
+transformers' block-diagonal causal mask, derived from the position ids), so packed logits equal
+per-sequence logits. Targets are shifted *within* each sequence, so no token is ever
 predicted across a sequence boundary.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,6 +29,19 @@ class SeqItem:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+SPANS = "harnessrl_spans"  # a forward call's keyword: [(start, end), ...] of a packed row's sequences (segments.py)
+
+
+def packed_kwargs(position_ids: torch.Tensor) -> dict[str, Any]:
+    """The extra arguments of a forward call on one packed row (`position_ids` [1, T], 0 where a sequence
+    starts) for a model attending per sequence (segments.py): the spans, and a 4D mask so that transformers
+    builds none."""
+    starts = (position_ids[0] == 0).nonzero().flatten().tolist()
+    ends = [*starts[1:], position_ids.shape[1]]
+    no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=position_ids.device)
+    return {"attention_mask": no_mask, SPANS: list(zip(starts, ends, strict=True))}
 
 
 @dataclass

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from harnessrl.choices import parse_choice
 from harnessrl.train import distributed as dist_mod
-from harnessrl.train.batching import MicroBatch, SeqItem, pack, pad
+from harnessrl.train.batching import MicroBatch, SeqItem, pack, packed_kwargs, pad
 from harnessrl.train.losses import (
     PolicyLossConfig,
     entropy_from_logits,
@@ -173,6 +173,11 @@ class Trainer:
                 "averages the gradients across ranks"
             )
         self.precision = resolve_precision(cfg.precision, model, self.device)
+        self._per_sequence: set[int] = set()  # models whose packed rows attend per sequence (segments.py)
+        if cfg.packing:
+            from harnessrl.train.segments import use_segments  # transformers: only where a trainer runs
+
+            self._per_sequence = {id(m) for m in (model, ref_model) if m is not None and use_segments(m)}
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -197,12 +202,16 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        positions = mb.position_ids.to(self.device)
+        if mb.attention_mask is None and id(model) in self._per_sequence:
+            extra = packed_kwargs(positions)
+        else:
+            extra = {
+                "attention_mask": None if mb.attention_mask is None else mb.attention_mask.to(self.device)
+            }
         with self._autocast():
             out = model(
-                input_ids=mb.input_ids.to(self.device),
-                position_ids=mb.position_ids.to(self.device),
-                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(self.device),
-                use_cache=False,
+                input_ids=mb.input_ids.to(self.device), position_ids=positions, use_cache=False, **extra
             )
         return out.logits
 

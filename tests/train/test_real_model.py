@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harnessrl.train.batching import SeqItem, pack
+from harnessrl.train.batching import SPANS, SeqItem, pack, packed_kwargs
 from harnessrl.train.losses import sequence_weights
 from harnessrl.train.modes import LossMode
+from harnessrl.train.segments import use_segments
 from harnessrl.train.trainer import Trainer, TrainerConfig, token_logprobs
 from tests.train.support import chat_ids
 
@@ -37,6 +38,18 @@ def test_packed_logprobs_match_and_a_step_updates_the_real_model(tokenizer):
             )[0]
             assert torch.allclose(packed[offset : offset + len(ids) - 1], alone[:-1], atol=2e-4)
             offset += len(ids)
+        assert use_segments(model)  # the trainer's attention for packed rows: per sequence, no row-wide mask
+        kwargs = packed_kwargs(mb.position_ids)
+        assert kwargs[SPANS] == [
+            (0, len(seqs[0][0])),
+            (len(seqs[0][0]), offset - len(seqs[2][0])),
+            (offset - len(seqs[2][0]), offset),
+        ]
+        per_sequence = token_logprobs(
+            model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, **kwargs).logits,
+            mb.targets,
+        )[0]
+        assert torch.allclose(per_sequence, packed, atol=2e-4)
         # behavior logprobs = the model's own: the on-policy case, IS weights are 1
         for it, (ids, _) in zip(items, seqs, strict=True):
             lp = token_logprobs(

@@ -73,3 +73,23 @@ def test_the_family_can_be_chosen(tmp_path: Path):
         choice.family is Family.INSTRUCTION
         and choice.reason == "family instruction chosen by the run's settings"
     )
+
+
+def test_every_generated_family_holds_out_tasks_that_share_no_source(tmp_path: Path):
+    selected, held_out = _selection(tmp_path, ["mixed"])
+    sources = {  # what a held-out task must not share with a training task
+        Family.PROCEDURAL: lambda r: r["problem_statement"],
+        Family.SEARCH: lambda r: r["doc_id"].split("/")[0],  # the package asked about
+        Family.KERNEL: lambda r: r["instance_id"],
+    }
+    for family, source in sources.items():
+        out = tmp_path / str(family)
+        choice = run_task_family(selected, held_out, out, family=family, n_train=4, n_held_out=3)
+        train = list(read_jsonl(out / "train" / "tasks.jsonl"))
+        test = list(read_jsonl(out / "test" / "tasks.jsonl"))
+        assert (choice.family, choice.train, choice.test, choice.auto) == (family, 4, 3, False)
+        assert {r["environment"] for r in train + test} == {str(family)}
+        assert not {source(r) for r in train} & {source(r) for r in test}, family
+        assert f"Training on **{family}**" in (out / "report.md").read_text()
+        flags = json.loads((out / "metrics.json").read_text())
+        assert flags[f"family_{family}"] == 1.0 and flags["family_instruction"] == 0.0

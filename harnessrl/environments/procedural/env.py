@@ -19,7 +19,7 @@ reasoning-gym scorers evaluate it as code (sympy's parse_expr, eval). reasoning-
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,15 +107,45 @@ class ProceduralEnvironment(Environment):
         return Reward(total, {"score": score}, detail=f"{shown}: {task.dataset} scores {score:.3g}")
 
 
+DEFAULT_DATASETS = ("chain_sum",)
+MAX_DRAWN = 100_000  # items of one dataset and seed looked at to find tasks apart from `held_apart`
+
+
+def questions_of(taskset: str | Path) -> set[str]:
+    """The questions of a procedural task set's tasks (what a held-out set must not repeat)."""
+    from harnessrl.taskset import TaskSet
+
+    return {procedural_task(row).question for row in TaskSet.open(taskset).rows()}
+
+
+def _items_apart(dataset: str, n: int, seed: int, difficulty: int, apart: set[str]) -> list[ProceduralTask]:
+    """The first n items of the dataset's seed whose question is not in `apart` (item i depends only on the
+    seed and i, so drawing more gives the same first items)."""
+    drawn = n
+    while True:
+        items = [t for t in generate_rows(dataset, drawn, seed, difficulty) if t.question not in apart]
+        if len(items) >= n:
+            return items[:n]
+        if drawn >= MAX_DRAWN:
+            raise ValueError(
+                f"procedural: {dataset} at difficulty {difficulty}, seed {seed}: only {len(items)} of {drawn} "
+                f"items ask a question the training tasks do not; ask for fewer than {n} or a higher difficulty"
+            )
+        drawn = min(drawn * 4 + 16, MAX_DRAWN)
+
+
 def write_procedural_taskset(
     out: str | Path,
     n: int,
     seed: int,
-    datasets: Sequence[str] = ("chain_sum",),
+    datasets: Sequence[str] = DEFAULT_DATASETS,
     difficulty: int = 0,
+    held_apart: Collection[str] = (),
 ) -> TaskSet:
     """`n` tasks, dealt round-robin over `datasets` (task i: dataset i mod len, its item i div len), each
-    dataset built with `seed` at curriculum level `difficulty`."""
+    dataset built with `seed` at curriculum level `difficulty`. `held_apart`: questions to leave out (a
+    held-out set's tasks must not repeat a training question; at a low difficulty two seeds often draw the
+    same one) — the dataset's next items of the seed take their place."""
     from harnessrl.taskset import write_taskset
 
     if not datasets:
@@ -126,8 +156,10 @@ def write_procedural_taskset(
             f"dataset(s) {refused} not offered: choose from {', '.join(REVIEWED_DATASETS)} (scorers reviewed "
             "to compare, never evaluate, the agent's answer)"
         )
+    apart = set(held_apart)
     per = [
-        generate_rows(d, len(range(i, n, len(datasets))), seed, difficulty) for i, d in enumerate(datasets)
+        _items_apart(d, len(range(i, n, len(datasets))), seed, difficulty, apart)
+        for i, d in enumerate(datasets)
     ]
     tasks = [per[i % len(datasets)][i // len(datasets)] for i in range(n)]
     rows = [task_row(t) for t in tasks]
