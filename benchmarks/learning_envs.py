@@ -17,7 +17,8 @@ held-out tasks (sampled rollouts, the paired bootstrap over tasks). Every step i
   disjoint packages (`harnessrl tasks search --split train|test`, `--search-kinds`), the ReAct harness with
   the search / read / answer tools (`--search-turns`; a reply without a tool call is the answer); exact match.
 - `procedural`: reasoning-gym tasks (`--datasets`, `--difficulty`), training and held-out from different
-  seeds, the chat harness; the dataset's own scorer, full marks only.
+  seeds (no training question repeated), the chat harness; the dataset's own scorer, full marks only, on the
+  answer `--procedural-reward` extracts (default `procedural_exact`: the bare answer on the last line).
 
     .venv/bin/python benchmarks/learning_envs.py                 # every environment, ~1 h on 2 quiet cores
     .venv/bin/python benchmarks/learning_envs.py --envs instruction --steps 10
@@ -164,8 +165,8 @@ def procedural_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, 
         "tasks", "procedural", "--out", str(root / "test"), "--n", str(args.heldout_tasks), "--seed",
         str(args.seed + 1000), "--held-apart-from", str(root / "train"), *common,
     )  # fmt: skip
-    specs = json.dumps([{"harness": "chat", "limits": {"tokens": args.max_tokens}}])
-    return root / "train", root / "test", specs
+    spec = {"harness": "chat", "limits": {"tokens": args.max_tokens}, "reward": args.procedural_reward}
+    return root / "train", root / "test", json.dumps([spec])
 
 
 TASKS = {
@@ -262,6 +263,12 @@ def main() -> None:
     p.add_argument("--search-kinds", nargs="+", help="search: question kinds (default all)")
     p.add_argument("--datasets", nargs="+", default=["basic_arithmetic"], help="procedural: datasets")
     p.add_argument("--difficulty", type=int, default=0, help="procedural: curriculum level")
+    p.add_argument(
+        "--procedural-reward",
+        default="procedural_exact",
+        choices=["procedural_exact", "procedural_tagged", "procedural_number"],
+        help="procedural: the reward (docs/environments.md)",
+    )
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch-groups", type=int, default=4)
     p.add_argument("--group-size", type=int, default=8)

@@ -23,7 +23,13 @@ import numpy as np
 import pytest
 
 from harnessrl.environments.kernel import runner
-from harnessrl.environments.kernel.runner import GradeReport, RunStatus, grade_solution, grade_workspace
+from harnessrl.environments.kernel.runner import (
+    GradeReport,
+    GraderSettings,
+    RunStatus,
+    grade_solution,
+    grade_workspace,
+)
 from harnessrl.environments.kernel.tasks import (
     TASKS_DIR,
     KernelTask,
@@ -63,14 +69,8 @@ def grade_py() -> Iterator[ModuleType]:
 def grade(task: KernelTask, source: str | None, env: Path, **kwargs: Any) -> GradeReport:
     """One grade in the sandbox at the task's quick timing size, lean settings (one case per size, samples of
     two inputs) to keep the suite short."""
-    settings: dict[str, Any] = {
-        "seed": 20240607,
-        "quick": True,
-        "env_dir": env,
-        "cases_per_size": 1,
-        "group": 2,
-    }
-    report = grade_solution(task, source, **{**settings, **kwargs})
+    lean = GraderSettings(cases_per_size=1, group=2, **kwargs.pop("settings", {}))
+    report = grade_solution(task, source, seed=20240607, quick=True, env_dir=env, settings=lean, **kwargs)
     assert report.run_status is not RunStatus.SANDBOX_ERROR, report.detail
     return report
 
@@ -202,7 +202,9 @@ def test_missing_empty_syntax_error_and_wrong_solutions(env: Path) -> None:
     # sizes 0 and (for all-zero inputs) nothing else can match: wrong everywhere but on the empty input
     assert wrong.status == "incorrect" and wrong.reward == pytest.approx(0.30 + 0.40 * wrong.pass_rate)
     assert wrong.pass_rate <= 0.2 and speed_part(wrong) == 0.0
-    hang = grade(task, "def prefix_sum(x):\n    while True:\n        pass\n", env, call_timeout_s=0.3)
+    hang = grade(
+        task, "def prefix_sum(x):\n    while True:\n        pass\n", env, settings={"call_timeout_s": 0.3}
+    )
     assert hang.status == "incorrect" and hang.reward == pytest.approx(0.30)
     assert {f["outcome"] for f in hang.raw["failures"]} <= {"timeout", "not_run"}
 

@@ -12,6 +12,7 @@ import pytest
 from harnessrl.environments.base import Finished
 from harnessrl.environments.procedural.env import (
     EXACT,
+    NUMBER,
     REVIEWED_DATASETS,
     TAGGED,
     ProceduralEnvironment,
@@ -155,3 +156,34 @@ def test_a_rollout_end_to_end_through_the_chat_harness(tasks: TaskSet, fast_engi
     assert [v["reward_parts"] for v in read_jsonl(tmp_path / "verified" / "rewards.jsonl")] == [
         {"score": 1.0}
     ] * 2
+
+
+def test_the_number_reward_reads_the_final_number_and_nothing_else(tasks: TaskSet) -> None:
+    rows = {r["metadata"]["dataset"]: r for r in tasks.rows()}
+    chain = rows["chain_sum"]
+    gold, wrong = chain["answer"], str(int(chain["answer"]) + 1)
+    right = {
+        "a worked sum": f"{chain['metadata']['question']} = {gold}",
+        "a sentence": f"The answer is {gold}.",
+        "tags win over the text": f"<answer>{gold}</answer> (I first thought {wrong})",
+    }
+    for what, reply in right.items():
+        assert score(chain, reply, NUMBER).total == 1.0, what
+    assert score(chain, f"The answer is {gold}.").total == 0.0  # the exact reward wants the bare answer
+    hacks = {
+        "candidates, the right one not last": f"{gold} or {wrong}",
+        "the question copied": chain["metadata"]["question"],
+        "a wrong final number": f"{gold} is close, but the answer is {wrong}",
+        "no number": "I cannot tell.",
+        "empty": "",
+    }
+    for what, reply in hacks.items():
+        assert score(chain, reply, NUMBER).total == 0.0, what
+    ends_with_gold = {
+        **chain,
+        "metadata": {**chain["metadata"], "question": f"What is {wrong} - 1 + {gold} - {gold}?"},
+    }
+    assert score(ends_with_gold, ends_with_gold["metadata"]["question"], NUMBER).total == 0.0  # copied
+    word = rows["spell_backward"]  # a word answer: the last line, as the exact reward reads it
+    assert score(word, word["answer"], NUMBER).total == 1.0
+    assert score(word, f"{word['answer']}\n42", NUMBER).total == 0.0

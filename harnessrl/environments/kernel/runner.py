@@ -4,7 +4,7 @@
     prepare_workspace(task, dest) -> Path                           what the agent starts from
     grade_solution(task, source, *, seed=None, quick=False, ...) -> GradeReport
     grade_workspace(task, workspace, **kw) -> GradeReport           grades workspace/solution.py only
-    grader_argv(...) -> list[str]                                   the command run inside the sandbox
+    GraderSettings(...).argv(timing_size) -> list[str]              the command run inside the sandbox
 
 Invariants:
 - The grading directory is new for every grade and holds exactly the candidate's `solution.py` (its text, as
@@ -134,26 +134,27 @@ def prepare_workspace(task: KernelTask, dest: Path) -> Path:
     return dest
 
 
-def grader_argv(
-    *,
-    timing_size: int = 0,
-    repeats: int = 5,
-    max_repeats: int = 15,
-    group: int = 3,
-    cases_per_size: int = 2,
-    call_timeout_s: float = 2.0,
-    import_timeout_s: float = 20.0,
-    python: str = "python",
-) -> list[str]:
-    """The command run in the sandbox, from the grading directory mounted at /workspace."""
-    argv = [python, "-I", f"{WORKSPACE_MOUNT}/grade.py", "--dir", WORKSPACE_MOUNT]
-    argv += ["--seed-file", f"{WORKSPACE_MOUNT}/{SEED_FILE}"]
-    argv += ["--repeats", str(repeats), "--max-repeats", str(max_repeats), "--group", str(group)]
-    argv += ["--cases-per-size", str(cases_per_size)]
-    argv += ["--call-timeout", str(call_timeout_s), "--import-timeout", str(import_timeout_s)]
-    if timing_size:
-        argv += ["--timing-size", str(timing_size)]
-    return argv
+@dataclass(frozen=True)
+class GraderSettings:
+    """How grade.py samples and times a candidate (its flags; grade.py's docstring says what each does)."""
+
+    repeats: int = 5
+    max_repeats: int = 15
+    group: int = 3
+    cases_per_size: int = 2
+    call_timeout_s: float = 2.0
+    import_timeout_s: float = 20.0
+
+    def argv(self, timing_size: int = 0, python: str = "python") -> list[str]:
+        """The command run in the sandbox, from the grading directory mounted at /workspace."""
+        argv = [python, "-I", f"{WORKSPACE_MOUNT}/grade.py", "--dir", WORKSPACE_MOUNT]
+        argv += ["--seed-file", f"{WORKSPACE_MOUNT}/{SEED_FILE}"]
+        argv += ["--repeats", str(self.repeats), "--max-repeats", str(self.max_repeats)]
+        argv += ["--group", str(self.group), "--cases-per-size", str(self.cases_per_size)]
+        argv += ["--call-timeout", str(self.call_timeout_s), "--import-timeout", str(self.import_timeout_s)]
+        if timing_size:
+            argv += ["--timing-size", str(timing_size)]
+        return argv
 
 
 def grade_solution(
@@ -163,12 +164,7 @@ def grade_solution(
     seed: int | None = None,
     quick: bool = False,
     timing_size: int = 0,
-    repeats: int = 5,
-    max_repeats: int = 15,
-    group: int = 3,
-    cases_per_size: int = 2,
-    call_timeout_s: float = 2.0,
-    import_timeout_s: float = 20.0,
+    settings: GraderSettings = GraderSettings(),
     kind: SandboxKind = SandboxKind.BUBBLEWRAP,
     env_dir: Path | None = None,
     limits: Limits = GRADE_LIMITS,
@@ -197,15 +193,7 @@ def grade_solution(
         else:
             (work / "solution.py").unlink(missing_ok=True)
         (work / SEED_FILE).write_text(json.dumps({"seed": seed, "nonce": nonce}))
-        argv = grader_argv(
-            timing_size=size,
-            repeats=repeats,
-            max_repeats=max_repeats,
-            group=group,
-            cases_per_size=cases_per_size,
-            call_timeout_s=call_timeout_s,
-            import_timeout_s=import_timeout_s,
-        )
+        argv = settings.argv(size)
         with make_sandbox(kind, work, env_dir=env, image=None, limits=limits) as sandbox:
             run = sandbox.run(argv, timeout=timeout_s, limits=limits)
     finally:

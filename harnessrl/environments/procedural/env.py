@@ -7,8 +7,10 @@ task set's field names:
      "answer": "12", "metadata": {"dataset", "difficulty", "seed", "index", "question", "entry"}}
 
 Rewards: `procedural_exact` (default: 1 when the dataset's own scorer gives the extracted answer full marks —
-the last <answer>...</answer>, else the last line — and 0 otherwise) and `procedural_tagged` (the same, but
-only an answer inside <answer> tags counts). The scorer's raw value is the reward's part `score`: many
+the last <answer>...</answer>, else the last line — and 0 otherwise), `procedural_tagged` (the same, but
+only an answer inside <answer> tags counts) and `procedural_number` (the same, but without tags the reply's
+last number is the answer, GSM8K-style: "5 + 8 = 13" answers 13; a task whose answer is not a number reads
+the last line). The scorer's raw value is the reward's part `score`: many
 datasets give partial credit to a reply that merely contains the answer (len(answer) / len(reply)), which a
 list of candidates collects, so the rewards count full marks only.
 
@@ -19,6 +21,7 @@ reasoning-gym scorers evaluate it as code (sympy's parse_expr, eval). reasoning-
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +40,12 @@ from harnessrl.schema import HarnessName, HarnessSpec
 if TYPE_CHECKING:
     from harnessrl.taskset import TaskSet
 
-EXACT, TAGGED = "procedural_exact", "procedural_tagged"
+EXACT, TAGGED, NUMBER = "procedural_exact", "procedural_tagged", "procedural_number"
+EXTRACTION = {
+    EXACT: ExtractMode.TAG_OR_LAST_LINE,
+    TAGGED: ExtractMode.TAG,
+    NUMBER: ExtractMode.TAG_OR_FINAL_NUMBER,
+}
 # Scorers read (reasoning-gym 0.1.25): string or Decimal comparisons, no eval of the answer.
 REVIEWED_DATASETS = (
     "basic_arithmetic",
@@ -86,7 +94,7 @@ def task_row(task: ProceduralTask) -> dict[str, Any]:
 
 class ProceduralEnvironment(Environment):
     name: str = "procedural"
-    reward_names: tuple[str, ...] = (EXACT, TAGGED)
+    reward_names: tuple[str, ...] = (EXACT, TAGGED, NUMBER)
 
     def check_task(self, row: Mapping[str, Any]) -> None:
         procedural_task(row)
@@ -99,13 +107,21 @@ class ProceduralEnvironment(Environment):
 
     def reward(self, row: Mapping[str, Any], finished: Finished, reward: str, grading: Grading) -> Reward:
         task = procedural_task(row)
-        mode = ExtractMode.TAG if reward == TAGGED else ExtractMode.TAG_OR_LAST_LINE
-        answer = extract_answer(finished.answer, mode)
+        mode = EXTRACTION.get(reward, ExtractMode.TAG_OR_LAST_LINE)
+        reply = finished.answer
+        if mode is ExtractMode.TAG_OR_FINAL_NUMBER:
+            if _NUMERIC.fullmatch(task.answer):  # the question's own numbers are never the answer it gives
+                reply = reply.replace(task.question.strip(), " ")
+            else:
+                mode = ExtractMode.TAG_OR_LAST_LINE  # a word answer: its last line, as `procedural_exact`
+        answer = extract_answer(reply, mode)
         score = score_answer(task, answer)
         total = float(score >= 1.0)
         shown = "no answer" if answer is None else f"answer {answer[:80]!r}"
         return Reward(total, {"score": score}, detail=f"{shown}: {task.dataset} scores {score:.3g}")
 
+
+_NUMERIC = re.compile(r"-?\d+(?:\.\d+)?")
 
 DEFAULT_DATASETS = ("chain_sum",)
 MAX_DRAWN = 100_000  # items of one dataset and seed looked at to find tasks apart from `held_apart`

@@ -64,6 +64,9 @@ class ReasoningGymMissing(ImportError):
 class ExtractMode(StrEnum):
     TAG = "tag"  # the last <answer>...</answer>, else nothing
     TAG_OR_LAST_LINE = "tag_or_last_line"  # ... else the last non-blank line
+    TAG_OR_FINAL_NUMBER = (
+        "tag_or_final_number"  # ... else the reply's last number (GSM8K-style), else nothing
+    )
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ def generate_rows(dataset: str, n: int, seed: int, difficulty: int = 0) -> list[
     return tasks
 
 
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?![\d])")  # 13, -4, 1,024, 2.5 (a trailing period is not its)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
@@ -184,6 +188,9 @@ def extract_answer(reply: str, mode: ExtractMode = ExtractMode.TAG_OR_LAST_LINE)
         return tagged[-1].strip()
     if ExtractMode(mode) == ExtractMode.TAG:
         return None
+    if ExtractMode(mode) == ExtractMode.TAG_OR_FINAL_NUMBER:
+        numbers = _NUMBER.findall(reply)
+        return numbers[-1].replace(",", "") if numbers else None
     lines = [line.strip() for line in reply.splitlines() if line.strip()]
     return lines[-1] if lines else None
 
