@@ -179,25 +179,12 @@ TASKS = {
 
 
 def merged(sets: dict[str, tuple[Path, Path, str]], root: Path) -> tuple[Path, Path, str]:
-    """One training and one held-out task set holding every environment's tasks (a task set may mix
-    environments; each row keeps its own, and its repo data: SWE bundles, the search corpus), and one spec
-    list where each environment's specs are for that environment only."""
-    from harnessrl.taskset import TaskSet, write_taskset
-
-    out = []
+    """One training and one held-out task set holding every environment's tasks (`harnessrl tasks mix`), and
+    one spec list where each environment's specs are for that environment only."""
     for i, name in enumerate(("train", "test")):
-        rows: list[dict] = []
-        bundles: dict[str, Path] = {}
-        for env_sets in sets.values():
-            part = TaskSet.open(env_sets[i])
-            for row in part.rows():
-                rows.append(row)
-                if row.get("repo") and part.bundle(row["repo"]).is_file():
-                    bundles[row["repo"]] = part.bundle(row["repo"])
-        write_taskset(root / name, rows, bundles, f"learning_envs {name}: {', '.join(sets)}")
-        out.append(root / name)
+        harnessrl("tasks", "mix", "--out", str(root / name), *(str(s[i]) for s in sets.values()))
     specs = [{**spec, "environments": [env]} for env, (_, _, raw) in sets.items() for spec in json.loads(raw)]
-    return out[0], out[1], json.dumps(specs)
+    return root / "train", root / "test", json.dumps(specs)
 
 
 def measure(envs: list[str], args: argparse.Namespace, root: Path) -> dict[str, Any]:

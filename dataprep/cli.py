@@ -1,4 +1,4 @@
-"""`harnessrl tasks synthesize|import|instruction|kernel|search|procedural` and `harnessrl stage clean|validate`."""
+"""`harnessrl tasks synthesize|import|instruction|kernel|search|procedural|mix` and `harnessrl stage clean|validate`."""
 
 from __future__ import annotations
 
@@ -114,6 +114,14 @@ def register(commands, stages) -> None:
         help="a task set (the training one) whose questions this one must not repeat (for a held-out set)",
     )
     pro.set_defaults(func=_procedural)
+
+    mix = sub.add_parser(
+        "mix", help="one task set of tasks from several (any environments); DIR:N takes N of a set's tasks"
+    )
+    mix.add_argument("parts", nargs="+", help="task-set directories, each DIR (all its tasks) or DIR:N")
+    mix.add_argument("--out", required=True, type=Path, help="task-set directory to write (replaced)")
+    mix.add_argument("--seed", type=int, default=0, help="which N tasks a DIR:N part gives (default 0)")
+    mix.set_defaults(func=_mix)
 
     imp = sub.add_parser("import", help="turn downloaded SWE-smith/SWE-bench rows + repos into a task set")
     imp.add_argument("data", type=Path, help=".jsonl, .json, .parquet, or a HF `save_to_disk` directory")
@@ -342,4 +350,18 @@ def _procedural(args: argparse.Namespace) -> int:
         print(f"harnessrl: error: {e}", file=sys.stderr)
         return 2
     print(f"{taskset.root}: {len(taskset.rows())} procedural tasks")
+    return 0
+
+
+def _mix(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from harnessrl.environments.registry import environment_name
+    from harnessrl.taskset import MixPart, mix_tasksets
+
+    taskset = mix_tasksets(args.out, [MixPart.parse(p) for p in args.parts], args.seed)
+    counts = Counter(environment_name(r) for r in taskset.rows())
+    print(
+        f"{taskset.root}: {sum(counts.values())} tasks ({', '.join(f'{e} {n}' for e, n in sorted(counts.items()))})"
+    )
     return 0

@@ -15,6 +15,7 @@ Two task layouts share the directory (`TaskLayout`, read off each row by `task_l
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -104,3 +105,47 @@ def write_taskset(
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return TaskSet.open(out)
+
+
+@dataclass(frozen=True)
+class MixPart:
+    """One task set of a mix and how many of its tasks to take (None: all)."""
+
+    root: Path
+    take: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> MixPart:
+        """`DIR` or `DIR:N` (N of its tasks, drawn with the mix's seed)."""
+        path, sep, count = text.rpartition(":")
+        if sep and count.isdigit():
+            return cls(Path(path), int(count))
+        return cls(Path(text))
+
+
+def mix_tasksets(out: str | Path, parts: Iterable[MixPart], seed: int = 0) -> TaskSet:
+    """One task set holding tasks of several (of any environments: each row keeps its own, and its repo data
+    — SWE bundles, the search corpus); the counts set the mix. Instance ids must not repeat across parts."""
+    rows: list[dict] = []
+    bundles: dict[str, Path] = {}
+    taken: list[str] = []
+    seen: dict[str, Path] = {}
+    for part in parts:
+        source = TaskSet.open(part.root)
+        chosen = source.rows()
+        if part.take is not None:
+            if part.take > len(chosen):
+                raise ValueError(f"{part.root}: asked for {part.take} tasks, it holds {len(chosen)}")
+            chosen = random.Random(seed).sample(chosen, part.take)
+        for row in chosen:
+            iid = row["instance_id"]
+            if iid in seen:
+                raise ValueError(
+                    f"task {iid!r} is in both {seen[iid]} and {part.root}: mix distinct task sets"
+                )
+            seen[iid] = part.root
+            rows.append(row)
+            if row.get("repo") and source.bundle(row["repo"]).is_file():
+                bundles[row["repo"]] = source.bundle(row["repo"])
+        taken.append(f"{part.root} ({len(chosen)})")
+    return write_taskset(out, rows, bundles, f"mix of {', '.join(taken)}, seed {seed}")

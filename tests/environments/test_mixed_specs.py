@@ -90,3 +90,33 @@ def test_select_splits_a_mixed_task_set_and_carries_the_search_corpus(tmp_path: 
         assert envs == {"kernel", "search"}, (split, envs)
         row = next(r for r in part.rows() if r["environment"] == "search")
         assert corpus_index(row, part).read(row["doc_id"])
+
+
+def test_tasks_mix_takes_n_of_each_set_with_its_repo_data_and_refuses_shared_ids(
+    tmp_path: Path, capsys
+) -> None:
+    from harnessrl.cli import main
+    from harnessrl.environments.procedural.env import write_procedural_taskset
+    from harnessrl.environments.search.env import SearchSplit, write_search_taskset
+
+    search = write_search_taskset(tmp_path / "search", 4, 0, SearchSplit.TRAIN)
+    procedural = write_procedural_taskset(tmp_path / "procedural", 6, 0)
+    assert (
+        main(["tasks", "mix", "--out", str(tmp_path / "mix"), str(search.root), f"{procedural.root}:2"]) == 0
+    )
+    assert "6 tasks (procedural 2, search 4)" in capsys.readouterr().out
+    mixed = TaskSet.open(tmp_path / "mix")
+    rows = mixed.rows()
+    assert [r["environment"] for r in rows] == ["search"] * 4 + ["procedural"] * 2
+    assert {r["instance_id"] for r in rows[4:]} <= {r["instance_id"] for r in procedural.rows()}
+    corpus = rows[0]["repo"]
+    assert mixed.bundle(corpus).read_bytes() == search.bundle(corpus).read_bytes()  # the corpus travels
+    again = tmp_path / "again"
+    main(["tasks", "mix", "--out", str(again), str(search.root), f"{procedural.root}:2"])
+    assert TaskSet.open(again).rows() == rows  # the same seed draws the same tasks
+    bad = str(tmp_path / "bad")
+    assert main(["tasks", "mix", "--out", bad, str(search.root), str(search.root)]) != 0
+    assert f"{rows[0]['instance_id']!r} is in both" in capsys.readouterr().err  # one line naming the task
+    assert main(["tasks", "mix", "--out", bad, f"{procedural.root}:7"]) != 0
+    assert "asked for 7 tasks, it holds 6" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
