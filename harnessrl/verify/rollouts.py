@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from collections import Counter
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -251,6 +251,7 @@ def run_verify(
         "sandbox": str(sandbox.kind),
         "wall_s": round(wall, 3),
         "verifications_per_min": round(60 * len(rows) / wall, 2) if wall > 0 else None,
+        "environments": by_environment(ordered, by_id),
     }
     with atomic_output(Path(out)) as tmp:
         tmp.mkdir(parents=True)
@@ -261,6 +262,49 @@ def run_verify(
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         (tmp / "report.md").write_text(render_report(summary, ordered, tmp))
     return summary
+
+
+def by_environment(ordered: list[tuple[dict, VerifyResult]], tasks: dict[str, dict]) -> dict[str, dict]:
+    """Per environment of the rollouts' tasks: counts, the rewards named, the mean reward and of each part."""
+    groups: dict[str, list[VerifyResult]] = defaultdict(list)
+    for rollout, result in ordered:
+        groups[environment_name(tasks.get(rollout["instance_id"]) or {})].append(result)
+    out: dict[str, dict] = {}
+    for env, results in sorted(groups.items()):
+        graded = [v for v in results if v.status in GRADED]
+        parts: dict[str, list[float]] = defaultdict(list)
+        for v in graded:
+            for name, value in v.reward_parts.items():
+                parts[name].append(value)
+        out[env] = {
+            "rollouts": len(results),
+            "graded": len(graded),
+            "resolved": sum(v.resolved for v in graded),
+            "infra_errors": sum(v.status is VerifyStatus.INFRA_ERROR for v in results),
+            "rewards": sorted({str(v.reward_fn) for v in results}),
+            "reward_mean": sum(v.reward or 0.0 for v in graded) / len(graded) if graded else None,
+            "part_means": {name: sum(xs) / len(xs) for name, xs in sorted(parts.items())},
+        }
+    return out
+
+
+def environment_table(environments: dict[str, dict]) -> list[str]:
+    """The report's section per environment (what each reward measures: docs/environments.md)."""
+    from harnessrl.reports import code
+
+    lines = ["## By environment", ""]
+    lines += [
+        "| environment | reward | rollouts | graded | resolved | infra errors | reward mean | parts (mean) |"
+    ]
+    lines += ["|---|---|---|---|---|---|---|---|"]
+    for env, e in environments.items():
+        mean = "n/a" if e["reward_mean"] is None else f"{e['reward_mean']:.3f}"
+        shown = list(e["part_means"].items())[:6]
+        parts = ", ".join(f"{code(k)} {v:.2f}" for k, v in shown) + (" …" if len(e["part_means"]) > 6 else "")
+        cells = [code(env), ", ".join(code(r) for r in e["rewards"]), str(e["rollouts"]), str(e["graded"])]
+        cells += [str(e["resolved"]), str(e["infra_errors"]), mean, parts or "—"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def render_report(summary: dict, ordered: list[tuple[dict, VerifyResult]], out: Path) -> str:
@@ -277,6 +321,7 @@ def render_report(summary: dict, ordered: list[tuple[dict, VerifyResult]], out: 
         "",
         embed_png(png, "rollouts by status"),
         "",
+        *environment_table(summary["environments"]),
     ]
     # generate names rollouts <instance>__r<k>: then a separate instance column only widens the table
     by_instance = all(str(r["rollout_id"]).startswith(v.instance_id) for r, v in ordered)

@@ -179,6 +179,11 @@ def test_verify_grades_an_instruction_task_set_with_parts_and_infra_errors(tmp_p
     assert got["d"]["reward"] is None and got["d"]["status"] == "infra_error"
     assert "reward function tests.environments.custom_rewards:raises failed" in got["d"]["detail"]
     assert summary["graded"] == 3 and summary["resolved"] == 2
+    instruction = summary["environments"]["instruction"]
+    assert (instruction["rollouts"], instruction["graded"], instruction["infra_errors"]) == (4, 3, 1)
+    assert instruction["part_means"] == {"no_commas#0": pytest.approx(2 / 3)}
+    report = (tmp_path / "verified" / "report.md").read_text()
+    assert "## By environment" in report and "| `instruction` |" in report
 
 
 def test_the_task_set_cli_writes_disjoint_train_and_test_requests(tmp_path: Path):

@@ -144,7 +144,7 @@ def rollout_reports(root: Path) -> list[Report]:
     """The generate and verify steps' reports, from their own writers, as their components publish them."""
     from harnessrl.rollout.report import plot_all, report_markdown, summarize
     from harnessrl.verify.grading import VerifyStatus
-    from harnessrl.verify.rollouts import render_report
+    from harnessrl.verify.rollouts import by_environment, render_report
     from harnessrl.verify.verifier import VerifyResult
 
     rows = rollout_rows()
@@ -170,6 +170,7 @@ def rollout_reports(root: Path) -> list[Report]:
     summary |= {
         "workers": 2,
         "status_counts": {"resolved": 2, "unresolved": 2, "apply_failed": 2, "infra_error": 2},
+        "environments": by_environment(ordered, {}),
     }
     (root / "verify-out").mkdir()
     verify = render_report(summary, ordered, root / "verify-out")
