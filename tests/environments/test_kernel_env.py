@@ -77,7 +77,7 @@ def test_task_sets_carry_the_task_files_and_split_without_sharing(tmp_path: Path
     assert sorted(first["files"]) == ["inputs.py", "reference.py", "task.json"]  # never gold.py
     assert first["environment"] == "kernel" and first["timing"] == "full"
     task = kernel_task(first)  # the row alone makes the task folder: gold-less, solution = reference
-    assert task.path("solution.py").read_text() == first["files"]["reference.py"]
+    assert task.path("reference.py").read_text() == first["files"]["reference.py"]
     assert not task.path("gold.py").exists()
     assert main(["tasks", "kernel", "--out", str(tmp_path / "x"), "--n", "40"]) == 2
 

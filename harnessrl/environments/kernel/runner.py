@@ -121,8 +121,9 @@ def prepare_workspace(task: KernelTask, dest: Path) -> Path:
     """The agent's workspace: solution.py (to edit), reference.py and inputs.py (to read and test against),
     TASK.md (the statement). Everything here is the agent's; the grader trusts none of it."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("solution.py", "reference.py", "inputs.py"):
+    for name in ("reference.py", "inputs.py"):
         shutil.copyfile(task.path(name), dest / name)
+    shutil.copyfile(task.path("reference.py"), dest / "solution.py")  # the agent starts from the reference
     (dest / "TASK.md").write_text(
         f"# {task.name} (difficulty {task.difficulty})\n\n{task.statement}\n\n"
         f"Edit `solution.py`; keep the function `{task.function}` and its signature. `reference.py` is the "

@@ -5,8 +5,8 @@ that picks which snapshot of a trajectory is graded.
     load_task(directory, gold=True) -> KernelTask       (gold=False: a task as a task set carries it, no gold.py)
     best_snapshot(scores) -> SnapshotScore
 
-A task folder `tasks/<name>/` holds `reference.py` (slow, correct), `solution.py` (what the agent starts from
-and edits: the reference, byte for byte), `gold.py` (a fast correct version; never enters a sandbox),
+A task folder `tasks/<name>/` holds `reference.py` (slow, correct; also what the agent starts from: its
+workspace's `solution.py` is the reference copied), `gold.py` (a fast correct version; never enters a sandbox),
 `inputs.py` (`generate(seed, size) -> tuple` of positional arguments: the grader's hidden inputs) and
 `task.json`:
 
@@ -16,9 +16,8 @@ and edits: the reference, byte for byte), `gold.py` (a fast correct version; nev
      "timeout_factor": float >= 1 (optional, default 20: a call may take this many times the reference)}
 
 Invariants checked here, each failure one `TaskError` naming the folder, the file or field, and the fix: the
-five files exist; `name` equals the folder name; `function` is defined at the top level of reference.py,
-solution.py and gold.py (read with `ast`, nothing is imported) and inputs.py defines `generate`; solution.py
-is the reference copied; the numbers are in range.
+four files exist; `name` equals the folder name; `function` is defined at the top level of reference.py and
+gold.py (read with `ast`, nothing is imported) and inputs.py defines `generate`; the numbers are in range.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 TASKS_DIR = Path(__file__).parent / "tasks"
-TASK_FILES = ("reference.py", "solution.py", "gold.py", "inputs.py", "task.json")
+TASK_FILES = ("reference.py", "gold.py", "inputs.py", "task.json")
 # what the grader's sandbox gets of a task (never gold.py, never the agent's copies)
 PRISTINE_FILES = ("reference.py", "inputs.py", "task.json")
 MIN_DIFFICULTY, MAX_DIFFICULTY = 1, 5
@@ -126,14 +125,9 @@ def load_task(directory: Path, gold: bool = True) -> KernelTask:
         timeout_factor=_float(raw, "timeout_factor", where, 1.0, default=20.0),
         directory=directory,
     )
-    for filename in ("reference.py", "solution.py", "gold.py") if gold else ("reference.py", "solution.py"):
+    for filename in ("reference.py", "gold.py") if gold else ("reference.py",):
         _require_def(directory / filename, function)
     _require_def(directory / "inputs.py", "generate")
-    if (directory / "solution.py").read_bytes() != (directory / "reference.py").read_bytes():
-        raise TaskError(
-            f"task {directory}: solution.py differs from reference.py; the starting solution is the reference "
-            "copied (cp reference.py solution.py)"
-        )
     return task
 
 
