@@ -399,12 +399,13 @@ class SchedulerLoop:
         request.accept(token, self.policy_version)
 
     def _finished_reason(self, request: LocalRequest) -> FinishReason | None:
-        if request.aborted:
-            return FinishReason.ABORT
+        """How the request ended, if it has; one that ended before an abort reached it ended that way."""
         if request.out_ids and request.out_ids[-1] in request.stop:
             return FinishReason.STOP
         if request.remaining(self.max_context) <= 0:
             return FinishReason.LENGTH
+        if request.aborted:
+            return FinishReason.ABORT
         return None
 
     def _retire_finished(self) -> None:

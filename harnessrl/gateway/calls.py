@@ -292,10 +292,18 @@ class CallRunner:
             out.ids += gen.token_ids
             out.logprobs += gen.logprobs
             out.versions += list(gen.token_policy_versions or [gen.policy_version] * len(gen.token_ids))
-            if gen.finish_reason == FinishReason.ABORT and len(out.ids) < max_tokens:
-                self.metrics.aborted_generations += 1
-                continue  # engine-side abort (weight sync): keep the partial tokens and continue after resume
-            out.finish = FinishReason(gen.finish_reason)
+            finish = FinishReason(gen.finish_reason)
+            if finish == FinishReason.ABORT:
+                # an abort that lands on a finished generation (a stop token or the token budget sampled in
+                # the step the pause came) ends it as it would have ended: it is never continued past its end
+                if out.ids and out.ids[-1] in self.renderer.stop_token_ids:
+                    finish = FinishReason.STOP
+                elif len(out.ids) >= max_tokens:
+                    finish = FinishReason.LENGTH
+                else:
+                    self.metrics.aborted_generations += 1
+                    continue  # engine-side abort (weight sync): keep the partial tokens, continue after resume
+            out.finish = finish
             return out
 
     async def _fail(self, s: Session, reason: str) -> None:

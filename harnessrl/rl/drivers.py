@@ -27,7 +27,7 @@ from harnessrl.gateway.enums import PauseMode
 from harnessrl.rl.admission import StalePolicy, can_admit, keep_group
 from harnessrl.rl.config import RLConfig
 from harnessrl.rl.groups import Group, RolloutPool
-from harnessrl.rl.modes import RLMode
+from harnessrl.rl.modes import GroupFate, RLMode
 from harnessrl.rl.records import Collected
 from harnessrl.rl.role_switch import RoleSwitch, expected_wait_s
 from harnessrl.schema import RolloutStatus
@@ -44,6 +44,7 @@ class Driver:
         self.cfg, self.pool, self.version = cfg, pool, version
         self.ok = frozenset(cfg.ok_statuses) | {RolloutStatus.OK}
         self.buffer: deque[Group] = deque()
+        self.discarded: list[tuple[Group, GroupFate]] = []  # this step's groups that will not train, and why
         self.accepted = version * cfg.batch_groups
         self.stale_policy = StalePolicy(cfg.stale_policy)
         self._skipped_seen = len(pool.skipped)
@@ -58,6 +59,7 @@ class Driver:
         """Up to `batch_groups` finished groups with reward variance for the next optimizer step (fewer when
         the step's group budget ran out), counting what it took in `collected`."""
         t0 = time.perf_counter()
+        self.discarded = []
         groups = self._collect(collected)
         collected.wait_s = time.perf_counter() - t0
         collected.groups_skipped = self.pool.skipped[self._skipped_seen :]
@@ -87,10 +89,12 @@ class Driver:
             if not g.has_signal(self.ok):
                 collected.groups_zero_variance += 1
                 collected.groups_discarded.append(g.group_id)
+                self.discarded.append((g, GroupFate.ZERO_VARIANCE))
                 self.pool.order.consume(g.group_index)  # replaced by the next group of the stream
             elif not keep_group(self.stale_policy, g.oldest_version(), self.version, self.cfg.max_staleness):
                 collected.groups_stale_dropped += 1
                 collected.groups_discarded.append(g.group_id)
+                self.discarded.append((g, GroupFate.STALE))
                 self.pool.order.consume(g.group_index)
             else:
                 self.buffer.append(g)

@@ -15,6 +15,14 @@ class WorkloadKind(StrEnum):
     PROMPT = "prompt"  # single-turn prompts with a verifiable answer word (smoke tests, benchmarks)
 
 
+class GroupFate(StrEnum):
+    """What a step did with a finished group (`rollouts/step-N.jsonl`)."""
+
+    TRAINED = "trained"
+    ZERO_VARIANCE = "zero_variance"  # every rollout got the same reward: no advantage to learn from
+    STALE = "stale"  # sampled by a policy older than max_staleness allows
+
+
 class StepOutcome(StrEnum):
     TRAINED = "trained"
     NO_SIGNAL = "no_signal"  # the group budget ran out before any group had reward variance

@@ -65,7 +65,9 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def render(summary: RLSummary, records: list[StepRecord], cfg: RLConfig, png: bytes | None) -> str:
+def render(
+    summary: RLSummary, records: list[StepRecord], cfg: RLConfig, png: bytes | None, trajectories: str = ""
+) -> str:
     lines = [
         "# RL stage",
         "",
@@ -83,10 +85,18 @@ def render(summary: RLSummary, records: list[StepRecord], cfg: RLConfig, png: by
     lines += ["| " + " | ".join(TABLE_KEYS) + " |", "|" + "---|" * len(TABLE_KEYS)]
     for r in spaced_rows([r.row() for r in records], 30):
         lines.append("| " + " | ".join(_fmt(r.get(k)) for k in TABLE_KEYS) + " |")
-    lines += ["", "Every step's metrics: `steps.jsonl`; TensorBoard event files: `tensorboard/`."]
+    lines += [
+        "",
+        "Every step's metrics: `steps.jsonl`; TensorBoard event files: `tensorboard/`; every step's rollouts "
+        "(status, reward and its parts, how each ended): `rollouts/step-NNNNNN.jsonl`.",
+    ]
+    if trajectories:
+        lines += ["", "The last step's rollouts, as the policy ran them:", "", trajectories.rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, summary: RLSummary, records: list[StepRecord], cfg: RLConfig) -> Path:
+def write_report(
+    out: Path, summary: RLSummary, records: list[StepRecord], cfg: RLConfig, trajectories: str = ""
+) -> Path:
     png = plot_curves(records, out / "curves.png") if records else None
-    return atomic_write_text(out / "report.md", render(summary, records, cfg, png))
+    return atomic_write_text(out / "report.md", render(summary, records, cfg, png, trajectories))

@@ -40,6 +40,7 @@ from harnessrl.rl.metrics import MetricsSink
 from harnessrl.rl.modes import StepOutcome, WorkloadKind
 from harnessrl.rl.ranks import Command, Setup, TrainerRanks, build_trainer
 from harnessrl.rl.records import Collected, EngineRates, RLSummary, StepRecord, Update, summarize
+from harnessrl.rl.rollout_log import read_step_rollouts, trajectory_section, write_step_rollouts
 from harnessrl.rl.workloads import GatewayAccess, PromptWorkload, TaskSetWorkload, Workload
 from harnessrl.train.fingerprint import RunIdentity, policy_digest
 
@@ -386,6 +387,7 @@ class RLRun:
             wall_s=self._wall_before + now - self.started,
         )
         self.sink.add(record)
+        write_step_rollouts(self.out, self.step, self.version, groups, self.driver.discarded)
         return record
 
     def checkpoint_if_due(self) -> None:
@@ -417,7 +419,12 @@ class RLRun:
         model_out = self.inputs.final_model
         self.learner.save_final(model_out, {"steps": self.step, "version": self.version})
         atomic_write_json(self.out / "metrics.json", summary.to_dict())
-        write_report(self.out, summary, self.sink.records, self.cfg)
+        view = trajectory_section(
+            read_step_rollouts(self.out, self.step),
+            self.work / "journal",
+            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+        )
+        write_report(self.out, summary, self.sink.records, self.cfg, view)
         logger.info(
             "wrote %s after %d steps (policy version %d); metrics in %s",
             model_out,

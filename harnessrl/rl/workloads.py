@@ -21,13 +21,14 @@ import re
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harnessrl.io import read_jsonl
 
 if TYPE_CHECKING:
+    from harnessrl.rollout.episode import RolloutRow
     from harnessrl.rollout.specs import NamedSpec
 from harnessrl.schema import RolloutStatus
 
@@ -53,6 +54,8 @@ class Finished:
     status: RolloutStatus
     detail: str = ""
     wall_s: float = 0.0
+    row: RolloutRow | None = None  # the episode's record, where the workload ran one (TaskSetWorkload)
+    reward_parts: dict[str, float] = field(default_factory=dict)  # the environment's named components
 
 
 @dataclass(frozen=True)
@@ -214,5 +217,13 @@ class TaskSetWorkload:
             status = RolloutStatus.INFRA_ERROR
         detail = row.error or result.detail
         return Finished(
-            plan.rollout_id, plan.group_id, plan.task_id, reward, status, detail[:500], time.monotonic() - t0
+            plan.rollout_id,
+            plan.group_id,
+            plan.task_id,
+            reward,
+            status,
+            detail[:500],
+            time.monotonic() - t0,
+            row,
+            dict(result.reward_parts) if result.status in GRADED else {},
         )

@@ -13,39 +13,14 @@ import pyarrow.parquet as pq
 
 from harnessrl.io import atomic_write_bytes, atomic_write_text
 from harnessrl.rollout.config import FailedSamples
-from harnessrl.rollout.trajectories import Decode, pick_rollouts, read_calls, trajectory_markdown
+from harnessrl.rollout.trajectories import (
+    Decode,
+    gateway_stats,
+    pick_rollouts,
+    read_calls,
+    trajectory_markdown,
+)
 from harnessrl.schema import RolloutStatus
-
-
-def _gateway_stats(records: pa.Table) -> dict[str, dict[str, int]]:
-    stats: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {
-            "calls": 0,
-            "chains": set(),
-            "rollbacks": 0,
-            "prompt_tokens_max": 0,
-            "completion_tokens": 0,
-            "discarded_trainable": 0,
-        }
-    )
-    if records.num_rows == 0:
-        return {}
-    cols = records.select(
-        ["rollout_id", "chain_id", "op", "prompt_ids", "completion_ids", "discarded_trainable"]
-    ).to_pylist()
-    for r in cols:
-        s = stats[r["rollout_id"]]
-        s["calls"] += 1
-        s["chains"].add(r["chain_id"])
-        s["rollbacks"] += r["op"] == "rollback"
-        s["prompt_tokens_max"] = max(s["prompt_tokens_max"], len(r["prompt_ids"]))
-        s["completion_tokens"] += len(r["completion_ids"])
-        s["discarded_trainable"] += int(r["discarded_trainable"] or 0)
-    out = {}
-    for rid, s in stats.items():
-        chains = len(s.pop("chains"))
-        out[rid] = {**s, "chains": chains, "splits": max(0, chains - 1)}
-    return out
 
 
 def export_and_summarize(
@@ -80,7 +55,8 @@ def export_and_summarize(
     pq.write_table(records, out / "records.parquet")
     pq.write_table(samples, out / "samples.parquet")
     shutil.rmtree(export)
-    per_rollout = _gateway_stats(records)
+    columns = ["rollout_id", "chain_id", "op", "prompt_ids", "completion_ids", "discarded_trainable"]
+    per_rollout = gateway_stats(records.select(columns).to_pylist() if records.num_rows else [])
     for r in rows:
         r["gateway"] = per_rollout.get(
             r["rollout_id"],

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,29 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def gateway_stats(calls: Iterable[dict]) -> dict[str, dict[str, int]]:
+    """Per rollout id, what its model calls (records.parquet rows) add up to: calls, chains, splits (chains
+    past the first), rollbacks, the longest prompt, sampled tokens and trainable tokens rollbacks discarded."""
+    stats: dict[str, dict[str, Any]] = {}
+    for c in calls:
+        s = stats.setdefault(
+            c["rollout_id"],
+            {"calls": 0, "chains": set(), "rollbacks": 0, "prompt_tokens_max": 0, "completion_tokens": 0,
+             "discarded_trainable": 0},
+        )  # fmt: skip
+        s["calls"] += 1
+        s["chains"].add(c["chain_id"])
+        s["rollbacks"] += c["op"] == "rollback"
+        s["prompt_tokens_max"] = max(s["prompt_tokens_max"], len(c["prompt_ids"]))
+        s["completion_tokens"] += len(c["completion_ids"])
+        s["discarded_trainable"] += int(c["discarded_trainable"] or 0)
+    out = {}
+    for rid, s in stats.items():
+        chains = len(s.pop("chains"))
+        out[rid] = {**s, "chains": chains, "splits": max(0, chains - 1)}
+    return out
 
 
 def pick_rollouts(rows: list[dict], rewards: dict[str, dict] | None, n: int = PICK) -> list[tuple[str, str]]:
@@ -90,6 +113,9 @@ def _reward_line(reward: dict | None) -> str:
             "reward: not verified yet (`harnessrl stage verify` grades the rollouts; "
             "`python -m harnessrl.rollout.trajectories --rewards <verified>` shows this view with them)"
         )
+    if reward.get("reward") is None:
+        why = reward.get("detail") or reward.get("rollout_status") or reward.get("status") or "no grade"
+        return f"reward: none, the rollout was not scored: {clip(str(why), 300)}"
     parts = reward.get("reward_parts") or {}
     extra = {k: reward.get(k) for k in ("status", "verify_status", "resolved", "f2p_fraction") if k in reward}
     text = f"reward: **{reward.get('reward')}**"
@@ -134,13 +160,20 @@ def rollout_markdown(
 ) -> list[str]:
     calls = sorted(calls, key=lambda c: c["started_at"])
     g = row.get("gateway") or {}
+    episode = [f"status `{row.get('rollout_status')}`"]  # a workload without episodes has only a status
+    if row.get("finish_reason"):
+        episode.append(f"finish `{row['finish_reason']}`")
+    if row.get("fate"):  # the RL loop's: what the step did with its group
+        episode.append(f"group `{row['fate']}`")
+    if row.get("turns") is not None:
+        episode.append(f"{row['turns']} turns, {row.get('tool_calls', 0)} tool calls")
+    spec = f"Spec `{row['spec_name']}` (harness `{row.get('harness')}`): " if row.get("spec_name") else ""
     lines = [
         f"### `{row['rollout_id']}` ({why})",
         "",
-        f"Spec `{row.get('spec_name')}` (harness `{row.get('harness')}`): status `{row.get('rollout_status')}`, "
-        f"finish `{row.get('finish_reason')}`, {row.get('turns')} turns, {row.get('tool_calls')} tool calls; "
-        f"model calls {g.get('calls', len(calls))}, chains {g.get('chains', '?')}, rollbacks "
-        f"{g.get('rollbacks', 0)}, trainable tokens discarded {g.get('discarded_trainable', 0)}.",
+        f"{spec}{', '.join(episode)}; model calls {g.get('calls', len(calls))}, chains "
+        f"{g.get('chains', '?')}, rollbacks {g.get('rollbacks', 0)}, trainable tokens discarded "
+        f"{g.get('discarded_trainable', 0)}.",
         "",
         _reward_line(reward),
         "",

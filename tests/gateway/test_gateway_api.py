@@ -15,6 +15,8 @@ import pytest
 from anthropic.types import MessageParam, ToolParam
 from openai.types.chat import ChatCompletion, ChatCompletionAssistantMessageParam
 
+from components.sft.demos import ScriptedEngine
+from harnessrl.engine.base import FinishReason, Generation
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.gateway.client import GatewayClientError, SessionInfo
 from harnessrl.gateway.samples import build_samples
@@ -261,6 +263,40 @@ def test_pause_abort_resumes_the_call_after_resume(gateway, fast_engine):
     assert admin.metrics()["aborted_generations"] == 1
     assert engine.requests == 2
     assert len(call_records(g.journal_dir)) == 1
+
+
+class _AbortOnTheLastToken(ScriptedEngine):
+    """Answers the first call as an engine does when a weight-sync abort lands in the step that sampled the
+    reply's last token: the whole reply (ending in the stop token, or cut at the token budget), finish "abort".
+    Later calls: "x" and a stop token, finish "stop"."""
+
+    def __init__(self, tokenizer: Any, reply: str):
+        super().__init__([], tokenizer, ".")
+        self.reply = reply
+
+    async def generate(self, prompt_ids, sampling, max_tokens, stop_token_ids=None, **_: Any) -> Generation:
+        self.calls += 1
+        text = self.reply if self.calls == 1 else "x"
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), (stop_token_ids or [0])[0]]
+        finish = FinishReason.ABORT if self.calls == 1 else FinishReason.STOP
+        ids = ids[:max_tokens]
+        return Generation(ids, [0.0] * len(ids), finish, 0, token_policy_versions=[0] * len(ids))
+
+
+@pytest.mark.parametrize(("max_tokens", "finish"), [(64, "stop"), (3, "length")])
+def test_an_abort_on_a_finished_reply_ends_it_as_it_ended(gateway, tokenizer, max_tokens, finish):
+    """An abort that reaches a reply already complete (its stop token or its budget sampled) is not continued
+    past its end: one engine call, the reply's own finish; only an unfinished reply is resumed."""
+    engine = _AbortOnTheLastToken(tokenizer, "A reply of several tokens.")
+    g, admin = gateway(engine)
+    s = admin.create_session("r", "t")
+    r = _client(s).chat.completions.create(model="policy", messages=_start(), max_tokens=max_tokens)
+    assert engine.calls == 1, "the gateway generated past the end of a finished reply"
+    assert r.choices[0].finish_reason == finish
+    (rec,) = call_records(g.journal_dir)
+    assert rec.finish_reason == finish and admin.metrics()["aborted_generations"] == 0
+    if finish == "stop":
+        assert r.choices[0].message.content == "A reply of several tokens."
 
 
 def test_a_holding_pause_makes_new_calls_wait_instead_of_429(gateway, fast_engine):

@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.gateway.journal import read_journal
+from harnessrl.gateway.samples import call_rows
 from harnessrl.io import read_jsonl
 from harnessrl.rl.groups import DataOrder
 from harnessrl.rl.modes import RLMode
+from harnessrl.tinymodel import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +83,29 @@ def test_stage_rl_runs_each_mode(mode: RLMode, rl_policy: Path, prompt_tasks: Pa
     assert summary["samples_per_rollout_mean"] == 1.0
     assert (out / "model" / "model.safetensors").is_file()
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
-    assert "# RL stage" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "# RL stage" in report
+    # every step's rollouts kept (2 groups x 4), and the last step's shown as the policy ran them
+    for r in rows:
+        logged = list(read_jsonl(out / "rollouts" / f"step-{r['step']:06d}.jsonl"))
+        assert len(logged) == 8 and {x["group_id"] for x in logged} == set(r["groups"])
+    last = list(read_jsonl(out / "rollouts" / "step-000002.jsonl"))
+    assert "## Trajectories" in report and f"### `{last[0]['rollout_id']}` (the first rollout)" in report
+    first = [
+        c
+        for c in call_rows(read_journal(out / "work" / "journal"))
+        if c["rollout_id"] == last[0]["rollout_id"]
+    ]
+    tokenizer = load_tokenizer(rl_policy)
+    assert len(first) == 1 and first[0]["finish_reason"] in (
+        "stop",
+        "length",
+    )  # never a finished call's "abort"
+    sampled = tokenizer.decode(first[0]["completion_ids"], skip_special_tokens=False)
+    assert (
+        f"▶ sampled (trained), {len(first[0]['completion_ids'])} tokens:\n```text\n{sampled}\n```" in report
+    )
+    assert f"reward: **{last[0]['reward']}**" in report
 
 
 class _NoWeightsHandler(BaseHTTPRequestHandler):
