@@ -1,6 +1,7 @@
 """One episode of a production CLI agent (Claude Code, Codex) as a training harness: the flow they share.
 
-`CliHarness.run` checks that the runtime is the rollout's bubblewrap sandbox, requires the pinned CLI
+`CliHarness.run` checks that the runtime is the rollout's sandbox and that it can host a whole agent
+(`AgentSandbox`: bubblewrap, podman, a Kubernetes pod), requires the pinned CLI
 (`cli_agents`, installed by `make cli-agents`), binds its install prefix read-only at its mount and the task at
 `PROMPT_MOUNT` (the CLI reads it on stdin), connects the gateway's socket, runs the CLI once, bounded by the wall
 clock and the sandbox's limits, and reads how it ended. What differs per CLI is its `CliConfig`: its name and
@@ -21,11 +22,12 @@ from typing import Any, ClassVar, Self
 from harnessrl.harness.base import Endpoint, EpisodeEnd, HarnessResult, TaskPrompt, model_error_status
 from harnessrl.harness.cli_agents import CliNotInstalled, require
 from harnessrl.harness.runtime import SandboxRuntime, ToolRuntime
-from harnessrl.sandbox.base import Limits, Outcome, RunResult
+from harnessrl.sandbox.base import AgentSandbox, Limits, Outcome, RunResult
 from harnessrl.schema import RolloutStatus
 
 PROMPT_MOUNT = "/run/harnessrl/task.md"
 CLI_ADDRESS_SPACE_MB = 8192
+SOCKET_WAIT_S = 30
 TRANSCRIPT_EVENTS = 2000  # events kept in the transcript (the CLI's whole output is capped by the sandbox)
 Ending = tuple[RolloutStatus, EpisodeEnd, str]
 
@@ -91,25 +93,25 @@ class CliConfig(ABC):
 
 
 class CliHarness:
-    """Runs the CLI `config` describes once, in the rollout's bubblewrap sandbox."""
+    """Runs the CLI `config` describes once, in the rollout's sandbox."""
 
     def __init__(self, config: CliConfig) -> None:
         self.config = config
 
     def run(self, task: TaskPrompt, endpoint: Endpoint, runtime: ToolRuntime) -> HarnessResult:
-        from harnessrl.sandbox.bwrap import BubblewrapSandbox
         from harnessrl.sandbox.leftovers import make_tempdir
 
         cfg = self.config
         res = HarnessResult()
         start = time.monotonic()
-        if not (isinstance(runtime, SandboxRuntime) and isinstance(runtime.sandbox, BubblewrapSandbox)):
+        if not (isinstance(runtime, SandboxRuntime) and isinstance(runtime.sandbox, AgentSandbox)):
             kind = type(runtime.sandbox if isinstance(runtime, SandboxRuntime) else runtime).__name__
             return _end(
                 res,
                 RolloutStatus.INFRA_ERROR,
                 EpisodeEnd.SETUP_ERROR,
-                f"{cfg.tool} runs inside the rollout's bubblewrap sandbox; {kind} is not supported yet",
+                f"{cfg.tool} runs inside the rollout's sandbox, which must be able to host a whole agent "
+                f"(bubblewrap, podman, kubernetes); {kind} cannot: name one of them as its spec's `sandbox`",
                 start,
             )
         sandbox = runtime.sandbox
@@ -126,7 +128,9 @@ class CliHarness:
                 sandbox.bind_read_only(host, inside)
             socket = sandbox.connect_gateway(endpoint.base_url)
             argv, env = cfg.command(f"{cfg.mount}/{cli.relative_executable()}", endpoint, socket)
-            script = f'{cfg.setup}exec "$0" "$@" < {PROMPT_MOUNT}'
+            # a pod's forwarder may still be starting: wait for its socket (at once elsewhere)
+            wait = f"i=0; while [ ! -S {socket} ] && [ $i -lt {SOCKET_WAIT_S * 10} ]; do sleep 0.1; i=$((i+1)); done; "
+            script = f'{wait}{cfg.setup}exec "$0" "$@" < {PROMPT_MOUNT}'
             remaining = max(cfg.wall_s - (time.monotonic() - start), 1.0)
             limits = cli_limits(runtime.limits or sandbox.default_limits)
             run = sandbox.run(["/bin/sh", "-c", script, *argv], timeout=remaining, limits=limits, env=env)

@@ -5,8 +5,8 @@ reward, limits, options; plus an optional `name` and `environments`). Rollout k 
 i * group_size + k) gets spec[g % len(specs)] of the specs for the task's environment, so a list of two
 specs mixes them inside every group.
 
-    harness   HarnessName: react | mini-swe-agent | claude-code | codex (the real CLIs inside a bubblewrap
-              sandbox)
+    harness   HarnessName: react | mini-swe-agent | claude-code | codex (the real CLIs inside the rollout's
+              sandbox: bubblewrap, podman or a Kubernetes pod)
     sandbox   SandboxKind: bubblewrap (workspace = one-commit git repo) | bubblewrap-strict (no .git; git
               refuses) | podman (one container from the task's image_name) | kubernetes (one pod from the
               task's image_name, commands via exec) | local (no isolation: only with allow_unsandboxed)
@@ -38,11 +38,12 @@ from harnessrl.harness.base import Harness
 from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind
 
 HARNESS_LIMITS = ("turns", "tokens", "wall_s", "tool_timeout_s")
-# Harnesses that run inside the rollout's sandbox (a CLI agent) -> the backends that can host them.
-INSIDE_HARNESSES = {
-    HarnessName.CLAUDE_CODE: {SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT},
-    HarnessName.CODEX: {SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT},
-}
+# Harnesses that run inside the rollout's sandbox (a CLI agent) -> the backends that can host them
+# (sandbox.base.AgentSandbox: every sandbox backend).
+AGENT_HOSTS = frozenset(
+    {SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT, SandboxKind.PODMAN, SandboxKind.KUBERNETES}
+)
+INSIDE_HARNESSES = {HarnessName.CLAUDE_CODE: AGENT_HOSTS, HarnessName.CODEX: AGENT_HOSTS}
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 WORKSPACE_MOUNT = "/workspace"
@@ -121,3 +122,37 @@ class Sandbox(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AgentSandbox(Sandbox):
+    """A sandbox a whole agent can run inside (a production CLI: harness/cli_episode.py), not only its commands:
+    it takes more read-only binds (the CLI's install prefix, the task), the gateway as its one way out, and
+    variables per run. Bubblewrap and podman are; the Kubernetes pod backend runs commands only."""
+
+    default_limits: Limits
+
+    @abstractmethod
+    def bind_read_only(self, host: Path, inside: str) -> None:
+        """Binds `host` (a file or directory) read-only at `inside` for later runs."""
+
+    @abstractmethod
+    def connect_gateway(self, url: str) -> str:
+        """Makes the gateway at `url` (http://host:port/...) reachable from later runs through one Unix socket,
+        and nothing else; returns its path inside (GATEWAY_SOCKET_MOUNT)."""
+
+    @abstractmethod
+    def run(
+        self,
+        cmd: list[str] | str,
+        timeout: float,
+        limits: Limits | None = None,
+        cwd: str = WORKSPACE_MOUNT,
+        env: dict[str, str] | None = None,
+    ) -> RunResult:
+        """`env`: variables for this run only, on top of the sandbox's (a harness's settings and key)."""
+
+
+def check_bind_target(inside: str) -> None:
+    """A read-only bind may add paths, never cover the sandbox's own (the workspace, /tmp, the system)."""
+    if not inside.startswith("/") or inside.rstrip("/") in ("", WORKSPACE_MOUNT, "/tmp", "/usr", "/proc"):
+        raise SandboxError(f"cannot bind over {inside!r}")

@@ -44,11 +44,12 @@ from harnessrl.sandbox.base import (
     AGENT_ENV,
     GATEWAY_SOCKET_MOUNT,
     WORKSPACE_MOUNT,
+    AgentSandbox,
     Limits,
     Outcome,
     RunResult,
-    Sandbox,
     SandboxError,
+    check_bind_target,
 )
 from harnessrl.sandbox.identity import let_group_connect
 from harnessrl.sandbox.outcomes import exited, read_capped, timed_out
@@ -111,7 +112,7 @@ def _bwrap_version(path: str) -> tuple[int, ...]:
     return _versions[path]
 
 
-class BubblewrapSandbox(Sandbox):
+class BubblewrapSandbox(AgentSandbox):
     def __init__(
         self,
         workspace: Path,
@@ -188,8 +189,7 @@ class BubblewrapSandbox(Sandbox):
         host = Path(host).resolve()
         if not host.exists():
             raise SandboxError(f"{host} does not exist")
-        if not inside.startswith("/") or inside.rstrip("/") in ("", WORKSPACE_MOUNT, "/tmp", "/usr", "/proc"):
-            raise SandboxError(f"cannot bind over {inside!r}")
+        check_bind_target(inside)
         self.read_only_binds.append((host, inside))
 
     # -- argv -------------------------------------------------------------------------------------------

@@ -6,13 +6,20 @@ the model through one Unix socket bound into it (`/run/harnessrl/gateway.sock`);
 pipes bytes to `host:port` — the gateway of this run, local or remote (a Ray worker on another node reaches
 the driver's gateway the same way), so the gateway needs no socket of its own. One daemon thread runs an
 asyncio loop for all connections; `close()` stops it and removes the socket.
+
+In a Kubernetes sandbox pod it runs as the pod's second container, on a socket in a volume both containers
+mount (sandbox/kubernetes.py):
+
+    python -m harnessrl.sandbox.forward --socket /run/harnessrl/gateway.sock --to http://gateway:8080
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import shutil
+import signal
 import threading
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,13 +30,18 @@ CHUNK = 1 << 16
 
 
 class UnixForwarder:
-    def __init__(self, target_url: str) -> None:
+    """`path`: where to listen (default: a temp dir of its own, removed at close)."""
+
+    def __init__(self, target_url: str, path: Path | None = None) -> None:
         parts = urlsplit(target_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"the gateway URL must be http://host:port/..., got {target_url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
-        self.dir = leftovers.make_tempdir("gwsock")
-        self.path = self.dir / "gateway.sock"
+        self.dir: Path | None = None  # a temp dir of ours, removed at close
+        if path is None:
+            self.dir = leftovers.make_tempdir("gwsock")
+            path = self.dir / "gateway.sock"
+        self.path = Path(path)
         self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -76,7 +88,10 @@ class UnixForwarder:
         self._thread.join(10)
         if not self._thread.is_alive():
             loop.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            self.path.unlink(missing_ok=True)
 
     @property
     def socket(self) -> Path:
@@ -94,3 +109,24 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
     except OSError:
         with contextlib.suppress(Exception):
             dst.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harnessrl.sandbox.forward", description=__doc__)
+    parser.add_argument("--socket", type=Path, required=True, help="the Unix socket to listen on")
+    parser.add_argument("--to", required=True, help="the gateway's URL (http://host:port[/...])")
+    args = parser.parse_args(argv)
+    args.socket.unlink(missing_ok=True)  # a socket left by an earlier run of this container
+    forwarder = UnixForwarder(args.to, args.socket)
+    args.socket.chmod(0o660)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"forwarding {args.socket} -> {forwarder.host}:{forwarder.port}", flush=True)
+    stop.wait()
+    forwarder.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -46,6 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "manifests" / "image" / "Dockerfile"
 IGNOREFILE = REPO_ROOT / "manifests" / "image" / "containerignore"
 WHEELHOUSE = REPO_ROOT / "build" / "wheelhouse"
+CLI_CONTEXT = REPO_ROOT / "build" / "cli"  # the agent image's CLIs (stage_cli_agents)
 BASE_IMAGE = "localhost/harnessrl-base:bookworm"
 SUITE = "bookworm"
 DEBIAN_PACKAGES = ("python3", "python3-venv", "git", "ca-certificates")
@@ -226,17 +227,24 @@ def project_tag(target: ImageTarget = ImageTarget.CPU) -> str:
     return f"localhost/harnessrl:{_project()['version']}-{target}"
 
 
-def build_project(target: ImageTarget = ImageTarget.CPU, no_cache: bool = False) -> str:
+def build_project(
+    target: ImageTarget = ImageTarget.CPU, no_cache: bool = False, with_cli_agents: bool = False
+) -> str:
     """The project image (podman's layer cache makes a rebuild of unchanged sources take seconds). The cpu
     image is also tagged as the image the pipeline's components name (harnessrl.cluster.IMAGE), so the
-    container runner finds it locally."""
+    container runner finds it locally. `with_cli_agents`: the agent image (Dockerfile stage `agents`: the
+    pinned CLIs too, tagged `...-agents`), from this host's `make cli-agents` installs."""
     from harnessrl.cluster import IMAGE
 
     ensure_base()
     targets = (ImageTarget.CPU,) if target is ImageTarget.CPU else (ImageTarget.CPU, ImageTarget.FULL)
     build_wheelhouse(targets)
     tags = [project_tag(target)] + ([IMAGE] if target is ImageTarget.CPU else [])
-    args = ["build", "--network", "none", "--layers", "--ignorefile", str(IGNOREFILE), "--target", "app"]
+    stage = "app"
+    if with_cli_agents:
+        stage_cli_agents(CLI_CONTEXT)
+        tags, stage = [f"{t}-agents" for t in tags], "agents"
+    args = ["build", "--network", "none", "--layers", "--ignorefile", str(IGNOREFILE), "--target", stage]
     args += ["--build-arg", f"BASE={BASE_IMAGE}", "--build-arg", f"DEPS=deps-{target}", "-f", str(DOCKERFILE)]
     if no_cache:
         args.append("--no-cache")
@@ -248,6 +256,24 @@ def build_project(target: ImageTarget = ImageTarget.CPU, no_cache: bool = False)
         if before and before != _image_id(tags[0]):  # the previous build, now untagged: drop it
             podman("rmi", before, check=False)
     return tags[0]
+
+
+def stage_cli_agents(dest: Path) -> None:
+    """Every pinned CLI's install prefix into `dest` (the agent image's build context), hard-linked where
+    the file system allows (they are ~650 MB); a CLI not installed stops the build with how to install it."""
+    from harnessrl.harness.cli_agents import PINNED, installed, skip_reason
+
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in sorted(PINNED):
+        found = installed(name)
+        if found is None:
+            raise ImageError(f"the agent image needs {skip_reason(name)}")
+        try:
+            shutil.copytree(found.prefix, dest / found.prefix.name, copy_function=os.link, symlinks=True)
+        except OSError:  # another file system: copy
+            shutil.rmtree(dest / found.prefix.name, ignore_errors=True)
+            shutil.copytree(found.prefix, dest / found.prefix.name, symlinks=True)
 
 
 def _image_id(name: str) -> str | None:
@@ -363,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("what", choices=["base", "wheelhouse", "project", "check"])
     parser.add_argument("--target", choices=list(ImageTarget), default=ImageTarget.CPU)
     parser.add_argument("--no-cache", action="store_true", help="rebuild every layer of the project image")
+    parser.add_argument(
+        "--with-cli-agents",
+        action="store_true",
+        help="the agent image: the project image plus the pinned CLI agents (make cli-agents first)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     problem = podman_problem()
@@ -381,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             print(build_wheelhouse((ImageTarget.CPU,) if target is ImageTarget.CPU else tuple(ImageTarget)))
             return 0
         else:
-            name = build_project(target, no_cache=args.no_cache)
+            name = build_project(target, no_cache=args.no_cache, with_cli_agents=args.with_cli_agents)
     except ImageError as e:
         print(f"images: {e}", file=sys.stderr)
         return 1

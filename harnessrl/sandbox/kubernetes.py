@@ -22,6 +22,16 @@ host copy. Network: the namespace denies everything; a pod labelled `harnessrl.i
 the NetworkPolicy of that name allows (`EgressAllow`, rendered into manifests/sandbox per task set); without a
 matching policy the label opens nothing.
 
+A whole agent (a production CLI: harness/cli_episode.py) runs inside the pod as under bubblewrap and podman
+(`AgentSandbox`): a directory it binds (the CLI's install prefix) is copied by an init container from the agent
+image (`cfg.agent_image`: the project image built with the pinned CLIs at the same paths the rollout worker
+has them) into a volume mounted read-only at the bind's place; a file it binds (the task, the loopback
+bridge) goes into the `/run/harnessrl` volume after the pod starts; the gateway is reached through a Unix
+socket in that volume, served by a second container of the agent image (`python -m harnessrl.sandbox.forward`)
+that forwards it to the gateway's address (the namespace's policy lets the pod reach the gateway and nothing
+else). A bind or the gateway added after the pod started replaces the pod before the next command (a pod's
+spec cannot change; the workspace is the host's copy, so nothing is lost).
+
 Over 400 lines: the pod, its policies and driving it through the API are one contract, tested together
 against the Kubernetes API shapes.
 """
@@ -41,12 +51,22 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.cluster import IMAGE
-from harnessrl.sandbox.base import WORKSPACE_MOUNT, Limits, Outcome, RunResult, Sandbox
+from harnessrl.sandbox.base import (
+    GATEWAY_SOCKET_MOUNT,
+    WORKSPACE_MOUNT,
+    AgentSandbox,
+    Limits,
+    Outcome,
+    RunResult,
+    SandboxError,
+    check_bind_target,
+)
 from harnessrl.sandbox.kubernetes_exec import (
     ExecResult,
     OutputTooLarge,
     exec_in_pod,
     fingerprint,
+    pack_files,
     pack_workspace,
     unpack_workspace,
 )
@@ -58,6 +78,8 @@ CONTAINER = "sandbox"
 MiB = 1 << 20
 MAX_OUTPUT = 2 * MiB  # per stream and command, head + tail (as the bubblewrap backend)
 UID_BASE, UID_SLOTS = 1_200_000_000, 1_000_000
+AGENT_DIR = str(Path(GATEWAY_SOCKET_MOUNT).parent)  # /run/harnessrl: the gateway's socket and the bound files
+FORWARDER = "gateway-forwarder"
 ULIMIT_FAILED = 125
 ULIMIT_MARKER = "harnessrl-sandbox: setting limits failed"
 # cd, ulimits (-u is bash's process limit, -p dash's), then the command under timeout (exit 124 at the limit).
@@ -150,11 +172,28 @@ class KubernetesConfig:
     exec_grace_s: float = 15.0  # past the command's own timeout, the client gives up and deletes the pod
     poll_s: float = 1.0
     idle_command: tuple[str, ...] = ("sleep", "infinity")
+    # the image an agent's directories are copied from and its gateway forwarder runs in: the project image
+    # with the pinned CLIs (`python -m harnessrl.sandbox.images project --with-cli-agents`)
+    agent_image: str = f"{IMAGE}-agents"
 
     @classmethod
     def from_env(cls) -> KubernetesConfig:
-        """`HARNESSRL_SANDBOX_NAMESPACE` moves the namespace (the rollout/verify pods run where RBAC lets them)."""
-        return cls(namespace=os.environ.get("HARNESSRL_SANDBOX_NAMESPACE", cls.namespace))
+        """`HARNESSRL_SANDBOX_NAMESPACE` moves the namespace (the rollout/verify pods run where RBAC lets them);
+        `HARNESSRL_SANDBOX_AGENT_IMAGE` names the agent image."""
+        return cls(
+            namespace=os.environ.get("HARNESSRL_SANDBOX_NAMESPACE", cls.namespace),
+            agent_image=os.environ.get("HARNESSRL_SANDBOX_AGENT_IMAGE", cls.agent_image),
+        )
+
+
+@dataclass(frozen=True)
+class PodAgent:
+    """What an agent running inside the pod adds to it (see the module docstring): `dirs` (path in the agent
+    image, path inside the sandbox) copied into read-only volumes, and the gateway URL its forwarder serves."""
+
+    image: str
+    dirs: tuple[tuple[str, str], ...] = ()
+    gateway_url: str | None = None
 
 
 def pod_name(prefix: str = "sandbox") -> str:
@@ -191,8 +230,10 @@ def render_pod(
     network: str | None = None,
     uid: int = UID_BASE,
     workspace_mb: int | None = None,
+    agent: PodAgent | None = None,
 ) -> dict[str, Any]:
-    """The sandbox pod. `workspace_mb`: the workspace emptyDir's size limit (default: limits.workspace_mb)."""
+    """The sandbox pod. `workspace_mb`: the workspace emptyDir's size limit (default: limits.workspace_mb);
+    `agent`: what an agent running inside adds (volumes, the init containers that fill them, the forwarder)."""
     if network is not None and not LABEL_VALUE_RE.match(network):
         raise ValueError(f"network {network!r}: an egress allow-list name is lowercase letters, digits, '-'")
     memory = f"{limits.memory_mb}Mi"
@@ -205,7 +246,7 @@ def render_pod(
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    return {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": cfg.namespace, "labels": pod_labels(name, network)},
@@ -251,6 +292,45 @@ def render_pod(
             ],
         },
     }
+    if agent is not None:
+        _add_agent(pod["spec"], agent, uid, cfg.read_only_root)
+    return pod
+
+
+def _add_agent(spec: dict[str, Any], agent: PodAgent, uid: int, read_only_root: bool) -> None:
+    small = {"cpu": "100m", "memory": "128Mi"}
+    sandbox = spec["containers"][0]
+    run = {"name": "agent-run", "mountPath": AGENT_DIR}
+    spec["volumes"].append({"name": "agent-run", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}})
+    sandbox["volumeMounts"].append(run)
+    for i, (source, inside) in enumerate(agent.dirs):
+        volume = f"agent-dir-{i}"
+        spec["volumes"].append({"name": volume, "emptyDir": {}})
+        sandbox["volumeMounts"].append({"name": volume, "mountPath": inside, "readOnly": True})
+        spec.setdefault("initContainers", []).append(
+            {
+                "name": f"copy-{i}",
+                "image": agent.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["cp", "-a", f"{source.rstrip('/')}/.", "/into/"],
+                "securityContext": _security_context(uid, True),
+                "resources": {"limits": {**small, "memory": "512Mi"}, "requests": small},
+                "volumeMounts": [{"name": volume, "mountPath": "/into"}],
+            }
+        )
+    if agent.gateway_url is not None:
+        forward = ["python", "-m", "harnessrl.sandbox.forward", "--socket", GATEWAY_SOCKET_MOUNT]
+        spec["containers"].append(
+            {
+                "name": FORWARDER,
+                "image": agent.image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": [*forward, "--to", agent.gateway_url],
+                "securityContext": _security_context(uid, read_only_root),
+                "resources": {"limits": small, "requests": small},
+                "volumeMounts": [run],
+            }
+        )
 
 
 def _dns_rule() -> dict[str, Any]:
@@ -322,7 +402,7 @@ def render_network_policies(cfg: KubernetesConfig) -> list[dict[str, Any]]:
     return [deny, allow, *(render_egress_policy(a, cfg) for a in cfg.egress)]
 
 
-class KubernetesPodSandbox(Sandbox):
+class KubernetesPodSandbox(AgentSandbox):
     """One pod for the sandbox's lifetime; see the module docstring. Memory and storage are the pod's (fixed
     when it starts, from `limits`); the other limits apply per command."""
 
@@ -364,6 +444,40 @@ class KubernetesPodSandbox(Sandbox):
         self._base_bytes = 0
         self._oom_kills = 0
         self._finalizer: weakref.finalize | None = None
+        self.agent_dirs: list[tuple[str, str]] = []  # bind_read_only: (directory, path inside)
+        self.agent_files: list[tuple[Path, str]] = []  # bind_read_only: (file, path inside, in AGENT_DIR)
+        self.gateway_url: str | None = None
+
+    # -- what an agent that runs inside adds --------------------------------------------------------------
+    def bind_read_only(self, host: Path, inside: str) -> None:
+        """A directory: copied from the agent image's same path by an init container; a file (small: the
+        task, a script): copied into AGENT_DIR when the pod starts. Either way read-only for the sandbox's
+        commands (a file in AGENT_DIR belongs to the pod's uid: it is read, never trusted, by the harness)."""
+        host = Path(host).resolve()
+        if not host.exists():
+            raise SandboxError(f"{host} does not exist")
+        check_bind_target(inside)
+        if host.is_dir():
+            self.agent_dirs.append((str(host), inside))
+        elif Path(inside).parent != Path(AGENT_DIR):
+            raise SandboxError(f"a pod takes bound files in {AGENT_DIR}/ only, not at {inside!r}")
+        else:
+            self.agent_files.append((host, inside))
+        self._drop_pod()  # the next command gets a pod with it
+
+    def connect_gateway(self, url: str) -> str:
+        if self.gateway_url is not None:
+            raise SandboxError(f"this sandbox already reaches a gateway ({self.gateway_url})")
+        if not url.startswith("http://"):
+            raise SandboxError(f"the gateway URL must be http://host:port/..., got {url!r}")
+        self.gateway_url = url
+        self._drop_pod()
+        return GATEWAY_SOCKET_MOUNT
+
+    def _agent(self) -> PodAgent | None:
+        if not (self.agent_dirs or self.agent_files or self.gateway_url):
+            return None
+        return PodAgent(self.cfg.agent_image, tuple(self.agent_dirs), self.gateway_url)
 
     # -- pod lifecycle ------------------------------------------------------------------------------------
     def _start(self) -> str | None:
@@ -374,7 +488,9 @@ class KubernetesPodSandbox(Sandbox):
         self._base_bytes = sum(f.stat().st_size for f in self.workspace.rglob("*") if f.is_file())
         ws_mb = math.ceil(self._base_bytes / MiB) + self.default_limits.workspace_mb
         uid = self.cfg.run_as_user or UID_BASE + secrets.randbelow(UID_SLOTS)
-        manifest = render_pod(name, self.image, self.default_limits, self.cfg, self.network, uid, ws_mb)
+        manifest = render_pod(
+            name, self.image, self.default_limits, self.cfg, self.network, uid, ws_mb, self._agent()
+        )
         try:
             self.core.create_namespaced_pod(self.cfg.namespace, manifest)
         except ApiException as e:
@@ -395,7 +511,10 @@ class KubernetesPodSandbox(Sandbox):
                 if s.state and s.state.waiting and s.state.waiting.reason in START_FAILURES
             ]
             if phase == "Running":
-                return None
+                why = self._push_agent_files()
+                if why is None:
+                    return None
+                break
             if waiting or phase in ("Failed", "Succeeded"):
                 why = f"pod {name} did not start: {waiting[0] if waiting else phase}"
                 break
@@ -431,6 +550,18 @@ class KubernetesPodSandbox(Sandbox):
             max_output=MAX_OUTPUT,
             **kw,
         )
+
+    def _push_agent_files(self) -> str | None:
+        """The bound files into AGENT_DIR (their modes kept), or why not."""
+        if not self.agent_files:
+            return None
+        data = pack_files({inside.rsplit("/", 1)[1]: host for host, inside in self.agent_files})
+        argv = ["/bin/sh", "-c", 'head -c "$2" | tar -xzf - -C "$1" --no-same-owner', "push", AGENT_DIR]
+        r = self._exec([*argv, str(len(data))], time.monotonic() + 60, stdin=data)
+        if r.exit_code != 0:
+            why = r.error or r.stderr.decode(errors="replace")[-300:]
+            return f"copying the bound files into pod {self.pod}: {why}"
+        return None
 
     def _push(self) -> str | None:
         data = pack_workspace(self.workspace)
@@ -483,10 +614,18 @@ class KubernetesPodSandbox(Sandbox):
         return kills > seen
 
     def run(
-        self, cmd: list[str] | str, timeout: float, limits: Limits | None = None, cwd: str = WORKSPACE_MOUNT
+        self,
+        cmd: list[str] | str,
+        timeout: float,
+        limits: Limits | None = None,
+        cwd: str = WORKSPACE_MOUNT,
+        env: dict[str, str] | None = None,
     ) -> RunResult:
+        """`env`: variables for this run only, on top of the pod's (a harness's settings and key)."""
         limits = limits or self.default_limits
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if env:
+            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
         started = time.monotonic()
 
         def fail(

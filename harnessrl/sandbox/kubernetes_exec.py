@@ -156,10 +156,15 @@ def exec_in_pod(
 
 
 def pack_workspace(root: Path) -> bytes:
+    return pack_files({entry: root / entry for entry in sorted(os.listdir(root))})
+
+
+def pack_files(members: dict[str, Path]) -> bytes:
+    """A gzipped tar of these paths under these names (directories whole)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for entry in sorted(os.listdir(root)):
-            tar.add(root / entry, arcname=entry)
+        for name, path in members.items():
+            tar.add(path, arcname=name)
     return buf.getvalue()
 
 

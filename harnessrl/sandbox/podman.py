@@ -10,7 +10,11 @@ capability) and every command runs in it with `podman exec` as an unprivileged u
 with the environment cleared to a fixed list. The prepared workspace (one commit, no history) is bind-mounted
 at /workspace; the root filesystem is read-only, /tmp a size-limited tmpfs; no network (`--network none`)
 unless `network` names a podman network (an egress allow-list the operator made); the gateway's Unix socket,
-when given, is bound at GATEWAY_SOCKET_MOUNT. Memory (`--memory`, no swap) and processes (`--pids-limit`)
+when given, is bound at GATEWAY_SOCKET_MOUNT. A whole agent can run inside (`AgentSandbox`: a production CLI):
+`bind_read_only` adds read-only binds (its install prefix, the task) and `connect_gateway` a forwarder to the
+gateway's address on a Unix socket of its own (forward.UnixForwarder, as under bubblewrap), and the container is
+started again with them before the next command (a mount cannot be added to a running container; the
+workspace is a bind, so nothing of it is lost). Memory (`--memory`, no swap) and processes (`--pids-limit`)
 are the container's cgroup, fixed at construction; CPU time, file size and open files are per command
 (`ulimit` in the exec'd shell). After a command, its leftover processes (daemons) are killed (`kill -KILL -1`
 as the sandbox uid from inside: everything but the root-owned init), so nothing outlives it, as under
@@ -33,6 +37,8 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.sandbox import identity, leftovers, quota
@@ -40,11 +46,12 @@ from harnessrl.sandbox.base import (
     AGENT_ENV,
     GATEWAY_SOCKET_MOUNT,
     WORKSPACE_MOUNT,
+    AgentSandbox,
     Limits,
     Outcome,
     RunResult,
-    Sandbox,
     SandboxError,
+    check_bind_target,
 )
 from harnessrl.sandbox.cgroups import Cgroup
 from harnessrl.sandbox.identity import let_group_connect
@@ -74,7 +81,7 @@ def _podman(*args: str, timeout: float = 120, cwd: Path | None = None) -> subpro
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
-class PodmanSandbox(Sandbox):
+class PodmanSandbox(AgentSandbox):
     def __init__(
         self,
         workspace: Path,
@@ -97,15 +104,18 @@ class PodmanSandbox(Sandbox):
         if self.gateway_socket is not None and not self.gateway_socket.is_socket():
             raise SandboxError(f"gateway socket {self.gateway_socket} is not a Unix socket")
         self.image, self.limits, self.network = image, limits, network
+        self.default_limits = limits
         self.read_only_workspace = read_only_workspace
-        self.name = f"harnessrl-sb-{uuid.uuid4().hex[:12]}"
+        self.read_only_binds: list[tuple[Path, str]] = []  # (host path, path inside): bind_read_only
         _sweep_once()
         self.identity = identity.acquire()
         uid, gid = (self.identity.uid, self.identity.gid) if self.identity else (os.getuid(), os.getgid())
         self.user = f"{uid}:{gid}"
-        self._init: list[int] = []  # a pidfd of the container's init, once started
-        self._finalizer = weakref.finalize(self, _remove, self.name, self._init, self.identity)
+        self._box = _Container()
+        self._closers: list[Callable[[], None]] = []  # a gateway forwarder
+        self._finalizer = weakref.finalize(self, _remove, self._box, self.identity, self._closers)
         self._cgroup: Cgroup | None = None
+        self._mounts_changed = False
         try:
             if self.gateway_socket is not None and self.identity is not None:
                 let_group_connect(self.gateway_socket, gid)
@@ -116,6 +126,36 @@ class PodmanSandbox(Sandbox):
         except BaseException:
             self.close()
             raise
+
+    @property
+    def name(self) -> str:
+        """The container's name (a new one each time it is started again)."""
+        return self._box.name
+
+    # -- what an agent that runs inside adds --------------------------------------------------------------
+    def bind_read_only(self, host: Path, inside: str) -> None:
+        """Binds `host` (a file or directory, e.g. a CLI's prefix) read-only at `inside` for later runs."""
+        host = Path(host).resolve()
+        if not host.exists():
+            raise SandboxError(f"{host} does not exist")
+        check_bind_target(inside)
+        self.read_only_binds.append((host, inside))
+        self._mounts_changed = True
+
+    def connect_gateway(self, url: str) -> str:
+        """The gateway at `url` through one Unix socket at GATEWAY_SOCKET_MOUNT, forwarded to it by this sandbox
+        until it closes: the only way out (the container has no network). Returns the path inside."""
+        from harnessrl.sandbox.forward import UnixForwarder
+
+        if self.gateway_socket is not None:
+            raise SandboxError(f"this sandbox already has a gateway socket ({self.gateway_socket})")
+        forwarder = UnixForwarder(url)
+        self._closers.append(forwarder.close)
+        if self.identity is not None:
+            let_group_connect(forwarder.socket, self.identity.gid)
+        self.gateway_socket = forwarder.socket
+        self._mounts_changed = True
+        return GATEWAY_SOCKET_MOUNT
 
     def run_args(self) -> list[str]:
         """`podman run` options (before the image)."""
@@ -135,10 +175,14 @@ class PodmanSandbox(Sandbox):
         a += ["--mount", f"type=bind,src={self.workspace},dst={WORKSPACE_MOUNT},{mode}"]
         if self.gateway_socket is not None:
             a += ["--mount", f"type=bind,src={self.gateway_socket},dst={GATEWAY_SOCKET_MOUNT}"]
+        for host, inside in self.read_only_binds:
+            a += ["--mount", f"type=bind,src={host},dst={inside},ro"]
         a += ["--workdir", WORKSPACE_MOUNT, "--env", "HOME=/tmp"]
         return a
 
     def _start(self) -> None:
+        self._box.name = f"harnessrl-sb-{uuid.uuid4().hex[:12]}"
+        self._mounts_changed = False
         # podman 4.3's conmon stays in the directory `podman run` started in and drops an empty `oom` file
         # there after an OOM kill: start it in a directory that is gone by then, so it leaves nothing behind.
         start_dir = leftovers.make_tempdir("podmanrun")
@@ -154,7 +198,7 @@ class PodmanSandbox(Sandbox):
             "inspect", "--format", "{{.State.Pid}} {{.State.CgroupPath}}", self.name
         ).stdout.split()
         with contextlib.suppress(ValueError, IndexError, OSError):
-            self._init.append(os.pidfd_open(int(state[0])))
+            self._box.init.append(os.pidfd_open(int(state[0])))
         path = state[1].lstrip("/") if len(state) > 1 else ""
         if not path:
             logger.warning("%s: no cgroup path from podman; limit hits will not be told apart", self.name)
@@ -164,10 +208,13 @@ class PodmanSandbox(Sandbox):
         dirs = v1 or [d for d in (root / path,) if d.is_dir()]
         self._cgroup = Cgroup(dirs=dirs, version=1 if v1 else 2)
 
-    def exec_args(self, argv: list[str], limits: Limits, cwd: str) -> list[str]:
+    def exec_args(
+        self, argv: list[str], limits: Limits, cwd: str, extra_env: dict[str, str] | None = None
+    ) -> list[str]:
         env = dict(AGENT_ENV)
         if self.gateway_socket is not None:
             env["HARNESSRL_GATEWAY_SOCKET"] = GATEWAY_SOCKET_MOUNT
+        env.update(extra_env or {})
         a = ["exec", "--user", self.user, "--workdir", cwd]
         for k, v in env.items():
             a += ["--env", f"{k}={v}"]
@@ -182,10 +229,18 @@ class PodmanSandbox(Sandbox):
         timeout: float,
         limits: Limits | None = None,
         cwd: str = WORKSPACE_MOUNT,
+        env: dict[str, str] | None = None,
     ) -> RunResult:
+        """`env`: variables for this run only, on top of the sandbox's (a harness's settings and key)."""
         if self._finalizer is None or not self._finalizer.alive:
             raise SandboxError("this sandbox is closed")
         limits = limits or self.limits
+        if self._mounts_changed:
+            _stop(self._box)
+            try:
+                self._start()
+            except SandboxError as e:
+                return RunResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, str(e))
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise ValueError("empty command")
@@ -196,7 +251,7 @@ class PodmanSandbox(Sandbox):
         try:
             with open(tmpdir / "out", "wb") as out, open(tmpdir / "err", "wb") as err:
                 proc = subprocess.Popen(
-                    ["podman", *self.exec_args(argv, limits, cwd)],
+                    ["podman", *self.exec_args(argv, limits, cwd, env)],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -241,22 +296,41 @@ class PodmanSandbox(Sandbox):
             self.identity.release()  # type: ignore[union-attr]
 
 
-def _remove(name: str, init: list[int], ident: identity.HostIdentity | None) -> None:
+@dataclass
+class _Container:
+    """The running container: its name and a pidfd of its init (empty until started, and once stopped)."""
+
+    name: str = ""
+    init: list[int] = field(default_factory=list)
+
+
+def _stop(box: _Container) -> None:
     """SIGKILL to the container's init: the kernel ends every process of its pid namespace at once, and podman
     (`--rm`) removes the container in the background (a second or so; the sweep catches what it misses).
     Without a pidfd, `podman rm --force` waits for it."""
+    if not box.name:
+        return
     try:
-        if init:
-            signal.pidfd_send_signal(init[0], signal.SIGKILL)
+        if box.init:
+            signal.pidfd_send_signal(box.init[0], signal.SIGKILL)
         else:
-            _podman("rm", "--force", "--time", "0", name, timeout=60)
+            _podman("rm", "--force", "--time", "0", box.name, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         with contextlib.suppress(subprocess.TimeoutExpired):
-            _podman("rm", "--force", "--time", "0", name, timeout=60)
+            _podman("rm", "--force", "--time", "0", box.name, timeout=60)
     finally:
-        for fd in init:
+        for fd in box.init:
             os.close(fd)
-        init.clear()
+        box.init.clear()
+
+
+def _remove(box: _Container, ident: identity.HostIdentity | None, closers: list[Callable[[], None]]) -> None:
+    try:
+        _stop(box)
+    finally:
+        for close in closers:
+            with contextlib.suppress(Exception):
+                close()
         if ident is not None:
             ident.release()
 

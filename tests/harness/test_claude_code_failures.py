@@ -140,7 +140,9 @@ def test_specs_name_claude_codes_settings_and_where_it_can_run():
         {"bare": True},
     )
     with pytest.raises(ValueError, match=r"\[0\]\.sandbox: harness claude-code runs inside the sandbox"):
-        parse_specs([{"harness": "claude-code", "sandbox": "podman"}])
+        parse_specs([{"harness": "claude-code", "sandbox": "local"}])
+    for where in ("podman", "kubernetes"):
+        assert parse_specs([{"harness": "claude-code", "sandbox": where}])[0].spec.sandbox == where
     with pytest.raises(ValueError, match=r"unknown claude-code harness option\(s\) \['turns'\]"):
         parse_specs([{"harness": "claude-code", "options": {"turns": 3}}])
     with pytest.raises(ValueError, match="option models"):

@@ -1,6 +1,6 @@
 """How a CLI agent's episode that goes wrong ends, alike for every CLI harness (harnessrl/harness/cli_episode.py):
 a CLI that exits non-zero, hangs or floods its output in the real bubblewrap sandbox, a CLI not installed, a
-runtime that is not bubblewrap. The CLI is a stand-in script at the pinned install's place (no npm;
+runtime that cannot host an agent. The CLI is a stand-in script at the pinned install's place (no npm;
 tests/support/cli_agents.py); tests/harness/test_claude_code_failures.py and test_codex_failures.py have what
 differs per CLI. Every ending has a status that names the cause, infra or agent: never a silent 0, never a hung
 worker."""
@@ -84,10 +84,10 @@ def test_without_the_cli_installed_the_rollout_is_an_infra_error(cli, tmp_path, 
     assert f"{tool} {PINNED[tool][1]} is not installed" in res.error and "run `make cli-agents`" in res.error
 
 
-def test_it_runs_only_inside_a_bubblewrap_sandbox(cli, tmp_path):
+def test_it_runs_only_inside_a_sandbox_that_can_host_an_agent(cli, tmp_path):
     res = CliHarness(cli.config()).run(TASK, ENDPOINT, LocalSubprocessRuntime(tmp_path))
     assert (res.status, res.finish_reason) == (RolloutStatus.INFRA_ERROR, EpisodeEnd.SETUP_ERROR)
-    assert "LocalSubprocessRuntime is not supported" in res.error
+    assert "(bubblewrap, podman, kubernetes); LocalSubprocessRuntime cannot" in res.error
 
 
 def test_sandbox_outcomes_come_first():

@@ -2,7 +2,11 @@
 subresource as a real websocket speaking `v4.channel.k8s.io` (channel byte 0 stdin, 1 stdout, 2 stderr,
 3 the final Status). Behind it, a stand-in kubelet: each pod is a directory, and an exec runs the command for
 real in bubblewrap with that directory at /workspace (host /usr, /etc and this Python read-only), with the
-pod's env; this stand-in "image" has the workspace on PYTHONPATH, as task images install their repo. What a real cluster decides on its own is scripted per test: image pull failures, pods that never
+pod's env; this stand-in "image" has the workspace on PYTHONPATH, as task images install their repo. The
+pod's other emptyDir volumes are directories of their own, mounted where its containers mount them; its init
+containers run to completion when it is created and its other containers run beside it until it is deleted,
+in bubblewrap too, from a stand-in agent image: the host's /usr, /etc, this Python, this checkout and
+HARNESSRL_CACHE (the pinned CLIs) read-only. What a real cluster decides on its own is scripted per test: image pull failures, pods that never
 start, a container the kernel kills for memory (`oom_marker` in a command)."""
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from aiohttp import WSMsgType, web
 from tests.support.loopback import ThreadedServer, loopback_kubeconfig
 
 PY_ROOTS = sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()})
+REPO = Path(__file__).resolve().parents[2]
+SANDBOX = "sandbox"  # the container commands are exec'd in; the others run from the stand-in agent image
 
 
 @dataclass
@@ -38,6 +44,8 @@ class FakePod:
     root: Path
     polls: int = 0
     terminated: dict[str, Any] | None = None
+    volumes: dict[str, Path] = field(default_factory=dict)  # emptyDir name -> its directory (not tmp)
+    running: list[asyncio.subprocess.Process] = field(default_factory=list)  # its other containers
 
 
 @dataclass
@@ -72,8 +80,31 @@ class KubeAPI:
         name = body["metadata"]["name"]
         root = self._tmp / name
         root.mkdir()
-        self.pods[name] = FakePod(body, root)
+        pod = FakePod(body, root)
+        for volume in body["spec"]["volumes"]:
+            if volume["name"] not in ("workspace", "tmp"):
+                pod.volumes[volume["name"]] = self._tmp / f"{name}.{volume['name']}"
+                pod.volumes[volume["name"]].mkdir()
+        self.pods[name] = pod
         self.created.append(body)
+        for init in body["spec"].get("initContainers", []):
+            proc = await asyncio.create_subprocess_exec(
+                *self._container_argv(pod, init["command"], init), stderr=asyncio.subprocess.PIPE
+            )
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                pod.terminated = {
+                    "exitCode": proc.returncode,
+                    "reason": "Init:Error",
+                    "message": err.decode(),
+                }
+                return web.json_response(body, status=201)
+        for container in body["spec"]["containers"][1:]:
+            pod.running.append(
+                await asyncio.create_subprocess_exec(
+                    *self._container_argv(pod, container["command"], container), start_new_session=True
+                )
+            )
         return web.json_response(body, status=201)
 
     def _status(self, pod: FakePod) -> dict[str, Any]:
@@ -111,24 +142,50 @@ class KubeAPI:
         pod = self.pods.pop(name, None)
         if pod is None:
             return web.json_response({"kind": "Status", "apiVersion": "v1", "code": 404}, status=404)
+        for proc in pod.running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
         shutil.rmtree(pod.root, ignore_errors=True)
+        for directory in pod.volumes.values():
+            shutil.rmtree(directory, ignore_errors=True)
         self.deleted.append(name)
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
     # -- exec -----------------------------------------------------------------------------------------------
-    def _container_argv(self, pod: FakePod, command: list[str]) -> list[str]:
+    def _container_argv(
+        self, pod: FakePod, command: list[str], container: dict[str, Any] | None = None
+    ) -> list[str]:
+        """`command` in `container` of `pod` (default: the sandbox container, where execs run)."""
+        from harnessrl.harness.cli_agents import cache_root
+
+        box: dict[str, Any] = container if container is not None else pod.manifest["spec"]["containers"][0]
         argv = ["bwrap", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for link in ("bin", "lib", "lib64", "sbin"):
             if Path("/", link).is_symlink():
                 argv += ["--symlink", f"usr/{link}", f"/{link}"]
-        argv += ["--tmpfs", "/tmp"]  # first: a checkout under /tmp (a CI clone) is bound on top of it
-        for root in PY_ROOTS:
-            argv += ["--ro-bind", str(root), str(root)]
-        argv += ["--bind", str(pod.root), "/workspace", "--proc", "/proc", "--dev", "/dev"]
+        mounts = box.get("volumeMounts", [])
+        if any(m["name"] == "tmp" for m in mounts) or box["name"] != SANDBOX:
+            argv += ["--tmpfs", "/tmp"]  # first: a checkout under /tmp (a CI clone) is bound on top of it
+        roots = PY_ROOTS if box["name"] == SANDBOX else [*PY_ROOTS, REPO, cache_root()]
+        for root in roots:
+            if root.exists():
+                argv += ["--ro-bind", str(root), str(root)]
+        for m in mounts:
+            if m["name"] == "workspace":
+                argv += ["--bind", str(pod.root), m["mountPath"]]
+            elif m["name"] in pod.volumes:
+                argv += [
+                    "--ro-bind" if m.get("readOnly") else "--bind",
+                    str(pod.volumes[m["name"]]),
+                    m["mountPath"],
+                ]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--unshare-pid", "--die-with-parent", "--clearenv", "--chdir", "/", "--", *command]
-        env = {e["name"]: e["value"] for e in pod.manifest["spec"]["containers"][0]["env"]}
+        env = {e["name"]: e["value"] for e in box.get("env", [])}
         env["PATH"] = f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin"
-        env["PYTHONPATH"] = "/workspace"  # the "image" has the repo installed in development mode
+        # the sandbox "image" has the repo installed in development mode, the agent image this checkout
+        env["PYTHONPATH"] = "/workspace" if box["name"] == SANDBOX else str(REPO)
         at = argv.index("--clearenv") + 1
         argv[at:at] = [a for k, v in env.items() for a in ("--setenv", k, v)]
         return argv

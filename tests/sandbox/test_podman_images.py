@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.harness.cli_agents import CLAUDE_CODE, CLAUDE_CODE_VERSION, CODEX, CODEX_VERSION, skip_reason
 from harnessrl.sandbox import images
 from harnessrl.taskset import TaskSet
 from tests.sandbox.podman_fixtures import requires_podman
@@ -118,3 +119,34 @@ def test_a_stage_cli_runs_in_the_project_image(project_image, synth_taskset, tmp
     kept = TaskSet.open(out / "clean" / "kept").rows()
     assert [r["instance_id"] for r in kept] == [r["instance_id"] for r in TaskSet.open(synth_taskset).rows()]
     assert json.loads((out / "clean" / "metrics.json").read_text())["rows_kept"] == len(kept)
+
+
+@requires_podman
+@pytest.mark.skipif(
+    bool(skip_reason(CLAUDE_CODE) or skip_reason(CODEX)), reason="the pinned CLIs: make cli-agents"
+)
+def test_the_agent_image_holds_the_pinned_clis_where_rollout_workers_look(project_image):
+    """`images project --with-cli-agents`: the project image plus both pinned CLIs at the paths `cli_agents`
+    resolves inside it (HARNESSRL_CACHE=/opt/harnessrl), runnable there without a network — what a Kubernetes
+    sandbox pod's init container copies and a rollout worker requires."""
+    image = images.build_project(with_cli_agents=True)
+    assert image == f"{project_image}-agents"
+    script = (
+        "import subprocess; from harnessrl.harness.cli_agents import PINNED, require\n"
+        "for name in sorted(PINNED):\n"
+        "    cli = require(name)\n"
+        "    out = subprocess.run([cli.executable, '--version'], capture_output=True, text=True).stdout\n"
+        "    print(name, cli.prefix, out.strip())\n"
+    )
+    proc = subprocess.run(
+        ["podman", "run", "--rm", "--network", "none", "--read-only", image, "python", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        f"claude-code /opt/harnessrl/cli/claude-code-{CLAUDE_CODE_VERSION} {CLAUDE_CODE_VERSION} (Claude Code)",
+        f"codex /opt/harnessrl/cli/codex-{CODEX_VERSION} codex-cli {CODEX_VERSION}",
+    ], lines

@@ -27,6 +27,7 @@ from harnessrl.harness.cli_agents import MANIFEST, PINNED, prefix_for
 from harnessrl.harness.cli_episode import CliConfig, CliHarness
 from harnessrl.harness.runtime import SandboxRuntime
 from harnessrl.io import read_jsonl
+from harnessrl.sandbox.base import AgentSandbox
 from harnessrl.sandbox.bwrap import BubblewrapSandbox
 from harnessrl.taskset import TaskSet
 from harnessrl.tinymodel import tiny_model_dir
@@ -88,10 +89,11 @@ def generate_two_tasks(
     tokenizer: Any,
     tmp_path: Path,
     capsys: Any,
+    sandboxes: tuple[str, str] = ("bubblewrap", "bubblewrap-strict"),
 ) -> tuple[Path, dict[str, dict], list[dict], str]:
     """`harnessrl stage generate --specs '[{"harness": harness, ...}]'` on two minirepo tasks whose bug patches
-    change one line, two rollouts each under the CLI's defaults (spec `default`) and under `options` in the strict
-    sandbox (spec `options`), against the scripted engine: `script(path, buggy line, fixed line)` fixes one task,
+    change one line, two rollouts each under the CLI's defaults (spec `default`, in `sandboxes[0]`) and under
+    `options` (spec `options`, in `sandboxes[1]`; by default the strict sandbox), against the scripted engine: `script(path, buggy line, fixed line)` fixes one task,
     a wrong edit of the other does not. Each of the 4 rollouts runs the 4-turn script to its end in one chain (no
     rollback, nothing discarded); the records hold exactly the sampled tokens, the samples train exactly those;
     verify rewards the fix 1, the wrong edit 0. Returns the stage's output dir, its rollouts by id, its records
@@ -113,11 +115,11 @@ def generate_two_tasks(
     engine = CliScriptEngine(demos, tokenizer, tiny_model_dir())
     limits = {"turns": 8, "wall_s": WALL_S}
     specs = [
-        {"name": "default", "harness": harness, "limits": limits},
+        {"name": "default", "harness": harness, "sandbox": sandboxes[0], "limits": limits},
         {
             "name": "options",
             "harness": harness,
-            "sandbox": "bubblewrap-strict",
+            "sandbox": sandboxes[1],
             "limits": limits,
             "options": options,
         },
@@ -174,8 +176,10 @@ class CliRollout:
         tmp_path: Path,
         tokenizer,
         max_model_len: int,
+        make_sandbox: Callable[[Path], AgentSandbox] | None = None,
     ):
         self.config = config
+        self.make_sandbox = make_sandbox or (lambda ws: BubblewrapSandbox(ws, None))
         self.server = ScriptedEngineServer(engine)
         url = self.server.__enter__()
         gateway_config = GatewayConfig(max_model_len=max_model_len)
@@ -186,11 +190,11 @@ class CliRollout:
         self.session = self.admin.create_session("r0", task.iid)
         self.workspace = task.workspace(tmp_path / "ws")
         self.secret = tmp_path / "host-secret.txt"
-        self.sandboxes: list[BubblewrapSandbox] = []
+        self.sandboxes: list[AgentSandbox] = []
 
     def run(self, task, options: dict, base_url: str | None = None) -> HarnessResult:
         """One episode in a sandbox of its own (as each rollout has)."""
-        self.sandboxes.append(BubblewrapSandbox(self.workspace, None))
+        self.sandboxes.append(self.make_sandbox(self.workspace))
         harness = CliHarness(self.config(**{"wall_s": WALL_S, **options}))
         endpoint = Endpoint(base_url or self.session.openai_base_url, self.session.api_key)
         return harness.run(
@@ -231,16 +235,21 @@ def assert_refused(out: str) -> None:
 
 @contextlib.contextmanager
 def cli_rollouts(
-    config: type[CliConfig], task, tokenizer, tmp_path: Path
+    config: type[CliConfig],
+    task,
+    tokenizer,
+    tmp_path: Path,
+    make_sandbox: Callable[[Path], AgentSandbox] | None = None,
 ) -> Iterator[Callable[..., tuple[CliRollout, CliScriptEngine]]]:
     """make(replies, max_model_len=65536) -> a CliRollout of `config`'s CLI on `task` and its engine, which
-    answers `replies` in order (stateful); all closed at the end."""
+    answers `replies` in order (stateful), in sandboxes `make_sandbox(workspace)` makes (default bubblewrap);
+    all closed at the end."""
     made: list[CliRollout] = []
 
     def make(replies: tuple[str, ...], max_model_len: int = 65536) -> tuple[CliRollout, CliScriptEngine]:
         demo = Demonstration(task.iid, task.row["problem_statement"], replies)
         engine = CliScriptEngine([demo], tokenizer, tiny_model_dir(), stateful=True)
-        made.append(CliRollout(config, task, engine, tmp_path, tokenizer, max_model_len))
+        made.append(CliRollout(config, task, engine, tmp_path, tokenizer, max_model_len, make_sandbox))
         return made[-1], engine
 
     try:
