@@ -117,6 +117,27 @@ def test_compaction_is_a_chain_of_its_own(rollout, task, tokenizer):
     assert fix[1] in (r.workspace / fix[0]).read_text()
 
 
+def test_code_mode_runs_the_policys_javascript_over_its_nested_tools(rollout, task, tokenizer):
+    """Under its default model Codex offers one freeform `exec` tool (JavaScript in a V8 isolate, its tools on
+    `tools.*`): the policy's call reaches the CLI as a `custom_tool_call` with the raw script, the script runs a
+    command inside the sandbox through `tools.exec_command`, and its `text()` comes back in the next prompt as
+    the call's output — one chain, every sampled token kept."""
+    js = (
+        "const r = await tools.exec_command({cmd: 'echo ran-in-v8 > v8.txt && cat v8.txt && id -u'});\n"
+        "text('exec said: ' + r.output.trim().split('\\n').join(' / '));"
+    )
+    r, engine = rollout((call("exec", "Let me run a command.", input=js), "Done."))
+    res = r.run(task, {})  # the CLI's default model: code mode
+    assert (res.status, res.finish_reason) == (RolloutStatus.OK, EpisodeEnd.SUBMITTED), res.error
+    assert (r.workspace / "v8.txt").read_text() == "ran-in-v8\n"  # the script's command ran in the workspace
+    recs = r.records()
+    assert [x.op for x in recs] == ["new", "extend"]
+    assert sum(x.discarded_trainable for x in recs) == 0
+    assert [x.completion_ids for x in recs] == engine.sampled
+    result = tokenizer.decode(recs[1].delta_ids)
+    assert "exec said: ran-in-v8 / 1000" in result, result[-2000:]  # its output, and the sandbox's uid
+
+
 def test_an_endpoint_the_gateway_does_not_serve_is_an_infra_error(rollout, task):
     """Codex pointed at a route the gateway lacks gets OpenAI-shaped JSON 404s (it retries, then gives up); the
     rollout is an infra_error that says so."""
