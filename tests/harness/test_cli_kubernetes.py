@@ -1,4 +1,4 @@
-"""The real Claude Code CLI (pinned, `make cli-agents`) inside a Kubernetes sandbox pod, driven through the real
+"""The real CLI agents (Claude Code, Codex: pinned, `make cli-agents`) inside a Kubernetes sandbox pod, driven through the real
 Kubernetes client against the loopback API of tests/sandbox/kube_api.py: the init container copies the CLI's
 prefix from the agent image into a read-only volume, the task is copied into the pod's /run/harnessrl, the
 pod's second container forwards the gateway's socket, and every command runs through the exec API — the path a
@@ -16,6 +16,7 @@ from kubernetes import client
 
 from harnessrl.harness.base import EpisodeEnd
 from harnessrl.harness.claude_code import ClaudeCodeConfig
+from harnessrl.harness.codex import CodexConfig
 from harnessrl.sandbox.base import Limits
 from harnessrl.sandbox.kubernetes import FORWARDER, KubernetesConfig, KubernetesPodSandbox
 from harnessrl.schema import RolloutStatus
@@ -23,9 +24,10 @@ from tests.harness.test_claude_code import SONNET
 from tests.sandbox.kube_api import KubeAPI
 from tests.support.claude_code import call, requires_claude_code
 from tests.support.cli_agents import cli_rollouts
+from tests.support.codex import requires_codex
 from tests.support.fixtures import requires_bwrap
 
-pytestmark = [requires_bwrap, requires_claude_code, pytest.mark.slow]
+pytestmark = [requires_bwrap, pytest.mark.slow]
 K8S_VERSION = "1.30"
 CFG = KubernetesConfig(poll_s=0.02, pod_start_timeout_s=60.0, exec_grace_s=5.0, agent_image="agents:test")
 
@@ -37,7 +39,31 @@ def kube():
     api.stop()
 
 
-def test_claude_code_runs_inside_a_pod_through_the_exec_api(kube, task, tokenizer, tmp_path):
+CLIS = {
+    "claude-code": (
+        requires_claude_code,
+        ClaudeCodeConfig,
+        {"tools": ["Bash", "Read"], "models": SONNET},
+        (
+            call("Read", "Let me look.", file_path="/workspace/README.md"),
+            call("Bash", command="echo fixed-in-a-pod >> README.md && ls /opt/harnessrl/claude-code"),
+        ),
+    ),
+    "codex": (
+        requires_codex,
+        CodexConfig,
+        {"model": "gpt-5.1-codex-max"},
+        (
+            call("exec_command", "Let me look.", cmd="head -3 README.md"),
+            call("exec_command", cmd="echo fixed-in-a-pod >> README.md && ls /opt/harnessrl/codex"),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=mark) for name, (mark, *_) in CLIS.items()])
+def test_the_cli_runs_inside_a_pod_through_the_exec_api(name, kube, task, tokenizer, tmp_path):
+    _, config, options, script = CLIS[name]
     conf = client.Configuration()
     conf.host = kube.base_url
 
@@ -46,24 +72,15 @@ def test_claude_code_runs_inside_a_pod_through_the_exec_api(kube, task, tokenize
             workspace, "task-image:1", Limits(), cfg=CFG, api_client=client.ApiClient(conf)
         )
 
-    with cli_rollouts(ClaudeCodeConfig, task, tokenizer, tmp_path, make_sandbox=pod_sandbox) as rollout:
-        r, engine = rollout(
-            (
-                call("Read", "Let me look.", file_path="/workspace/README.md"),
-                call(
-                    "Bash",
-                    command="echo fixed-in-a-pod >> README.md && id -u && ls /opt/harnessrl/claude-code",
-                ),
-                "Done.",
-            )
-        )
-        res = r.run(task, {"tools": ["Bash", "Read"], "models": SONNET})
+    with cli_rollouts(config, task, tokenizer, tmp_path, make_sandbox=pod_sandbox) as rollout:
+        r, engine = rollout((*script, "Done."))
+        res = r.run(task, options)
         assert (res.status, res.finish_reason) == (RolloutStatus.OK, EpisodeEnd.SUBMITTED), res.error
-        assert (res.turns, res.tool_calls) == (3, 2)
+        assert res.tool_calls == 2
         # the command ran in the pod, and the pod's workspace came back to the host
         assert (r.workspace / "README.md").read_text().endswith("fixed-in-a-pod\n")
         assert [x.op for x in r.records()] == ["new", "extend", "extend"]
-        assert len(engine.sampled) == 3
+        assert [x.completion_ids for x in r.records()] == engine.sampled
         (pod,) = kube.created  # one pod: the binds and the gateway came before its first command
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
         spec = pod["spec"]
@@ -71,7 +88,7 @@ def test_claude_code_runs_inside_a_pod_through_the_exec_api(kube, task, tokenize
         assert init["image"] == "agents:test" and init["command"][:2] == ["cp", "-a"]
         assert [c["name"] for c in spec["containers"]] == ["sandbox", FORWARDER]
         mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
-        assert mounts["/opt/harnessrl/claude-code"]["readOnly"] and "/run/harnessrl" in mounts
+        assert mounts[config.mount]["readOnly"] and "/run/harnessrl" in mounts
     assert not kube.pods  # deleted when the rollout's sandbox closed
 
 
