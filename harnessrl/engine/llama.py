@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from harnessrl.engine import layout
+from harnessrl.engine.layout import LayoutLinear
 from harnessrl.engine.packed import StepPlan, attend
 from harnessrl.engine.weights import check_state, read_tensors
 
@@ -111,10 +113,10 @@ class Attention(nn.Module):
             config.head_dim,
         )
         hidden, q, kv = config.hidden_size, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, q, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, kv, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, kv, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(q, hidden, bias=config.o_bias)
+        self.q_proj = LayoutLinear(hidden, q, bias=config.qkv_bias)
+        self.k_proj = LayoutLinear(hidden, kv, bias=config.qkv_bias)
+        self.v_proj = LayoutLinear(hidden, kv, bias=config.qkv_bias)
+        self.o_proj = LayoutLinear(q, hidden, bias=config.o_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         tokens = x.shape[0]
@@ -148,9 +150,9 @@ class MLP(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
-        self.up_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias)
+        self.gate_proj = LayoutLinear(hidden, inner, bias=config.mlp_bias)
+        self.up_proj = LayoutLinear(hidden, inner, bias=config.mlp_bias)
+        self.down_proj = LayoutLinear(inner, hidden, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -188,7 +190,7 @@ class LlamaForward(nn.Module):
         self.config = config
         with torch.device("meta"):
             self.model = Decoder(config)
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = LayoutLinear(config.hidden_size, config.vocab_size, bias=False)
         self.inv_freq = _inv_freq(config)  # [head_dim / 2] float32 (`load` moves it to the model's device)
 
     def step(
@@ -217,24 +219,5 @@ def load(model_dir: Path, config: LlamaConfig, dtype: torch.dtype, device: torch
     model = model.to(device).eval()
     model.inv_freq = model.inv_freq.to(device)
     if device.type == "cpu" and dtype == torch.float32:
-        store_transposed(model)
+        layout.apply(model, model.lm_head)  # each matrix as this CPU multiplies it fastest
     return model
-
-
-def store_transposed(model: nn.Module) -> None:
-    """Every weight matrix stored transposed ([in, out] in memory, the same [out, in] tensor to every reader:
-    names, shapes, values and weight syncs' in-place copies unchanged). `F.linear(x, W)` is then MKL's
-    `x @ B` with a plain row-major B instead of a transposed one, which its float32 GEMM runs ~2x faster
-    with the few rows of a decode step (8 rows: 48 vs 107 ms for one step's products, the head included;
-    64 rows: 2x; 256 rows and 1 row: the same; one thread, this project's Ice Lake VM). The tied head and
-    embedding stay one tensor (an embedding lookup reads rows of it either way)."""
-    done: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param.dim() != 2:
-                continue
-            if id(param) not in done:
-                done[id(param)] = nn.Parameter(
-                    param.detach().t().contiguous().t(), requires_grad=param.requires_grad
-                )
-            setattr(module, name, done[id(param)])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harnessrl.engine import kv
+from harnessrl.engine import kv, layout
 from harnessrl.engine.base import EngineError, FinishReason
 from harnessrl.engine.kv import Cache
 from harnessrl.engine.local_requests import LocalRequest
@@ -131,6 +131,7 @@ class SchedulerLoop:
     def _apply_sync(self, sync: WeightSync) -> None:
         try:
             copy_weights(self.model, sync.state)
+            layout.repack(self.model)  # MKL's packed copies of the new weights
         except Exception as e:  # reported to the caller that asked for the sync
             sync.done.set_exception(EngineError(f"weight sync failed: {e}"))
             return

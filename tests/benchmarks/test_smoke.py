@@ -87,6 +87,13 @@ HEADLINES: dict[str, Headline] = {
         "load_after",
         slow=True,
     ),
+    "engine_layout.py": headline(
+        "probed_vs_transposed_decode_ratio",
+        "probed_vs_plain_decode_ratio",
+        "decode_tokens_per_s",
+        "picks_layer0_and_head",
+        "identical_outputs",
+    ),
     "engine_vs_vllm.py": headline(  # without vLLM: the vLLM figures null, `vllm_unavailable` says why
         "local_vs_vllm_decode_tokens_per_s_ratio",
         "local_vs_vllm_turn_time_ratio",

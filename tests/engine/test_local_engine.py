@@ -166,7 +166,7 @@ def test_weight_sync_swaps_weights_between_steps(engine, chat, tmp_path):
 
     prompt = chat("Name a fruit.")
     before = run(engine.generate(prompt, GREEDY, 5))
-    # contiguous: the engine stores its weight matrices transposed in memory (llama.store_transposed)
+    # contiguous: the engine may store a weight matrix transposed in memory (engine/layout.py)
     state = {
         k: v.detach().contiguous() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"
     }
