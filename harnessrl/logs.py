@@ -75,6 +75,11 @@ def configure_logging(level: int | str | None = None, *, others: int | str = log
     handler.setFormatter(logging.Formatter(FORMAT, DATE_FORMAT))
     root.addHandler(handler)
     root.setLevel(other)
+    # a library that set its own logger's level (the kubernetes client sets urllib3's to WARNING when its
+    # Configuration is made) would not follow `others`: the application decides, so those levels go
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name.split(".", 1)[0] not in PACKAGES:
+            logger.setLevel(logging.NOTSET)
     for package in PACKAGES:
         logging.getLogger(package).setLevel(chosen)
     return chosen

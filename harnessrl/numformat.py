@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harnessrl.io import atomic_write_json
+
 logger = logging.getLogger(__name__)
 
 FLOAT32, BFLOAT16 = "float32", "bfloat16"
@@ -189,10 +191,7 @@ def probe(
             logger.warning("%s: unreadable, measuring again", path)
     result = measure(role, shapes, device, seconds)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(result), indent=1))
-        tmp.replace(path)
+        atomic_write_json(path, asdict(result))
     except OSError as e:  # a read-only home: measured again next time
         logger.warning("cannot cache the number-format probe at %s: %s", path, e)
     logger.info("number-format probe, %s", result.describe())

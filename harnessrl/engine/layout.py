@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from harnessrl.io import atomic_write_json
 from harnessrl.numformat import host_identity
 
 logger = logging.getLogger(__name__)
@@ -126,10 +127,7 @@ def probe(
             logger.warning("%s: unreadable, measuring again", path)
     result = measure(layers, head, seconds)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(result), indent=1))
-        tmp.replace(path)
+        atomic_write_json(path, asdict(result))
     except OSError as e:  # a read-only home: measured again next time
         logger.warning("cannot cache the layout probe at %s: %s", path, e)
     logger.info("weight layout probe: %s", result.describe())

@@ -152,7 +152,12 @@ class AgentSandbox(Sandbox):
         """`env`: variables for this run only, on top of the sandbox's (a harness's settings and key)."""
 
 
-def check_bind_target(inside: str) -> None:
-    """A read-only bind may add paths, never cover the sandbox's own (the workspace, /tmp, the system)."""
+def checked_bind(host: Path, inside: str) -> Path:
+    """`host` resolved, for a read-only bind at `inside`: it must exist, and a bind may add paths, never cover
+    the sandbox's own (the workspace, /tmp, the system)."""
+    host = Path(host).resolve()
+    if not host.exists():
+        raise SandboxError(f"{host} does not exist")
     if not inside.startswith("/") or inside.rstrip("/") in ("", WORKSPACE_MOUNT, "/tmp", "/usr", "/proc"):
         raise SandboxError(f"cannot bind over {inside!r}")
+    return host

@@ -49,7 +49,7 @@ from harnessrl.sandbox.base import (
     Outcome,
     RunResult,
     SandboxError,
-    check_bind_target,
+    checked_bind,
 )
 from harnessrl.sandbox.identity import let_group_connect
 from harnessrl.sandbox.outcomes import exited, read_capped, timed_out
@@ -173,24 +173,17 @@ class BubblewrapSandbox(AgentSandbox):
         """Makes the gateway at `url` (http://host:port/...) reachable from later runs through one Unix socket
         at GATEWAY_SOCKET_MOUNT (`$HARNESSRL_GATEWAY_SOCKET`), forwarded to it by this sandbox
         (forward.UnixForwarder) until it closes; the only way out. Returns the path inside."""
-        from harnessrl.sandbox.forward import UnixForwarder
+        from harnessrl.sandbox.forward import forwarder_for
 
         if self.gateway_socket is not None:
             raise SandboxError(f"this sandbox already has a gateway socket ({self.gateway_socket})")
-        forwarder = UnixForwarder(url)
-        self._closers.append(forwarder.close)
-        if self.identity is not None:
-            let_group_connect(forwarder.socket, self.identity.gid)
-        self.gateway_socket = forwarder.socket
+        gid = self.identity.gid if self.identity is not None else None
+        self.gateway_socket = forwarder_for(url, self._closers, gid)
         return GATEWAY_SOCKET_MOUNT
 
     def bind_read_only(self, host: Path, inside: str) -> None:
         """Binds `host` (a file or directory, e.g. a CLI's prefix) read-only at `inside` for later runs."""
-        host = Path(host).resolve()
-        if not host.exists():
-            raise SandboxError(f"{host} does not exist")
-        check_bind_target(inside)
-        self.read_only_binds.append((host, inside))
+        self.read_only_binds.append((checked_bind(host, inside), inside))
 
     # -- argv -------------------------------------------------------------------------------------------
     def _ro_paths(self) -> list[Path]:

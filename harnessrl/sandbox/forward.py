@@ -21,10 +21,12 @@ import contextlib
 import shutil
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from harnessrl.sandbox import leftovers
+from harnessrl.sandbox.identity import let_group_connect
 
 CHUNK = 1 << 16
 
@@ -96,6 +98,16 @@ class UnixForwarder:
     @property
     def socket(self) -> Path:
         return self.path
+
+
+def forwarder_for(url: str, closers: list[Callable[[], None]], gid: int | None) -> Path:
+    """A forwarder to the gateway at `url` for one sandbox: closed with the sandbox (`closers`), its socket
+    connectable by the sandbox's group `gid` (None: ours). Returns the socket on the host."""
+    forwarder = UnixForwarder(url)
+    closers.append(forwarder.close)
+    if gid is not None:
+        let_group_connect(forwarder.socket, gid)
+    return forwarder.socket
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

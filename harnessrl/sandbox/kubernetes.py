@@ -59,7 +59,7 @@ from harnessrl.sandbox.base import (
     Outcome,
     RunResult,
     SandboxError,
-    check_bind_target,
+    checked_bind,
 )
 from harnessrl.sandbox.kubernetes_exec import (
     ExecResult,
@@ -450,13 +450,11 @@ class KubernetesPodSandbox(AgentSandbox):
 
     # -- what an agent that runs inside adds --------------------------------------------------------------
     def bind_read_only(self, host: Path, inside: str) -> None:
-        """A directory: copied from the agent image's same path by an init container; a file (small: the
-        task, a script): copied into AGENT_DIR when the pod starts. Either way read-only for the sandbox's
-        commands (a file in AGENT_DIR belongs to the pod's uid: it is read, never trusted, by the harness)."""
-        host = Path(host).resolve()
-        if not host.exists():
-            raise SandboxError(f"{host} does not exist")
-        check_bind_target(inside)
+        """A directory: copied from the agent image's same path by an init container into a volume the
+        sandbox mounts read-only. A file (small: the task, a script): copied into AGENT_DIR when the pod
+        starts; the pod's uid could change that copy, which is why files go there only (nothing of the host
+        reads them back)."""
+        host = checked_bind(host, inside)
         if host.is_dir():
             self.agent_dirs.append((str(host), inside))
         elif Path(inside).parent != Path(AGENT_DIR):

@@ -51,7 +51,7 @@ from harnessrl.sandbox.base import (
     Outcome,
     RunResult,
     SandboxError,
-    check_bind_target,
+    checked_bind,
 )
 from harnessrl.sandbox.cgroups import Cgroup
 from harnessrl.sandbox.identity import let_group_connect
@@ -135,25 +135,18 @@ class PodmanSandbox(AgentSandbox):
     # -- what an agent that runs inside adds --------------------------------------------------------------
     def bind_read_only(self, host: Path, inside: str) -> None:
         """Binds `host` (a file or directory, e.g. a CLI's prefix) read-only at `inside` for later runs."""
-        host = Path(host).resolve()
-        if not host.exists():
-            raise SandboxError(f"{host} does not exist")
-        check_bind_target(inside)
-        self.read_only_binds.append((host, inside))
+        self.read_only_binds.append((checked_bind(host, inside), inside))
         self._mounts_changed = True
 
     def connect_gateway(self, url: str) -> str:
         """The gateway at `url` through one Unix socket at GATEWAY_SOCKET_MOUNT, forwarded to it by this sandbox
         until it closes: the only way out (the container has no network). Returns the path inside."""
-        from harnessrl.sandbox.forward import UnixForwarder
+        from harnessrl.sandbox.forward import forwarder_for
 
         if self.gateway_socket is not None:
             raise SandboxError(f"this sandbox already has a gateway socket ({self.gateway_socket})")
-        forwarder = UnixForwarder(url)
-        self._closers.append(forwarder.close)
-        if self.identity is not None:
-            let_group_connect(forwarder.socket, self.identity.gid)
-        self.gateway_socket = forwarder.socket
+        gid = self.identity.gid if self.identity is not None else None
+        self.gateway_socket = forwarder_for(url, self._closers, gid)
         self._mounts_changed = True
         return GATEWAY_SOCKET_MOUNT
 

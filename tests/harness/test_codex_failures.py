@@ -171,7 +171,7 @@ def test_specs_name_codexs_settings_and_where_it_can_run():
         {"model": "gpt-5.1-codex-max"},
     )
     with pytest.raises(ValueError, match=r"\[0\]\.sandbox: harness codex runs inside the sandbox"):
-        parse_specs([{"harness": "codex", "sandbox": "podman"}])
+        parse_specs([{"harness": "codex", "sandbox": "local"}])
     with pytest.raises(ValueError, match=r"unknown codex harness option\(s\) \['turns'\]"):
         parse_specs([{"harness": "codex", "options": {"turns": 3}}])
     with pytest.raises(ValueError, match="set by the harness"):

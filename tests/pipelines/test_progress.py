@@ -110,6 +110,9 @@ def test_small_jobs_get_no_bar(terminal):
 
 
 def test_logging_levels_from_the_cli_flags(capsys):
+    from kubernetes import client
+
+    client.Configuration()  # sets urllib3's logger to WARNING itself (as any test or stage using it does)
     unknown = ["run", "no-such-pipeline"]  # a command that fails fast, after logging is set up
     assert main(["-q", *unknown]) == 2
     assert is_quiet() and logging.getLogger("dataprep.clean").getEffectiveLevel() == logging.WARNING

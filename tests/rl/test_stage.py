@@ -85,10 +85,17 @@ def test_stage_rl_runs_each_mode(mode: RLMode, rl_policy: Path, prompt_tasks: Pa
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     report = (out / "report.md").read_text()
     assert "# RL stage" in report
-    # every step's rollouts kept (2 groups x 4), and the last step's shown as the policy ran them
+    # every step's rollouts kept: the 2 trained groups x 4 and the groups it discarded, each with its fate
     for r in rows:
         logged = list(read_jsonl(out / "rollouts" / f"step-{r['step']:06d}.jsonl"))
-        assert len(logged) == 8 and {x["group_id"] for x in logged} == set(r["groups"])
+        trained = [x for x in logged if x["fate"] == "trained"]
+        assert len(trained) == (8 if r["outcome"] == "trained" else 0)
+        assert {x["group_id"] for x in trained} == (set(r["groups"]) if trained else set())
+        discarded = {x["group_id"] for x in logged if x["fate"] == "zero_variance"}
+        assert (
+            len(logged) == len(trained) + 4 * r["groups_zero_variance"]
+            and len(discarded) == r["groups_zero_variance"]
+        )
     last = list(read_jsonl(out / "rollouts" / "step-000002.jsonl"))
     assert "## Trajectories" in report and f"### `{last[0]['rollout_id']}` (the first rollout)" in report
     first = [

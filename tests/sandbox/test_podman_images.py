@@ -83,7 +83,7 @@ def test_dockerfiles_are_well_formed(name):
     assert problems(path) == []
     stages = [r.split()[-1] for w, r in instructions(path) if w == "FROM" and " AS " in r.upper()]
     if name == "Dockerfile":  # what images.build_project builds: --target app, --build-arg DEPS=deps-<target>
-        assert stages == [*(f"deps-{t}" for t in images.ImageTarget), "app"]
+        assert stages == [*(f"deps-{t}" for t in images.ImageTarget), "app", "agents"]
 
 
 def test_the_checker_catches_what_it_claims(tmp_path):
