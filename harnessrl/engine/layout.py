@@ -224,30 +224,23 @@ def apply(model: nn.Module, head: nn.Linear | None = None) -> dict[str, Layout]:
         raise ValueError(f"{OVERRIDE_ENV} must be one of {', '.join(Layout)}, got {forced!r}")
     layers, head_shape = weight_shapes(model, head)
     answer = None if forced else probe(layers, head_shape)
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}  # parameter -> every (module, attribute) holding it
+    for owner in model.modules():
+        for attr, param in owner.named_parameters(recurse=False):
+            owners.setdefault(id(param), []).append((owner, attr))
     chosen: dict[str, Layout] = {}
     for name, module in model.named_modules():
         if not isinstance(module, LayoutLinear):
             continue
-        layout = Layout(forced) if forced else _pick(answer, module.weight)
+        layout = Layout(forced) if answer is None else answer.pick(_shape_of(module))
         if layout is Layout.PACKED and not packing_available():
             layout = Layout.PLAIN
-        before = module.weight
-        owners = [  # every (module, attribute) that holds this parameter
-            (owner, attr)
-            for owner in model.modules()
-            for attr, param in owner.named_parameters(recurse=False)
-            if param is before
-        ]
+        holders = owners.get(id(module.weight), [])
         module.set_layout(layout)
-        for owner, attr in owners:
+        for owner, attr in holders:
             setattr(owner, attr, module.weight)
         chosen[name] = layout
     return chosen
-
-
-def _pick(answer: LayoutProbe | None, weight: torch.Tensor) -> Layout:
-    assert answer is not None
-    return answer.pick((int(weight.shape[0]), int(weight.shape[1])))
 
 
 def repack(model: nn.Module) -> None:
@@ -266,12 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from harnessrl.numformat import Shapes
 
-    s = Shapes()
-    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    layers = sorted(
-        {(q, s.hidden), (kv, s.hidden), (s.hidden, q), (s.intermediate, s.hidden), (s.hidden, s.intermediate)}
-    )
-    result = probe(layers, (s.vocab, s.hidden), refresh=args.refresh)
+    *layer_maps, (hidden, vocab, _) = Shapes().linear()  # (in, out, times); the head last
+    layers = sorted({(out, inner) for inner, out, _ in layer_maps})
+    result = probe(layers, (vocab, hidden), refresh=args.refresh)
     picks = {key: str(result.pick(_shape(key))) for key in result.seconds}
     print(
         json.dumps(
