@@ -185,8 +185,9 @@ class CodexHarness(CliHarness):
 
 
 def model_calls(stderr: str) -> int | None:
-    """The bridge's count of model calls (its last line on stderr), None when it did not print one."""
-    found = re.findall(rf"^{re.escape(loopback_bridge.COUNT_MARK)} (\d+)$", stderr, re.M)
+    """The bridge's count of model calls (its last line on stderr), None when it did not print one. The CLI's
+    processes write to the same stream: the mark may follow a line of theirs that they left unfinished."""
+    found = re.findall(rf"{re.escape(loopback_bridge.COUNT_MARK)} (\d+)$", stderr, re.M)
     return int(found[-1]) if found else None
 
 
@@ -234,7 +235,7 @@ def classify(
 ) -> Ending:
     """How the episode ended: the sandbox's outcome first (it killed the run or could not start it), then the
     bridge's budget mark, then the CLI's events. `ok` endings are the agent's (verify scores them)."""
-    lines = [x for x in stderr.strip().splitlines() if not x.startswith(loopback_bridge.COUNT_MARK)]
+    lines = [x for x in stderr.strip().splitlines() if loopback_bridge.COUNT_MARK not in x]
     tail = (lines or [""])[-1][:300]
     if ending := cli_episode.sandbox_ending(outcome, detail, tail):
         return ending

@@ -21,6 +21,7 @@ Standard library only, Python >= 3.8: it runs under the sandbox's `python3`, bou
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import subprocess
@@ -160,15 +161,21 @@ def _accept(listener: socket.socket, path: str, budget: Budget) -> None:
 
 
 def _stop(child: subprocess.Popen) -> None:
+    """Stops the child's whole process group (a shell's children too), SIGTERM then SIGKILL."""
     if child.poll() is not None:
         return
     try:
-        child.terminate()
+        os.killpg(child.pid, signal.SIGTERM)
         child.wait(5)
     except subprocess.TimeoutExpired:
-        child.kill()
+        os.killpg(child.pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _say(line: str) -> None:
+    """One line on stderr in one write: the child's processes share the stream and must not split it."""
+    os.write(2, (line + "\n").encode())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,16 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(args.max_requests, args.count_suffix)
     threading.Thread(target=_accept, args=(listener, args.socket, budget), daemon=True).start()
     try:
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, start_new_session=True)
     except OSError as e:
-        print(f"harnessrl-bridge: cannot start {command[0]}: {e}", file=sys.stderr)
+        _say(f"harnessrl-bridge: cannot start {command[0]}: {e}")
         return 127
     signal.signal(signal.SIGTERM, lambda *_: _stop(child))
     threading.Thread(target=lambda: (budget.reached.wait(), _stop(child)), daemon=True).start()
     rc = child.wait()
-    print(f"{COUNT_MARK} {budget.count}", file=sys.stderr, flush=True)
+    _say(f"{COUNT_MARK} {budget.count}")
     if budget.reached.is_set():
-        print(BUDGET_MARK, file=sys.stderr, flush=True)
+        _say(BUDGET_MARK)
         return 0
     return rc if rc >= 0 else 128 - rc
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from harnessrl.harness.base import EpisodeEnd
-from harnessrl.harness.codex import BRIDGE_PORT, CodexConfig, classify, http_status, toml_value
+from harnessrl.harness.codex import BRIDGE_PORT, CodexConfig, classify, http_status, model_calls, toml_value
 from harnessrl.rollout.specs import load_specs, parse_specs
 from harnessrl.schema import RolloutStatus
 from tests.support.cli_agents import TASK, StandIn
@@ -154,6 +154,15 @@ def test_the_budget_and_a_bridge_that_cannot_start_come_before_the_events():
 
     assert classify("ok", 0, "", BUDGET_MARK, [])[:2] == (RolloutStatus.OK, EpisodeEnd.TURN_BUDGET)
     assert http_status("no status here") is None and http_status("unexpected status 404 Not Found: x") == 404
+
+
+def test_the_bridges_count_is_read_after_a_line_the_cli_left_unfinished():
+    """The CLI's processes share the bridge's stderr; a line of theirs cut short must not hide the count (it did:
+    CI read 0 turns where the bridge had counted 2)."""
+    from harnessrl.sandbox.loopback_bridge import BUDGET_MARK, COUNT_MARK
+
+    stderr = f"RemoteDisconnected\nRemoteDisc{COUNT_MARK} 2\nonnected\n{BUDGET_MARK}\n"
+    assert model_calls(stderr) == 2 and model_calls("RemoteDisconnected\n") is None
 
 
 def test_settings_are_written_as_toml():
