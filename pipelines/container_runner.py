@@ -20,7 +20,8 @@ an exited step's container, it answers those calls with HTTP 500 "no such contai
 it did (measured here: 3 of 3 `exit 3` steps). With Docker kfp would instead assume exit code 0 for a
 container it can no longer ask. For the duration of a container run `_run_step` replaces `kfp.local.docker_task_handler.
 run_docker_container` (same signature): the container is not auto-removed, its log is followed, `wait()`
-gives the real exit code, and then it is removed.
+gives the real exit code, and then it is removed. (The same podman can also leave the log's follow request of
+a container that exits at once unanswered: the log is then read once more after the exit, `_FollowedLog`.)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -40,6 +42,7 @@ from pipelines.run_inputs import LocalRunError
 logger = logging.getLogger(__name__)
 
 SERVICE_START_S = 60.0
+LOG_DRAIN_S = 10.0  # after a step exits, for its followed log to end
 
 
 @contextlib.contextmanager
@@ -112,13 +115,44 @@ def _run_step(client: Any, image: str, command: list[str], volumes: dict[str, An
         image=image, command=command, detach=True, stdout=True, stderr=True, volumes=volumes, **run_args
     )
     print(f"step container {container.short_id} from {image}")
+    log = _FollowedLog(container)
     try:
-        for line in container.logs(stream=True, follow=True):
-            print(line.decode(errors="replace"), end="")
-        return int(container.wait()["StatusCode"])
+        code = int(container.wait()["StatusCode"])
+        log.finish()
+        return code
     finally:
         with contextlib.suppress(APIError):
             container.remove(force=True)
+
+
+class _FollowedLog:
+    """A step's log printed while it runs. podman 4.3 can leave a follow request on a container that exits at
+    once unanswered (measured: a 60 s read timeout, the step failed): the exit code comes from `wait()`, and
+    what the stream did not print by LOG_DRAIN_S after the exit is read once, without following."""
+
+    def __init__(self, container: Any) -> None:
+        self.container, self.printed, self.lock = container, 0, threading.Lock()
+        self.abandoned = self.complete = False
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        with contextlib.suppress(Exception):  # a stream that failed is made up for by finish()
+            for chunk in self.container.logs(stream=True, follow=True):
+                with self.lock:
+                    if self.abandoned:
+                        return
+                    print(chunk.decode(errors="replace"), end="")
+                    self.printed += len(chunk)
+            self.complete = True
+
+    def finish(self) -> None:
+        self.thread.join(LOG_DRAIN_S)
+        with self.lock:
+            self.abandoned = True
+            if not self.complete:
+                rest = self.container.logs(stdout=True, stderr=True)[self.printed :]
+                print(rest.decode(errors="replace"), end="")
 
 
 @contextlib.contextmanager

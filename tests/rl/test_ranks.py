@@ -32,10 +32,21 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
+LR = 1e-4  # rl_command's --lr
+
+
 def _assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Equal up to the order of float sums (two ranks reduce a gradient in halves, one rank at once). Adam moves an
+    element by about lr * sign(gradient) whatever the gradient's size, so an element whose gradient is ~0 can step
+    either way: a few such elements of a tensor (at most 1e-4 of it; measured: 1 of 331,776) may differ, by at most
+    one step either way."""
     assert got.keys() == want.keys()
     for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+        diff = (got[k] - want[k]).abs()
+        off = diff > 1e-5 + 1e-4 * want[k].abs()
+        assert float(off.float().mean()) <= 1e-4 and float(diff.max()) <= 2 * LR, (
+            f"{k}: {int(off.sum())} of {off.numel()} elements differ, the most by {float(diff.max()):.2e}"
+        )
 
 
 @pytest.mark.slow
