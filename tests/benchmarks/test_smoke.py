@@ -245,7 +245,7 @@ def smoke_runs(
     """The selected scripts' smoke runs, SMOKE_WORKERS at a time from the first test on, the slow rows first;
     each test waits for its own. Nothing else of the suite runs meanwhile (pytest runs one test at a time)."""
     selected = [
-        item.callspec.params["name"]
+        str(item.callspec.params["name"])
         for item in request.session.items
         if isinstance(item, pytest.Function)
         and item.originalname == "test_smoke_run_ends_with_its_headline_json"
