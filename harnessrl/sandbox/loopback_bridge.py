@@ -8,9 +8,9 @@ the command as its child and exits with the child's status.
 
 It also bounds the agent by model calls: it reads the HTTP requests passing through (request line, headers,
 `Content-Length` body) and when a request to a path ending in `--count-suffix` would be the `--max-requests`+1-th,
-it holds that request, stops the child (SIGTERM, then SIGKILL) and prints `BUDGET_MARK` on stderr — nothing of
-that call reaches the gateway. A request it cannot delimit (a chunked body) ends the counting for that
-connection, never the traffic.
+it holds that request, stops the child and its processes (SIGTERM to its group, then SIGKILL) and prints
+`BUDGET_MARK` on stderr — nothing of that call reaches the gateway. A request it cannot delimit (a chunked body)
+ends the counting for that connection, never the traffic.
 
 Standard library only, Python >= 3.8: it runs under the sandbox's `python3`, bound read-only into the sandbox.
 
