@@ -162,6 +162,21 @@ def test_gpu_step_helper_and_checker(tmp_path):
     assert "not taken from a Secret" in problem
 
 
+def test_a_pipeline_used_as_a_step_cannot_be_placed_on_gpus():
+    """kfp's own check, kept by pipelines.k8s without its inspect.stack(): the setting is named."""
+
+    @dsl.pipeline(name="inner")
+    def inner(tasks_uri: str):
+        validate(tasks=dsl.importer(artifact_uri=tasks_uri, artifact_class=dsl.Dataset).output)
+
+    @dsl.pipeline(name="outer")
+    def outer(tasks_uri: str):
+        with pytest.raises(
+            ValueError, match="set_accelerator_type can only be used on single-step components"
+        ):
+            gpu_step(inner(tasks_uri=tasks_uri))
+
+
 def test_kfp_local_runs_a_step_whose_gpu_count_is_a_parameter(tmp_path):
     """kfp.local takes the task inputs the compiler adds for a runtime accelerator count (it places nothing)."""
     from kfp import local
