@@ -1,7 +1,7 @@
 """Every registered pipeline compiles, kfp loads it back, and cluster placement is what the stages need."""
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -174,7 +174,7 @@ def test_a_pipeline_used_as_a_step_cannot_be_placed_on_gpus():
         with pytest.raises(
             ValueError, match="set_accelerator_type can only be used on single-step components"
         ):
-            gpu_step(inner(tasks_uri=tasks_uri))
+            gpu_step(cast(dsl.PipelineTask, inner(tasks_uri=tasks_uri)))  # a pipeline's call is a task
 
 
 def test_kfp_local_runs_a_step_whose_gpu_count_is_a_parameter(tmp_path):
