@@ -21,7 +21,7 @@ Last line: JSON with packed_speedup, per_sequence_attention_speedup, padding_fra
 `_bf16` (the step's FLOP/s over the probe's for its format), `matmul_limit_gflops`, and `auto_precision` with the
 probe's `auto_bf16_factor` (what `precision: auto` picks on this host, from the cached probe).
 `--smoke`: one repetition of each mode on sequences an eighth as long (2…20 tokens), 1 torch thread unless
-`--threads`, the matmul limits measured once (before the steps): seconds to a minute.
+`--threads`, the matmul limits measured once (before the steps): ~2 minutes on a 2-core AMD EPYC.
 """
 
 from __future__ import annotations

@@ -94,7 +94,10 @@ def test_two_trainer_ranks_train_the_same_weights_as_one(rl_policy: Path, prompt
     assert exp_avg.shape == before["model.embed_tokens.weight"].shape
     # the engine got the same full weights as the final model
     final = _weights(runs[2] / "model")
-    _assert_same_weights(_weights(runs[2] / "work" / "sync" / f"v{two[-1]['version']:06d}"), final)
+    synced = _weights(runs[2] / "work" / "sync" / f"v{two[-1]['version']:06d}")
+    assert synced.keys() == final.keys()
+    for k in final:  # the same run's weights, written twice: no reduction order between them
+        torch.testing.assert_close(synced[k], final[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
 def _processes_with(marker: str) -> dict[int, str]:
