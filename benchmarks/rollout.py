@@ -9,8 +9,9 @@ Three measurements, side by side in one run (timings on a shared machine are noi
      (alternating, `--repeats` times each), then (`--thread-settings 1,2,auto`) cache on with each torch thread
      setting (`--contended`: again with a busy-loop process taking one core, as another job would), all with
      the gateway and bubblewrap sandboxes running beside the engine;
-  4. executors: the no-model run of 2. with `--executor threads` vs `--executor ray` (local Ray on this
-     machine, started once before the timed runs; its start-up time is reported separately), interleaved.
+  4. executors: the no-model run of 2. with `--executor threads` vs `--executor ray` (a local Ray cluster on
+     this machine, LocalRayCluster, started and connected once before the timed runs; its start-up time is
+     reported separately as ray_init_s), interleaved.
 Headline: rollouts_per_hour and model_s_per_turn (real model, cache on), prefix_cache_rollouts_speedup
 (rollouts/hour on / off), overhead_s_per_turn (harness + gateway + sandbox, from 2) and overhead_vs_model
 (2 / 3 per turn). The last line printed is one JSON object.
@@ -109,13 +110,13 @@ def executors_side_by_side(
     tasks: Path, work: Path, spec: dict, rollouts: int, concurrency: int, repeats: int, model: ModelSource
 ) -> dict:
     """Same no-model generate run with threads and with local Ray, interleaved `repeats` times."""
-    import ray
+    from harnessrl.rollout.ray_cluster import LocalRayCluster
 
     t0 = time.perf_counter()
-    ray.init(include_dashboard=False, log_to_driver=False)
-    ray_init_s = time.perf_counter() - t0
     walls: dict[str, list[float]] = {"threads": [], "ray": []}
-    try:
+    with LocalRayCluster() as cluster:  # the executors find this process connected to it
+        cluster.connect()
+        ray_init_s = time.perf_counter() - t0
         generate(
             tasks, work / "warm", [spec], concurrency, model, ExecutorName.RAY, concurrency
         )  # workers up
@@ -124,8 +125,6 @@ def executors_side_by_side(
                 m = generate(tasks, work / f"{executor}{i}", [spec], rollouts, model, executor, concurrency)
                 assert m["status"].get("ok", 0) == m["rollouts"], m["status"]
                 walls[executor].append(m["wall_s"])
-    finally:
-        ray.shutdown()
     med = {k: statistics.median(v) for k, v in walls.items()}
     n = max(1, rollouts // 2) * 2
     return {
@@ -309,7 +308,7 @@ def main() -> int:
                     f"executors (no model, {ex['executor_rollouts']} rollouts, concurrency "
                     f"{ex['executor_concurrency']}): threads {ex['threads_rollouts_per_hour']:.0f}/h, ray "
                     f"{ex['ray_rollouts_per_hour']:.0f}/h (x{ex['ray_vs_threads_throughput']:.2f}); "
-                    f"ray.init {ex['ray_init_s']:.1f} s",
+                    f"local Ray start + connect {ex['ray_init_s']:.1f} s",
                     flush=True,
                 )
         finally:

@@ -6,27 +6,48 @@ A task row is SWE-smith's schema (see harnessrl.taskset); a `Sample` is what the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
 
 class RolloutStatus(StrEnum):
-    """How a rollout ended (`rollout_status` of rollout rows and samples). Only `ok` rollouts are rewarded;
-    the others keep their rows and reasons and are never trained as reward 0."""
+    """How a rollout ended (`rollout_status` of rollout rows and samples). Which ones are scored — their
+    graded reward is the agent's — is `scored_statuses` below; the others keep their rows and reasons and are
+    never trained as reward 0."""
 
     OK = "ok"  # the episode ran to an end the agent is accountable for (submitted, budget, ...)
     FAILED = "failed"  # the harness or the model call broke (a bug, a rejected request)
     TIMEOUT = "timeout"  # the wall-clock limit
     INFRA_ERROR = "infra_error"  # the sandbox, the engine or a worker failed: not the agent's doing
     # the agent's changes made a diff over the cap (sandbox/workspace.py MAX_PATCH_BYTES): no patch is kept.
-    # The agent's doing: a trainer should count it as reward 0 (ok_statuses), not drop it as a failure.
+    # The agent's doing: scored 0 (verify does not run the tests), not dropped as a failure.
     PATCH_TOO_LARGE = "patch_too_large"
 
 
-# Rollouts the agent is accountable for: verify scores them (patch_too_large: 0, without running tests) and
-# they count as attempts; every other non-ok status keeps its reason and is never trained as reward 0.
+# Rollouts the agent is accountable for: verify scores them (patch_too_large: 0, without running tests), they
+# count as attempts and a trainer trains on their reward. A rollout its own budget cut short (finish_reason
+# turn_budget, token_budget: truncated) ended `ok` and is scored on what it left.
 SCORED_STATUSES = frozenset({RolloutStatus.OK, RolloutStatus.PATCH_TOO_LARGE})
+# Never the agent's doing: never scored, and never in a group's baseline either (not even as a masked failed
+# attempt, train.data: `nonok: mask`), whatever a config says.
+INFRA_STATUSES = frozenset({RolloutStatus.INFRA_ERROR})
+
+
+def scored_statuses(extra: Iterable[RolloutStatus | str] = ()) -> frozenset[RolloutStatus]:
+    """The statuses whose graded reward is taken as the agent's: SCORED_STATUSES, plus those a trainer's
+    settings add (`ok_statuses`, e.g. `timeout`: a timed-out rollout then trains on its verdict rather than
+    being dropped or masked). The one definition the train stage and the RL loop (its learner and its group
+    classification alike) read. An infrastructure status is refused: its rollout is never the agent's 0."""
+    added = frozenset(RolloutStatus(s) for s in extra)
+    refused = sorted(added & INFRA_STATUSES)
+    if refused:
+        raise ValueError(
+            f"ok_statuses: {', '.join(refused)} is never scored (an infrastructure failure is not the agent's "
+            f"doing); statuses that may be added: {', '.join(sorted(set(RolloutStatus) - INFRA_STATUSES))}"
+        )
+    return SCORED_STATUSES | added
 
 
 @dataclass

@@ -73,4 +73,11 @@ def load_model(model_dir: str | Path | None = None, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir or tiny_model_dir(), dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(model_dir or tiny_model_dir(), dtype=getattr(torch, dtype))
+    # transformers leaves the parameters on a private mapping of the safetensors file: the pages an optimizer
+    # step reads stay resident as the file's beside the anonymous copies its writes make (0.5 GB twice for the
+    # tiny model). Copies of their own let the mapping close.
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone()
+    return model

@@ -9,6 +9,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
+
     from harnessrl.engine.vllm_worker import BroadcastInit
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator accepts
@@ -226,6 +228,22 @@ class WeightLoadingEngine(Engine, Protocol):
         ...
 
     async def load_weights(self, checkpoint_dir: str, version: int) -> None: ...
+
+
+@runtime_checkable
+class InProcessEngine(WeightLoadingEngine, Protocol):
+    """An engine in the trainer's own process (the LocalEngine): it takes new weights as tensors in memory,
+    copied into its own between two decode steps, with no file between them."""
+
+    def load_state_sync(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Blocks until applied; `state` is read, never kept (the caller may change it afterwards)."""
+        ...
+
+    def release_until_sync(self) -> None:
+        """The engine will generate nothing until the next weight sync (the trainer steps meanwhile): it frees
+        what that sync makes again anyway (its prefix cache, its weights' packed copies). Returns at once; a
+        request that comes before the sync is served, at full speed again."""
+        ...
 
 
 @runtime_checkable

@@ -243,6 +243,13 @@ def apply(model: nn.Module, head: nn.Linear | None = None) -> dict[str, Layout]:
     return chosen
 
 
+def unpack(model: nn.Module) -> None:
+    """MKL's packed copies dropped (their memory freed): each map multiplies by its plain weight until `repack`."""
+    for module in model.modules():
+        if isinstance(module, LayoutLinear):
+            module.packed = None
+
+
 def repack(model: nn.Module) -> None:
     """After the weights were loaded in place: MKL's packed copies made again."""
     for module in model.modules():

@@ -213,7 +213,10 @@ def load(model_dir: Path, config: LlamaConfig, dtype: torch.dtype, device: torch
     check_state(model, state, f"{model_dir} (a {config.model_type} model of its config.json)")
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+    # copies in the process's own memory: the file's mapping closes once `state` goes, instead of staying
+    # resident beside the weights a first sync writes (and the resident set counting it twice)
+    model.load_state_dict({k: v.to(dtype, copy=True) for k, v in state.items()}, strict=False, assign=True)
+    del state
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(device).eval()

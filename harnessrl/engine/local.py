@@ -31,10 +31,10 @@ from harnessrl.engine.base import (
     EngineStats,
     Generation,
     GenerationDelta,
+    InProcessEngine,
     ModelImpl,
     SamplingParams,
     StreamingEngine,
-    WeightLoadingEngine,
     WeightSyncMode,
     WeightSyncUnsupported,
 )
@@ -46,12 +46,12 @@ from harnessrl.engine.prefix_cache import PrefixCache
 from harnessrl.engine.sampling import RowSampling
 from harnessrl.engine.speculative import DraftRecord
 from harnessrl.engine.threads import AdaptiveThreads, engine_cores
-from harnessrl.engine.weights import read_checkpoint
+from harnessrl.engine.weights import check_state, read_tensors
 
 logger = logging.getLogger(__name__)
 
 
-class LocalEngine(SchedulerLoop, StreamingEngine, WeightLoadingEngine):
+class LocalEngine(SchedulerLoop, StreamingEngine, InProcessEngine):
     """`Engine` on a local Hugging Face causal LM. Thread-safe; `generate` may be awaited from any event loop.
 
     - `max_batch`: most requests in flight together (prefilling or decoding); more wait in a queue.
@@ -139,6 +139,8 @@ class LocalEngine(SchedulerLoop, StreamingEngine, WeightLoadingEngine):
         self._waiting: deque[LocalRequest] = deque()
         self._prefilling: deque[LocalRequest] = deque()
         self._syncs: deque[WeightSync] = deque()
+        self._release = False  # asked: free what the next sync makes again (release_until_sync)
+        self._released = False  # freed, and no sync since
         self._abort_ids: set[str] = set()
         self._abort_all = False
         self._active: list[LocalRequest] = []
@@ -273,11 +275,12 @@ class LocalEngine(SchedulerLoop, StreamingEngine, WeightLoadingEngine):
         """Swaps in the weights of a Hugging Face checkpoint dir (safetensors) between two decode steps.
         Blocks until applied. Requests in flight continue on the new weights (their tokens record the
         version that sampled them)."""
-        self.load_state_sync(read_checkpoint(self.model, Path(checkpoint_dir)), version)
+        self.load_state_sync(read_tensors(Path(checkpoint_dir)), version)
 
     def load_state_sync(self, state: dict[str, torch.Tensor], version: int) -> None:
         """The same swap from tensors in memory (checked against the model: `weights.check_state`), e.g.
         received by broadcast (`harnessrl engine serve`'s `/receive_weights`)."""
+        check_state(self.model, state, f"weights of version {version}")
         sync = WeightSync(state, int(version), Future())
         with self._lock:
             if self._closed:
@@ -285,6 +288,11 @@ class LocalEngine(SchedulerLoop, StreamingEngine, WeightLoadingEngine):
             self._syncs.append(sync)
             self._lock.notify()
         sync.done.result()
+
+    def release_until_sync(self) -> None:
+        with self._lock:
+            self._release = True
+            self._lock.notify()
 
     async def check_weight_sync(self, mode: WeightSyncMode = WeightSyncMode.CHECKPOINT) -> None:
         if mode is WeightSyncMode.BROADCAST:

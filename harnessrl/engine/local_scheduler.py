@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harnessrl import memory
 from harnessrl.engine import kv, layout
 from harnessrl.engine.base import EngineError, FinishReason
 from harnessrl.engine.kv import Cache
@@ -87,6 +88,7 @@ class SchedulerLoop:
                         self._closed
                         or self._waiting
                         or self._syncs
+                        or self._release
                         or self._active
                         or self._prefilling
                         or self._abort_ids
@@ -95,6 +97,7 @@ class SchedulerLoop:
                         self._lock.wait()
                     syncs = list(self._syncs)
                     self._syncs.clear()
+                    release, self._release = self._release, False
                     abort_all, abort_ids = self._abort_all, set(self._abort_ids)
                     self._abort_all = False
                     self._abort_ids.clear()
@@ -111,8 +114,13 @@ class SchedulerLoop:
                     closed = self._closed
                 if self._adaptive is not None:
                     self._adaptive.update()
+                if release:
+                    self._release_until_sync()
                 for sync in syncs:
                     self._apply_sync(sync)
+                if self._released and (self._active or self._prefilling):
+                    layout.repack(self.model)  # generating before a sync came: at full speed again
+                    self._released = False
                 for request in [*self._active, *self._prefilling]:
                     if abort_all or request.id in abort_ids:
                         request.aborted = True
@@ -128,15 +136,25 @@ class SchedulerLoop:
                         self._waiting.clear()
                     return
 
+    def _release_until_sync(self) -> None:
+        """Frees what the next weight sync makes again: the prefix cache (stale under new weights) and MKL's
+        packed weight copies (made again from the new weights)."""
+        self.prefix_cache.clear()
+        layout.unpack(self.model)
+        self._released = True
+        memory.trim()
+
     def _apply_sync(self, sync: WeightSync) -> None:
         try:
             copy_weights(self.model, sync.state)
             layout.repack(self.model)  # MKL's packed copies of the new weights
+            self._released = False
         except Exception as e:  # reported to the caller that asked for the sync
             sync.done.set_exception(EngineError(f"weight sync failed: {e}"))
             return
         finally:
             self.prefix_cache.clear()  # keys/values of the old weights (or of half-copied ones) are stale
+            memory.trim()  # the flushed blocks' pages back to the system
         self.policy_version = sync.version
         logger.info("weights of version %d loaded; prefix cache flushed", sync.version)
         sync.done.set_result(None)

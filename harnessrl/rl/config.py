@@ -110,6 +110,7 @@ class RLConfig(UpdateConfig):
         "train" beside the train stage's own fields at their defaults (they never applied to the loop) — so
         that a checkpoint written before the configs were shared still resumes."""
         from harnessrl.train.round import TrainConfig
+        from harnessrl.train.trainer import TrainerConfig
 
         own = {f.name for f in fields(RLConfig)} - {f.name for f in fields(UpdateConfig)}
         shared = {f.name for f in fields(UpdateConfig)}
@@ -119,6 +120,7 @@ class RLConfig(UpdateConfig):
             legacy[name] = everything[name]  # the loop's own then; the nested copies kept their defaults
         nested = TrainConfig().to_dict()
         nested.update({k: v for k, v in everything.items() if k in shared and k not in legacy})
+        nested["train"] = TrainerConfig.hashed(nested["train"])
         legacy["train"] = nested
         for name, before in ADDED_LATER.items():  # at the value that behaves as before: the same identity
             if legacy.get(name) == before:

@@ -1,6 +1,6 @@
 """How each mode collects the groups of one optimizer step, and what it does around the step: one class per mode.
 
-- `SyncDriver`: start `batch_groups` groups, wait for all of them, replace the ones without reward variance by
+- `SyncDriver`: start `batch_groups` groups, wait for all of them, replace the ones without signal by
   new groups (a second wave, up to the step's group budget), train, sync weights. Nothing generates while
   the trainer works, and the batch waits for its slowest rollout.
 - `ColocatedDriver`: a feeder thread keeps rollouts running (bounded by the rollout slots and the staleness
@@ -30,7 +30,7 @@ from harnessrl.rl.groups import Group, RolloutPool
 from harnessrl.rl.modes import GroupFate, RLMode
 from harnessrl.rl.records import Collected
 from harnessrl.rl.role_switch import RoleSwitch, expected_wait_s
-from harnessrl.schema import RolloutStatus
+from harnessrl.train.data import has_signal
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +38,12 @@ logger = logging.getLogger(__name__)
 class Driver:
     """Collects step batches from the pool; `version` is the trainer's (steps that changed the weights so
     far), `accepted` counts groups handed to the trainer (for admission). The base class is the part every
-    mode shares: classifying finished groups and handing out a batch."""
+    mode shares: classifying finished groups and handing out a batch. A group has signal as the learner's
+    step plan decides it (train.data.has_signal on the group's rollouts placed as the learner places them), so
+    a group kept here is a group the step trains."""
 
     def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int):
         self.cfg, self.pool, self.version = cfg, pool, version
-        self.ok = frozenset(cfg.ok_statuses) | {RolloutStatus.OK}
         self.buffer: deque[Group] = deque()
         self.discarded: list[tuple[Group, GroupFate]] = []  # this step's groups that will not train, and why
         self.accepted = version * cfg.batch_groups
@@ -56,7 +57,7 @@ class Driver:
         self.pool.notify()
 
     def collect(self, collected: Collected) -> list[Group]:
-        """Up to `batch_groups` finished groups with reward variance for the next optimizer step (fewer when
+        """Up to `batch_groups` finished groups with signal for the next optimizer step (fewer when
         the step's group budget ran out), counting what it took in `collected`."""
         t0 = time.perf_counter()
         self.discarded = []
@@ -80,13 +81,14 @@ class Driver:
 
     def _classify(self, collected: Collected) -> None:
         for g in self.pool.take_ready():
-            rewards = g.rewards(self.ok)
+            members = g.members(self.cfg)  # as the learner's step will place them
+            rewards = [m.reward for m in members if m.trainable]  # the scored ones: the agent's own
             collected.add_rewards(rewards)
             collected.add_samples([s.rollout_id for s in g.samples])
             collected.tokens_generated += g.generated_tokens()
             self.pool.pass_rates.record(g.task_id, rewards)
             self._finished(g)
-            if not g.has_signal(self.ok):
+            if not has_signal(members):
                 collected.groups_zero_variance += 1
                 collected.groups_discarded.append(g.group_id)
                 self.discarded.append((g, GroupFate.ZERO_VARIANCE))

@@ -24,11 +24,16 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.dynamic_sampling import worth_sampling
 from harnessrl.rl.workloads import Finished, GatewayAccess, RolloutPlan, Workload
 from harnessrl.schema import RolloutStatus, Sample
+from harnessrl.train.data import RewardRow, Rollout
+
+if TYPE_CHECKING:
+    from harnessrl.train.config import UpdateConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +49,15 @@ class Group:
     samples: list[Sample] = field(default_factory=list)
     finished_at: float = 0.0
 
-    def rewards(self, ok: frozenset[RolloutStatus]) -> list[float]:
-        return [r.reward for r in self.rollouts if r.status in ok and r.reward is not None]
+    def reward_rows(self) -> dict[str, RewardRow]:
+        """Each rollout's reward and status, as the learner's data assembly reads them."""
+        return {r.rollout_id: RewardRow(r.reward, r.status) for r in self.rollouts}
 
-    def has_signal(self, ok: frozenset[RolloutStatus]) -> bool:
-        return len(set(self.rewards(ok))) > 1
+    def members(self, cfg: UpdateConfig) -> list[Rollout]:
+        """The group's rollouts as the learner's step places them (`cfg.prepare`: scored and trained, in the
+        baseline only, or left out), so whether the group has signal (train.data.has_signal) is decided on
+        what the learner will see."""
+        return cfg.prepare(self.samples, self.reward_rows()).rollouts
 
     def oldest_version(self) -> int:
         """The policy version of the group's oldest sampled token (its start version when it sampled none)."""

@@ -22,7 +22,6 @@ from harnessrl.rl.publish import WeightPublisher, make_publisher
 from harnessrl.rl.ranks import Command, TrainerRanks, gather_weights, trainer_threads
 from harnessrl.rl.records import Update
 from harnessrl.train.checkpoint import save_checkpoint, save_model, upload_dir
-from harnessrl.train.data import RewardRow, assemble
 from harnessrl.train.plan import plan_round, step_items
 from harnessrl.train.summary import stats
 
@@ -68,15 +67,9 @@ class Learner:
         samples, rewards = [], {}
         for g in groups:
             samples += g.samples
-            rewards.update({r.rollout_id: RewardRow(r.reward, r.status) for r in g.rollouts})
+            rewards.update(g.reward_rows())
         cfg = self.cfg
-        prepared = assemble(
-            samples,
-            rewards,
-            nonok=cfg.nonok,
-            mask_reward=cfg.mask_reward,
-            ok_statuses=frozenset(cfg.ok_statuses),
-        )
+        prepared = cfg.prepare(samples, rewards)
         plan = plan_round(prepared, cfg)
         if not plan.steps:
             return None

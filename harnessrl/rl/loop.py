@@ -33,7 +33,7 @@ def train(run: RLRun) -> RLSummary:
     """generate → verify → train → sync, once per optimizer step."""
     while run.step < run.cfg.steps:
         clock = StepClock()
-        groups = run.collect(clock)  # rollouts generated and verified, whole groups with reward variance
+        groups = run.collect(clock)  # rollouts generated and verified, whole groups with signal
         update = run.train(clock, groups) if groups else None  # one GRPO / RLOO step on them
         if groups:
             run.publish(clock, update, groups)  # the new weights into every engine; rollouts resume

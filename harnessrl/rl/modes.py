@@ -19,10 +19,11 @@ class GroupFate(StrEnum):
     """What a step did with a finished group (`rollouts/step-N.jsonl`)."""
 
     TRAINED = "trained"
-    ZERO_VARIANCE = "zero_variance"  # every rollout got the same reward: no advantage to learn from
+    # no signal (train.data.has_signal): its rollouts in the step had one reward, or none of them trains
+    ZERO_VARIANCE = "zero_variance"
     STALE = "stale"  # sampled by a policy older than max_staleness allows
 
 
 class StepOutcome(StrEnum):
     TRAINED = "trained"
-    NO_SIGNAL = "no_signal"  # the group budget ran out before any group had reward variance
+    NO_SIGNAL = "no_signal"  # the group budget ran out before any group had signal

@@ -27,7 +27,7 @@ class Collected:
 
     groups_zero_variance: int = 0
     groups_stale_dropped: int = 0
-    rollouts_finished: int = 0  # rewarded rollouts that finished (trained on or not)
+    rollouts_finished: int = 0  # scored rollouts with a reward that finished (their group trained or not)
     reward_sum: float = 0.0  # their rewards
     tokens_generated: int = 0
     wait_s: float = 0.0  # trainer waiting for data

@@ -23,7 +23,7 @@ CURVES: tuple[tuple[str, Callable[[StepRecord], float | None]], ...] = (
     ("engine idle fraction", lambda r: r.engine_idle_frac),
 )
 NOT_MEASURED = {
-    "reward (trained groups)": "no step trained:\nno group had reward variance",
+    "reward (trained groups)": "no step trained:\nno group had signal",
     "reward (all finished rollouts)": "no rollout finished\nwith a reward",
     "loss": "no step trained",
     "staleness (versions)": "no step trained",

@@ -11,7 +11,7 @@ Outputs in `out/`: `model/` (final policy, HF layout), `checkpoints/step-NNNNNN/
 weights, trainer state, the loop's state — data cursor, policy version, pass-rate history, step records so
 far), `steps.jsonl`, `tensorboard/`, `metrics.json`, `report.md` + `curves.png`. `resume=True` continues from
 the newest checkpoint of the same run (fingerprint: settings less the step count, policy files, task file,
-specs) with the same data order.
+workload kind, the specs' content) with the same data order.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from harnessrl.rl.drivers import Driver, make_driver
 from harnessrl.rl.groups import DataOrder, Group, PassRates, RolloutPool
 from harnessrl.rl.learner import Learner, run_on
 from harnessrl.rl.metrics import MetricsSink
-from harnessrl.rl.modes import StepOutcome, WorkloadKind
+from harnessrl.rl.modes import RLMode, StepOutcome, WorkloadKind
 from harnessrl.rl.ranks import Command, Setup, TrainerRanks, build_trainer
 from harnessrl.rl.records import Collected, EngineRates, RLSummary, StepRecord, Update, summarize
 from harnessrl.rl.rollout_log import read_step_rollouts, trajectory_section, write_step_rollouts
@@ -60,9 +60,27 @@ def run_identity(cfg: RLConfig, inputs: RLInputs, policy_dir: Path, workload: Wo
         "settings": _digest(json.dumps(cfg.hashed_settings(), sort_keys=True, default=str).encode()),
         "policy": policy_digest(policy_dir),
         "tasks": _digest(tasks.read_bytes() if tasks.is_file() else "\n".join(workload.task_ids()).encode()),
-        "workload": _digest(json.dumps([str(inputs.workload), str(inputs.specs)], default=str).encode()),
+        # the kind, as earlier versions hashed a run without specs (so their checkpoints still resume)
+        "workload": _digest(json.dumps([str(inputs.workload), "None"]).encode()),
+        **spec_parts(workload),
     }
     return RunIdentity(parts, inputs.policy or str(policy_dir))
+
+
+def spec_parts(workload: Workload) -> dict[str, str]:
+    """The identity's parts for the harness specs a task-set workload runs under, one per spec field
+    (`specs.reward`, `specs.limits`, ...) over the parsed specs in their order: what the specs say, not how a
+    file spells them or where it lies, and a refusal names the fields that changed. A spec's name is a label
+    (not hashed); a run without specs (every task under its environment's default) has no such parts."""
+    specs = workload.specs if isinstance(workload, TaskSetWorkload) else []
+    rows = [{**asdict(s.spec), "environments": list(s.environments)} for s in specs]
+    names = sorted(rows[0]) if rows else []
+    return {
+        f"specs.{name}": _digest(
+            json.dumps([row[name] for row in rows], sort_keys=True, default=str).encode()
+        )
+        for name in names
+    }
 
 
 def make_workload(inputs: RLInputs, cfg: RLConfig, work: Path) -> Workload:
@@ -345,13 +363,18 @@ class RLRun:
 
     # -- the steps the loop calls -----------------------------------------------------------------------
     def collect(self, clock: StepClock) -> list[Group]:
-        """Generate and verify until `batch_groups` groups with reward variance are done (the mode decides
+        """Generate and verify until `batch_groups` groups with signal are done (the mode decides
         how: drivers.py)."""
         return self.driver.collect(clock.collected)
 
     def train(self, clock: StepClock, groups: list[Group]) -> Update | None:
         """One optimizer step on the groups (GRPO / RLOO, rollout-level advantages)."""
         self.driver.before_train(clock.collected)
+        if (
+            self.cfg.mode is not RLMode.SEPARATE
+        ):  # nothing generates until the sync: the trainer gets the room
+            for engine in self.engines.local:
+                engine.release_until_sync()
         return self.learner.train(groups, self.version)
 
     def publish(self, clock: StepClock, update: Update | None, groups: list[Group]) -> None:

@@ -7,7 +7,9 @@ whatever the workload is.
 - `TaskSetWorkload`: a task set, any environment (harnessrl.environments). Each rollout is the generate
   stage's `run_rollout` (the environment's episode: workspace and sandbox or none, the sample's harness spec,
   gateway session, what the agent produced) followed by the verify stage's `verify_rollout` (swe: fresh tree,
-  tests, SWE-bench grading; others: the environment's reward); the reward is the one the sample's spec names.
+  tests, SWE-bench grading; others: the environment's reward) in the sandbox the spec names (podman,
+  kubernetes: a fresh container / pod of the task's image; verify.rollouts.spec_sandbox); the reward is the
+  one the sample's spec names.
 - `PromptWorkload`: single-turn prompts with a verifiable answer word (JSONL rows `{task_id, prompt,
   answer}`); reward 1 when the reply contains the answer as a word. Small enough for tests and for the
   mode benchmark, where the tiny model can learn it.
@@ -30,7 +32,7 @@ from harnessrl.io import read_jsonl
 if TYPE_CHECKING:
     from harnessrl.rollout.episode import RolloutRow
     from harnessrl.rollout.specs import NamedSpec
-from harnessrl.schema import RolloutStatus
+from harnessrl.schema import SCORED_STATUSES, RolloutStatus
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +199,7 @@ class TaskSetWorkload:
     def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished:
         from harnessrl.rollout.episode import RolloutContext, plan_row, run_rollout, spec_for
         from harnessrl.verify.grading import GRADED
-        from harnessrl.verify.rollouts import verify_rollout
+        from harnessrl.verify.rollouts import spec_sandbox, verify_rollout
 
         t0 = time.monotonic()
         task = self.rows[plan.task_id]
@@ -206,14 +208,14 @@ class TaskSetWorkload:
         ctx = RolloutContext(self.sandboxes, gateway.url, gateway.admin_token, self.work)
         row = run_rollout(ctx, row, spec, task, plan.seed).row
         rollout = asdict(row)
-        result = verify_rollout(self.taskset, self.rows, rollout, Path("."), self.verify_timeout_s, None)
+        result = verify_rollout(  # graded where the spec ran it: podman / kubernetes in the task's image
+            self.taskset, self.rows, rollout, Path("."), self.verify_timeout_s, None, spec_sandbox(spec.spec)
+        )
         status = row.rollout_status
         reward: float | None = None
-        if result.status in GRADED:
+        if result.status in GRADED:  # patch_too_large too: scored 0 by verify (schema.SCORED_STATUSES)
             reward = result.reward  # verify scores with the rollout's reward_fn (the spec's `reward`)
-            if status is RolloutStatus.PATCH_TOO_LARGE:
-                status = RolloutStatus.OK  # scored 0 by verify, the agent's doing
-        elif status is RolloutStatus.OK:
+        elif status in SCORED_STATUSES:  # the agent's rollout, but verifying it failed: ours
             status = RolloutStatus.INFRA_ERROR
         detail = row.error or result.detail
         return Finished(

@@ -4,11 +4,12 @@ Both take the same jobs and yield `RolloutOutcome`s; the caller writes them into
 A job that dies without returning (a crashed Ray worker, an exception escaping the rollout function) becomes
 an `infra_error` row with `finish_reason` `worker_crashed` and the reason — never a silent reward 0.
 
-Ray: `ray.init(address=RAY_ADDRESS)` — a local Ray instance when `RAY_ADDRESS` is unset, the KubeRay
-cluster (`ray://harnessrl-ray-head-svc.harnessrl:10001`, manifests/base/raycluster.yaml) when set. At most
-`concurrency` rollouts are in flight (submission window), each asking Ray for `ray_cpus` CPUs; tasks are
-never retried (a retried rollout would reuse its gateway session id). Workers reach the engine only through
-the gateway's URL, which the driver keeps serving.
+Ray: `ray.init(address=RAY_ADDRESS)`: the KubeRay cluster (`ray://harnessrl-ray-head-svc.harnessrl:10001`,
+manifests/base/raycluster.yaml) when set; when unset, a local Ray cluster this executor starts in processes
+of its own (ray_cluster.LocalRayCluster: `ray.init()` would fork it from this big process) and stops at
+close. At most `concurrency` rollouts are in flight (submission window), each asking Ray for `ray_cpus`
+CPUs; tasks are never retried (a retried rollout would reuse its gateway session id). Workers reach the
+engine only through the gateway's URL, which the driver keeps serving.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from harnessrl.harness.base import EpisodeEnd
 from harnessrl.rollout.episode import RolloutContext, RolloutOutcome, RolloutRow
+from harnessrl.rollout.ray_cluster import LocalRayCluster
 from harnessrl.schema import RolloutStatus
 
 if TYPE_CHECKING:
@@ -95,10 +97,19 @@ class RayExecutor:
         self.ray_cpus = ray_cpus
         self.address = os.environ.get("RAY_ADDRESS") or None
         self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            ray.init(
-                address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False
-            )
+        self.cluster: LocalRayCluster | None = None  # the local cluster it started, stopped at close
+        if not self._owns_ray:
+            return
+        try:
+            if self.address is None:
+                self.cluster = LocalRayCluster()
+                self.cluster.start()
+                self.cluster.connect()
+            else:
+                ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+        except BaseException:
+            self.close()
+            raise
 
     def gateway_host(self) -> str:
         """Local Ray: loopback. A cluster: an address the worker pods reach (HARNESSRL_GATEWAY_HOST, or the
@@ -127,7 +138,10 @@ class RayExecutor:
                     yield crashed_outcome(job, f"{type(e).__name__}: {_first_lines(str(e))}")
 
     def close(self) -> None:
-        if self._owns_ray:
+        if self.cluster is not None:  # disconnects this process, then stops the cluster
+            self.cluster.stop()
+            self.cluster = None
+        elif self._owns_ray:
             self.ray.shutdown()
 
 

@@ -1,5 +1,5 @@
 """The update settings: how finished rollouts become an optimizer step (advantages, loss aggregation, the
-optimizer, which rollout statuses are rewarded) and how a run keeps checkpoints and pass-rate history.
+optimizer, which rollout statuses are scored) and how a run keeps checkpoints and pass-rate history.
 
 One definition, shared: the train stage's `TrainConfig` (harnessrl.train.round) and the RL loop's `RLConfig`
 (harnessrl.rl.config) both extend `UpdateConfig`, so the same JSON keys mean the same thing in both
@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from harnessrl.choices import parse_choice
-from harnessrl.schema import RolloutStatus
+from harnessrl.schema import RolloutStatus, Sample, scored_statuses
+from harnessrl.train.data import Prepared, RewardRow, assemble
 from harnessrl.train.modes import AdvantageLevel, Estimator, NonOkHandling, SingletonHandling
 from harnessrl.train.trainer import TrainerConfig
 
@@ -27,7 +28,8 @@ class UpdateConfig:
     singleton: SingletonHandling = SingletonHandling.ZERO
     nonok: NonOkHandling = NonOkHandling.DROP  # see data.py
     mask_reward: float = 0.0
-    ok_statuses: tuple[RolloutStatus, ...] = (RolloutStatus.OK,)  # rewarded; the others follow `nonok`
+    # scored besides ok and patch_too_large (schema.scored_statuses; never infra_error); the others follow `nonok`
+    ok_statuses: tuple[RolloutStatus, ...] = (RolloutStatus.OK,)
     drop_zero_variance: bool = True
     device: str = "auto"
     # CPU threads for torch (0: every core). Set by the run itself, never inherited from whatever ran before
@@ -46,11 +48,18 @@ class UpdateConfig:
         self.singleton = parse_choice(SingletonHandling, self.singleton, "singleton")
         self.nonok = parse_choice(NonOkHandling, self.nonok, "nonok")
         self.ok_statuses = tuple(parse_choice(RolloutStatus, s, "ok_statuses") for s in self.ok_statuses)
+        scored_statuses(self.ok_statuses)  # refuses an infrastructure status
         if self.threads < 0 or self.save_every < 0 or self.keep_checkpoints < 1 or self.history_last_k < 1:
             raise ValueError("need threads ≥ 0, save_every ≥ 0, keep_checkpoints ≥ 1 and history_last_k ≥ 1")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def prepare(self, samples: list[Sample], rewards: dict[str, RewardRow] | None) -> Prepared:
+        """The rollouts of `samples`, placed under these settings (data.assemble: scored, masked or left out)."""
+        return assemble(
+            samples, rewards, nonok=self.nonok, mask_reward=self.mask_reward, ok_statuses=self.ok_statuses
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], what: str = "config") -> Any:

@@ -1,23 +1,33 @@
-"""Loads the train stage's inputs and joins them into rollouts: samples (Parquet) + rewards (verify JSONL).
+"""Loads the train stage's inputs and joins them into rollouts: samples (Parquet) + rewards (verify JSONL); and
+the one rule for what a group's rollouts are worth to a step (`assemble`, `has_signal`), which the train
+stage and the RL loop (its learner, and its driver deciding which groups to replace) both apply.
 
-Non-ok rollouts (status other than the configured ok statuses) are never trained as reward 0 silently:
+A rollout whose status is scored (`schema.scored_statuses`: ok and patch_too_large, plus the settings'
+`ok_statuses`) trains on its reward; one without a reward is left out (`missing_reward`). The others are never
+trained as reward 0 silently:
 - ``drop``: the rollout leaves the round entirely — not trained, not in its group's baseline.
 - ``mask``: the rollout stays in its group's baseline with an explicit reward (its verify reward if it has
   one, else ``mask_reward``), but none of its tokens are trained. Use it when a failure (e.g. a timeout)
-  should count as a failed attempt for the other rollouts' advantages.
+  should count as a failed attempt for the other rollouts' advantages. An infrastructure failure
+  (`schema.INFRA_STATUSES`) is never masked: it is always dropped, never anyone's 0.
 Both are counted in the stage metrics by status.
+
+A group has signal (`has_signal`) when its rollouts in the round — the scored ones and, under ``mask``, the
+masked ones — do not all have the same reward and at least one of them trains: only then does a trained
+rollout get an advantage. The step plan drops the groups without it; the RL loop replaces them.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.choices import parse_choice
 from harnessrl.io import read_jsonl
-from harnessrl.schema import RolloutStatus, Sample
+from harnessrl.schema import INFRA_STATUSES, RolloutStatus, Sample, scored_statuses
 from harnessrl.train.modes import NonOkHandling
 
 
@@ -134,10 +144,12 @@ def assemble(
     *,
     nonok: NonOkHandling = NonOkHandling.DROP,
     mask_reward: float = 0.0,
-    ok_statuses: frozenset[RolloutStatus] = frozenset({RolloutStatus.OK}),
+    ok_statuses: Iterable[RolloutStatus] = (),
 ) -> Prepared:
-    """Groups samples by rollout and attaches each rollout's reward and status."""
+    """Groups samples by rollout and attaches each rollout's reward and status, placed as the module docstring
+    says (`ok_statuses`: scored in addition to schema.SCORED_STATUSES)."""
     nonok = parse_choice(NonOkHandling, nonok, "nonok")
+    scored = scored_statuses(ok_statuses)
     by_rollout: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         by_rollout[s.rollout_id].append(s)
@@ -152,12 +164,12 @@ def assemble(
         row = rewards.get(rid) if rewards is not None else None
         status = row.status if row is not None else members[0].rollout_status
         reward = row.reward if row is not None else members[0].reward
-        if status in ok_statuses:
+        if status in scored:
             if reward is None:
                 prepared.excluded["missing_reward"] += 1
                 continue
             prepared.rollouts.append(Rollout(rid, members[0].group_id, reward, status, members))
-        elif nonok == NonOkHandling.DROP:
+        elif nonok == NonOkHandling.DROP or status in INFRA_STATUSES:
             prepared.excluded[f"status:{status}"] += 1
         else:
             prepared.masked[status] += 1
@@ -176,3 +188,9 @@ def assemble(
         if orphans:
             prepared.excluded["reward_without_samples"] += len(orphans)
     return prepared
+
+
+def has_signal(members: Iterable[Rollout]) -> bool:
+    """Whether a group's prepared rollouts give a trained one an advantage (the module docstring)."""
+    members = list(members)
+    return any(m.trainable for m in members) and len({m.reward for m in members}) > 1

@@ -2,7 +2,7 @@
 
 A run's identity has five parts, each a content hash:
 - settings: the TrainConfig, less what does not change the result (max_steps, save_every, keep_checkpoints,
-  device);
+  device; the optimizer step's memory settings, trainer.MEMORY_SETTINGS_AS_HASHED);
 - policy: every file of the input model directory (config, weights, tokenizer), so another policy — or the
   same path with new weights — is a different run (SmolLM2-135M: 0.5 GB, about 1 s to hash here);
 - samples: per rollout, its samples' ids, token ids, loss masks and behavior log-probs;
@@ -43,25 +43,34 @@ class RunIdentity:
         return {"fingerprint": self.digest, "fingerprint_parts": self.parts, "policy_in": self.policy}
 
     def differences(self, meta: dict) -> str:
-        """What differs between this run and the run that wrote `meta` (a checkpoint's trainer_state.json)."""
+        """What differs between this run and the run that wrote `meta` (a checkpoint's trainer_state.json). A
+        part named `whole.field` (the RL loop's `specs.reward`, ...) is said as its whole with the fields
+        that differ: "the specs differ (limits, reward)"."""
         theirs = meta.get("fingerprint_parts")
         if not isinstance(theirs, dict):
             return "it was written by an older version that did not record its inputs"
-        diff = []
+        changed: dict[str, list[str]] = {}
         for name in sorted(set(self.parts) | set(theirs)):
-            if self.parts.get(name) == theirs.get(name):
-                continue
+            if self.parts.get(name) != theirs.get(name):
+                whole, _, part = name.partition(".")
+                changed.setdefault(whole, []).extend([part] if part else [])
+        diff = []
+        for name, parts in changed.items():
             if name == "policy":
                 diff.append(f"the policy differs (checkpoint: {meta.get('policy_in')}, now: {self.policy})")
-            else:
-                diff.append(f"the {name} differ" if name.endswith("s") else f"the {name} differs")
+                continue
+            said = f"the {name} differ" if name.endswith("s") else f"the {name} differs"
+            diff.append(f"{said} ({', '.join(parts)})" if parts else said)
         return ", ".join(diff) or "its fingerprint differs"
 
 
 def run_identity(
     prepared: Prepared, plan: Plan, cfg: TrainConfig, policy_dir: Path, policy: str
 ) -> RunIdentity:
+    from harnessrl.train.trainer import TrainerConfig
+
     settings = {k: v for k, v in cfg.to_dict().items() if k not in UNHASHED_SETTINGS}
+    settings["train"] = TrainerConfig.hashed(settings["train"])
     parts = {
         "settings": _digest(json.dumps(settings, sort_keys=True, default=str).encode()),
         "policy": policy_digest(policy_dir),

@@ -1,5 +1,5 @@
 """The step plan, shared by the train stage and the RL loop: rollout-level (or sample-level) advantages over
-the prepared rollouts of a round, groups without reward variance dropped, the optimizer steps at group
+the prepared rollouts of a round, groups without signal dropped (data.has_signal), the optimizer steps at group
 granularity (all samples of a rollout, indeed of a group, share one step), and each step's sequence items
 with their loss weights (losses.sequence_weights: global denominators per step)."""
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from harnessrl.train import advantages as adv_mod
 from harnessrl.train.batching import SeqItem
 from harnessrl.train.config import UpdateConfig
-from harnessrl.train.data import Prepared, Rollout
+from harnessrl.train.data import Prepared, Rollout, has_signal
 from harnessrl.train.losses import sequence_weights
 from harnessrl.train.modes import AdvantageLevel
 
@@ -63,10 +63,10 @@ def plan_round(
     counts["groups_singleton"] = st.singleton_groups
     zero_var: set[str] = set()
     if cfg.drop_zero_variance:
-        by_group: dict[str, set[float]] = defaultdict(set)
+        by_group: dict[str, list[Rollout]] = defaultdict(list)
         for r in rollouts:
-            by_group[r.group_id].add(r.reward)
-        zero_var = {g for g, rs in by_group.items() if len(rs) == 1}
+            by_group[r.group_id].append(r)
+        zero_var = {g for g, members in by_group.items() if not has_signal(members)}
     rollouts = [r for r in rollouts if r.group_id not in zero_var]
     counts["groups_skipped_zero_variance"] = len(zero_var)
     trained_groups = sorted({r.group_id for r in rollouts if r.trainable})

@@ -29,7 +29,7 @@ from harnessrl.train.checkpoint import (
     upload_dir,
 )
 from harnessrl.train.config import UpdateConfig
-from harnessrl.train.data import Prepared, assemble, load_rewards, load_samples
+from harnessrl.train.data import Prepared, load_rewards, load_samples
 from harnessrl.train.fingerprint import run_identity
 from harnessrl.train.plan import Plan, plan_round, step_items
 from harnessrl.train.report import write_report
@@ -102,13 +102,7 @@ def run_train(
     try:
         given = str(policy)  # as the user gave it (an s3:// URI or a path), for the identity's messages
         policy_dir = resolve_policy(given, out, main=main, barrier=dist_mod.barrier)  # a bad one: first
-        prepared = assemble(
-            load_samples(samples),
-            load_rewards(rewards) if rewards else None,
-            nonok=cfg.nonok,
-            mask_reward=cfg.mask_reward,
-            ok_statuses=frozenset(cfg.ok_statuses),
-        )
+        prepared = cfg.prepare(load_samples(samples), load_rewards(rewards) if rewards else None)
         plan = cfg.plan(prepared)
         # the plan (and the fingerprint) cover the whole round; max_steps only stops early
         steps = plan.steps[: cfg.max_steps]

@@ -10,14 +10,16 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
+from harnessrl import memory
 from harnessrl.choices import parse_choice
 from harnessrl.train import distributed as dist_mod
 from harnessrl.train.batching import MicroBatch, SeqItem, pack, packed_kwargs, pad
@@ -29,6 +31,15 @@ from harnessrl.train.losses import (
     sft_token_losses,
 )
 from harnessrl.train.modes import LossMode, Objective, Precision
+
+# Settings that change how much memory a step takes, not its result (the loss's denominators are global to the
+# step, losses.py): a run's identity hashes them at the values every earlier version ran with, so that a run
+# resumes whatever they are set to and the identities of earlier runs still hold.
+MEMORY_SETTINGS_AS_HASHED: dict[str, object] = {
+    "max_tokens_per_micro_batch": 4096,
+    "activation_checkpointing": None,
+    "head_chunk_tokens": None,
+}
 
 # how a checkpoint's optimizer state is keyed: a DP run saves the full, FQN-keyed state (see state_dict)
 FULL_FQN_OPTIMIZER = "full_fqn"
@@ -55,7 +66,17 @@ class TrainerConfig:
     policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     packing: bool = True
-    max_tokens_per_micro_batch: int = 4096  # packed micro-batch budget
+    # Packed micro-batch budget. Its full-vocabulary logits (tokens × vocab, fp32) and the activations it keeps
+    # for the backward grow with it: 1,024 keeps one step of the tiny model under ~1.3 GB above its weights and
+    # optimizer state, where 4,096 took ~6 GB, and was no faster on a CPU (docs/train.md, "Memory").
+    max_tokens_per_micro_batch: int = 1024
+    # Recompute each decoder layer in the backward instead of keeping its activations: ~30 layers × tokens ×
+    # hidden kept instead of every intermediate of every layer, for one more forward pass.
+    activation_checkpointing: bool = True
+    # The output head scores this many positions at a time (log π(target) and entropy), recomputed in the
+    # backward: a (tokens × vocab) logits tensor never exists whole (0, or a model without a transformers
+    # output head: the model's own whole logits)
+    head_chunk_tokens: int = 256
     seqs_per_micro_batch: int = 4  # padded micro-batches (packing=False)
     precision: Precision = Precision.FP32
     ppo_epochs: int = 1  # optimizer steps per batch; >1 recomputes π_old once before the first
@@ -68,9 +89,25 @@ class TrainerConfig:
         self.precision = parse_choice(Precision, self.precision, "train.precision")
         if self.ppo_epochs < 1:
             raise ValueError("ppo_epochs must be ≥ 1")
+        if self.head_chunk_tokens < 0:
+            raise ValueError(
+                f"head_chunk_tokens must be >= 0 (0: whole logits), got {self.head_chunk_tokens}"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @staticmethod
+    def hashed(settings: dict) -> dict:
+        """A run identity's view of these settings (`to_dict()`'s layout): the memory-only ones at their hashed
+        values (None: not hashed)."""
+        out = dict(settings)
+        for name, hashed in MEMORY_SETTINGS_AS_HASHED.items():
+            if hashed is None:
+                out.pop(name, None)
+            else:
+                out[name] = hashed
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainerConfig:
@@ -131,6 +168,69 @@ def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     return torch.cat(out).view(logits.shape[:-1])
 
 
+class TokenScores(NamedTuple):
+    """Per position of a micro-batch: log π(target | prefix), and the entropy of π there (with a gradient only
+    when the loss uses it)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+
+
+def _chunk_scores(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = torch.log_softmax(head(hidden).float(), dim=-1)
+    lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return lp, entropy
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A transformers model's output head (the module that makes logits), or None."""
+    from transformers import PreTrainedModel
+
+    head = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+@contextlib.contextmanager
+def scoring_head(
+    head: torch.nn.Module, targets: torch.Tensor, chunk: int, entropy_grad: bool
+) -> Iterator[None]:
+    """While open, the output head returns [rows, T, 2] (log π(target), entropy) instead of logits, `chunk`
+    positions at a time under activation checkpointing: the backward recomputes each chunk's logits, so at
+    most one chunk's (chunk × vocab) exists at once. The head is still called inside the model's own forward,
+    so FSDP2 has its parameters gathered as usual."""
+    plain = head.forward
+
+    def score(hidden: torch.Tensor) -> torch.Tensor:
+        flat, tgt = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        parts = [
+            checkpoint(
+                _chunk_scores,
+                plain,
+                flat[s : s + chunk],
+                tgt[s : s + chunk],
+                entropy_grad,
+                use_reentrant=False,
+            )
+            for s in range(0, flat.shape[0], chunk)
+        ]
+        lp = torch.cat([p[0] for p in parts])
+        entropy = torch.cat([p[1] for p in parts])
+        return torch.stack((lp, entropy), dim=-1).view(*hidden.shape[:-1], 2)
+
+    head.forward = score
+    try:
+        yield
+    finally:
+        del head.forward  # the class's forward again
+
+
 def resolve_precision(precision: Precision, model: torch.nn.Module, device: torch.device) -> Precision:
     """`auto`: bf16 where this host multiplies it faster than fp32 at the model's shapes (the probe of
     `harnessrl.numformat`, measured once per host and cached), else fp32. The weights and AdamW's state stay
@@ -141,6 +241,17 @@ def resolve_precision(precision: Precision, model: torch.nn.Module, device: torc
 
     picked = numformat.resolve("auto", "trainer", getattr(model, "config", None), device)
     return Precision.BF16 if picked == numformat.BFLOAT16 else Precision.FP32
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> bool:
+    """transformers' per-layer recomputation (non-reentrant, so FSDP2 and frozen inputs work); False, the model
+    unchanged, where the model has none."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel) or not model.supports_gradient_checkpointing:
+        return False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return True
 
 
 def micro_batches(items: Sequence[SeqItem], cfg: TrainerConfig, pad_id: int = 0) -> list[MicroBatch]:
@@ -178,6 +289,8 @@ class Trainer:
             from harnessrl.train.segments import use_segments  # transformers: only where a trainer runs
 
             self._per_sequence = {id(m) for m in (model, ref_model) if m is not None and use_segments(m)}
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(model)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -215,9 +328,21 @@ class Trainer:
             )
         return out.logits
 
+    def _scores(self, model: torch.nn.Module, mb: MicroBatch, entropy_grad: bool = False) -> TokenScores:
+        targets = mb.targets.to(self.device)
+        head, chunk = output_head(model), self.cfg.head_chunk_tokens
+        if head is not None and chunk:  # other models: their whole logits
+            with scoring_head(head, targets, chunk, entropy_grad):
+                scored = self._forward(model, mb)
+            return TokenScores(scored[..., 0], scored[..., 1])
+        logits = self._forward(model, mb)
+        if entropy_grad:
+            return TokenScores(token_logprobs(logits, targets), entropy_from_logits(logits))
+        return TokenScores(token_logprobs(logits, targets), token_entropy(logits))
+
     @torch.no_grad()
     def _logprobs_no_grad(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        return token_logprobs(self._forward(model, mb), mb.targets.to(self.device))
+        return self._scores(model, mb).logprobs
 
     def step(self, items: Sequence[SeqItem]) -> StepMetrics:
         """One batch of whole rollouts → `ppo_epochs` optimizer steps. Returns metrics of the last."""
@@ -256,22 +381,19 @@ class Trainer:
                 )
             }
             for i, mb in enumerate(mbs):
-                logits = self._forward(self.model, mb)
-                tgt = mb.targets.to(self.device)
+                lp, entropy = self._scores(self.model, mb, entropy_grad=cfg.policy.entropy_coef > 0)
                 mask = mb.target_mask.to(self.device)
                 w = mb.weights.to(self.device)
                 adv = mb.advantages.to(self.device)
-                lp = token_logprobs(logits, tgt)
                 if cfg.objective is Objective.SFT:
                     tl = sft_token_losses(lp)
                 else:
                     old = old_lp[i] if old_lp is not None else lp.detach()
                     tl = ppo_token_losses(lp, old, adv, cfg.policy, mb.behavior_logprobs.to(self.device))
                 per_token = tl.pg
-                sel = mask > 0
-                ent_sum = float(token_entropy(logits[sel]).sum()) if bool(sel.any()) else 0.0
+                ent_sum = float((entropy.detach() * (mask > 0)).sum())
                 if cfg.policy.entropy_coef > 0:
-                    per_token = per_token - cfg.policy.entropy_coef * entropy_from_logits(logits)
+                    per_token = per_token - cfg.policy.entropy_coef * entropy
                 kl = torch.zeros_like(lp)
                 if ref_lp is not None:
                     kl = low_var_kl(lp, ref_lp[i])
@@ -288,7 +410,7 @@ class Trainer:
                 sums["is_weight"] += float((tl.is_weight * mask).sum())
                 sums["approx_kl"] += float((tl.approx_kl * mask).sum())
                 sums["tokens"] += n
-                del logits, lp, loss, per_token
+                del lp, entropy, loss, per_token
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
             if isinstance(norm, DTensor):  # FSDP2: a replicated DTensor
                 norm = norm.full_tensor()
@@ -299,6 +421,7 @@ class Trainer:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.global_step += 1
+        memory.trim()  # the step's activations and gradients back to the system
         elapsed = time.perf_counter() - start
         mbs = mbs[:real_mbs]
         counts = dist_mod.all_reduce_sum(

@@ -37,7 +37,7 @@ from harnessrl.rollout.specs import parse_reward
 from harnessrl.sandbox.backends import DEFAULT_CHOICE, SandboxChoice
 from harnessrl.sandbox.base import Limits
 from harnessrl.sandbox.workspace import safe_name
-from harnessrl.schema import SCORED_STATUSES, RewardName, RolloutStatus
+from harnessrl.schema import SCORED_STATUSES, HarnessSpec, RewardName, RolloutStatus, SandboxKind
 from harnessrl.taskset import TaskSet
 from harnessrl.verify.grading import GRADED, VerifyStatus
 from harnessrl.verify.verifier import (
@@ -83,6 +83,16 @@ def rollout_reward(rollout: dict) -> str:
     ("": the environment's default)."""
     spec = rollout.get("spec")
     return str(rollout.get("reward_fn") or (spec.get("reward") if isinstance(spec, dict) else None) or "")
+
+
+def spec_sandbox(spec: HarnessSpec) -> SandboxChoice:
+    """Where a rollout run under `spec` is verified when the caller follows the spec (the RL loop does; the
+    verify stage takes its `--sandbox`): the spec's backend and network, so a podman or Kubernetes rollout is
+    graded in a fresh container or pod of its task's image, as it ran. A `local` spec (unsandboxed, for
+    debugging) is verified in bubblewrap: verification always runs in a sandbox."""
+    if spec.sandbox is SandboxKind.LOCAL:
+        return DEFAULT_CHOICE
+    return SandboxChoice(spec.sandbox, spec.network)
 
 
 def verify_rollout(

@@ -159,6 +159,52 @@ def test_bad_requests_raise_clear_errors(engine):
         run(engine.generate([1, 2], GREEDY, 0))
 
 
+def test_weights_from_memory_and_what_is_freed_until_the_sync(engine, chat, tmp_path):
+    """The RL loop's path into an engine of its own process: the trainer's tensors, no file
+    (rl/publish.InProcessPublisher). Before it, `release_until_sync` frees the prefix cache and the packed
+    weight copies; a request that comes anyway gets the same answer."""
+    from harnessrl.engine import layout
+    from harnessrl.engine.base import WeightSyncMode
+    from harnessrl.rl.publish import InProcessPublisher, make_publisher
+
+    def packed_copies() -> int:
+        return sum(
+            1 for m in engine.model.modules() if isinstance(m, layout.LayoutLinear) and m.packed is not None
+        )
+
+    def released() -> bool:
+        deadline = time.monotonic() + 60
+        while packed_copies() or engine.prefix_cache.blocks:
+            assert time.monotonic() < deadline, "release_until_sync freed nothing within 60 s"
+            time.sleep(0.01)
+        return True
+
+    prompt = chat("Name a fruit.")
+    before = run(engine.generate(prompt, GREEDY, 5))
+    packed = packed_copies()  # 0 where this host multiplies no shape faster packed (engine/layout.py)
+    engine.release_until_sync()
+    assert released()
+    assert run(engine.generate(prompt, GREEDY, 5)).token_ids == before.token_ids
+    assert packed_copies() == packed  # served at full speed again
+
+    original = {k: v.detach().clone() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
+    flipped = dict(original, **{"model.norm.weight": -original["model.norm.weight"]})
+    publisher = make_publisher(
+        WeightSyncMode.CHECKPOINT, engine, None, model=None, sync_root=tmp_path / "sync", fingerprint="t"
+    )
+    assert isinstance(publisher, InProcessPublisher)
+    engine.release_until_sync()
+    assert released()
+    publisher.publish(7, flipped.items())
+    changed = run(engine.generate(prompt, GREEDY, 5))
+    assert changed.policy_version == 7 and changed.token_ids != before.token_ids
+    assert packed_copies() == packed and not (tmp_path / "sync").exists()  # nothing written
+    with pytest.raises(EngineError, match="model.norm.weight has shape"):
+        publisher.publish(8, dict(flipped, **{"model.norm.weight": torch.zeros(3)}).items())
+    publisher.publish(8, original.items())
+    assert run(engine.generate(prompt, GREEDY, 5)).token_ids == before.token_ids
+
+
 def test_weight_sync_swaps_weights_between_steps(engine, chat, tmp_path):
     from safetensors.torch import save_file
 

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from tests.rl.support import small_policy, write_prompt_tasks
+from tests.sandbox.podman_fixtures import env_taskset, podman_task  # noqa: F401 - for test_workloads.py
 
 
 @pytest.fixture(scope="session")

@@ -5,10 +5,11 @@ step record reads back as it was written — rows of earlier versions included."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from harnessrl.rl.config import RLConfig, current_layout
+from harnessrl.rl.config import RLConfig, RLInputs, current_layout
 from harnessrl.rl.modes import StepOutcome
 from harnessrl.rl.records import Collected, EngineRates, StepRecord, Update, summarize
 from harnessrl.rl.run import _digest
@@ -40,6 +41,72 @@ def test_a_changed_update_setting_changes_the_identity():
     assert RLConfig.from_dict({"estimator": "rloo"}).hashed_settings() != base
     assert RLConfig.from_dict({"train": {"optim": {"lr": 3e-6}}}).hashed_settings() != base
     assert RLConfig.from_dict({"steps": 99, "save_every": 3}).hashed_settings() == base  # unhashed
+
+
+SPEC = {"harness": "chat", "tools": [], "reward": "instruction_fraction", "limits": {"tokens": 8}}
+# the same spec in other words: keys reordered, indented, the default limits spelled out, another name
+SAME_SPEC = {"limits": {"wall_s": 600, "tokens": 8, "turns": 20}, "name": "mine", **SPEC}
+
+
+@pytest.mark.parametrize(
+    ("specs", "said"),
+    [
+        pytest.param([SAME_SPEC], "", id="reformatted"),
+        pytest.param([{**SPEC, "reward": "instruction_strict"}], "the specs differ (reward)", id="reward"),
+        pytest.param(
+            [{**SPEC, "limits": {"tokens": 16}, "options": {"temperature": 0.5}}],
+            "the specs differ (limits, options)",
+            id="limits-and-options",
+        ),
+        pytest.param([SPEC, SPEC], "the specs differ (" + ", ".join(sorted(
+            ["environments", "harness", "limits", "network", "options", "reward", "sandbox", "tools", "train_chains"]
+        )) + ")", id="one-more-spec"),
+        pytest.param(None, "the specs differ (" + ", ".join(sorted(
+            ["environments", "harness", "limits", "network", "options", "reward", "sandbox", "tools", "train_chains"]
+        )) + ")", id="none"),
+    ],
+)  # fmt: skip
+def test_a_runs_identity_holds_what_its_specs_say(tmp_path: Path, specs: list | None, said: str):
+    """Against a run under SPEC (a file): what the specs say counts, not how or where a file says it, and a
+    change is named by field."""
+    from harnessrl.rl.modes import WorkloadKind
+    from harnessrl.rl.run import make_workload, run_identity
+    from harnessrl.taskset import write_taskset
+
+    row = {"instance_id": "if-1", "environment": "instruction", "problem_statement": "Describe a river.",
+           "constraints": [{"kind": "no_commas", "args": {}}]}  # fmt: skip
+    tasks = write_taskset(tmp_path / "tasks", [row], {}, "test").root
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text("{}")
+    cfg = RLConfig()
+
+    def identity(given: list | None, name: str):
+        path = None
+        if given is not None:
+            path = tmp_path / name
+            path.write_text(json.dumps(given, indent=2 if name == "b.json" else None))
+        inputs = RLInputs(WorkloadKind.SWE, tasks, tmp_path / "out", specs=path)
+        return run_identity(cfg, inputs, policy, make_workload(inputs, cfg, tmp_path / "work"))
+
+    before, now = identity([SPEC], "a.json"), identity(specs, "b.json")
+    assert now.differences(before.to_meta()) == (said or "its fingerprint differs")
+    assert (now.digest == before.digest) == (not said)
+
+
+def test_a_run_without_specs_keeps_the_identity_of_earlier_versions(tmp_path: Path):
+    from harnessrl.rl.modes import WorkloadKind
+    from harnessrl.rl.run import run_identity
+    from harnessrl.rl.workloads import PromptWorkload
+    from tests.rl.support import write_prompt_tasks
+
+    tasks = write_prompt_tasks(tmp_path / "tasks.jsonl")
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    inputs = RLInputs(WorkloadKind.PROMPT, tasks, tmp_path / "out")
+    parts = run_identity(RLConfig(), inputs, policy, PromptWorkload(tasks)).parts
+    assert set(parts) == {"settings", "policy", "tasks", "workload"}
+    assert parts["workload"] == "af58d0c8357138db"  # as earlier versions hashed ["prompt", str(None)]
 
 
 def test_the_nested_layout_of_earlier_versions_reads_as_the_current_one():

@@ -198,3 +198,41 @@ def test_kill_9_then_resume_continues_the_same_data_order(
 
 def _position(group_id: str) -> int:
     return int(group_id.rsplit("@g", 1)[1])
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_run_whose_specs_changed(rl_policy: Path, tmp_path: Path):
+    """The issue's reproduction: two steps under a spec file, the file edited to another reward, `--resume`
+    with more steps into the same `--out` is refused in one line naming the specs' changed field (it used to
+    resume from step 1 under the new reward). The spec file rewritten with other formatting resumes."""
+    from harnessrl.cli import main
+
+    tasks = tmp_path / "tasks"
+    assert main(["tasks", "instruction", "--out", str(tasks), "--n", "4", "--split", "train"]) == 0
+    spec = {"harness": "chat", "tools": [], "reward": "instruction_fraction", "limits": {"tokens": 8}}
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps([spec]))
+    config = _config(tmp_path, batch_groups=1, group_size=2, max_groups_per_step=1, save_every=1)
+    cmd = [*rl_command(tasks, rl_policy, tmp_path / "out", "--config", config), "--specs", str(specs)]
+    cmd[cmd.index("--workload") + 1] = "swe"  # the task-set workload: the one that reads specs
+    first = subprocess.run([*cmd, "--steps", "2"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (tmp_path / "out" / "checkpoints" / "step-000001").is_dir()
+
+    specs.write_text(json.dumps([{**spec, "reward": "instruction_strict"}]))
+    edited = subprocess.run(
+        [*cmd, "--steps", "3", "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert edited.returncode == 2, edited.stderr[-3000:]
+    errors = [line for line in edited.stderr.splitlines() if line.startswith("harnessrl: error:")]
+    assert len(errors) == 1 and "Traceback" not in edited.stderr, edited.stderr[-3000:]
+    assert "holds checkpoints of another run (step-000001: the specs differ (reward))" in errors[0]
+    assert "resuming from" not in edited.stderr and not edited.stdout
+
+    # the same spec in other words: keys reordered, indented, the defaults spelled out
+    specs.write_text(json.dumps([{"limits": {"tokens": 8, "turns": 20, "wall_s": 600}, **spec}], indent=2))
+    same = subprocess.run(
+        [*cmd, "--steps", "3", "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert "resuming from" in same.stderr and "step-000001" in same.stderr

@@ -1,7 +1,8 @@
-"""The Ray executor on a real local Ray instance (`ray.init(num_cpus=2)`): the generate stage gives the same
-rollouts, records and samples as the thread executor, and a worker process that dies mid-rollout leaves that
-rollout as an `infra_error` row with the reason while the other rollouts finish. The model is the gateway's
-fast engine server (a real loopback token API replying from a script), as in test_generate.py."""
+"""The Ray executor on a real local Ray cluster (LocalRayCluster(num_cpus=2): processes of its own, this
+process its driver): the generate stage gives the same rollouts, records and samples as the thread executor,
+and a worker process that dies mid-rollout leaves that rollout as an `infra_error` row with the reason while
+the other rollouts finish. The model is the gateway's fast engine server (a real loopback token API replying
+from a script), as in test_generate.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from harnessrl.io import read_jsonl
 from harnessrl.rollout.executors import ExecutorName, make_executor
 from harnessrl.rollout.generate import GenerateConfig, run_generate
 from harnessrl.rollout.model_server import ModelSource
+from harnessrl.rollout.ray_cluster import LocalRayCluster
 from harnessrl.rollout.specs import parse_specs
 from tests.rollout.test_generate import pick_task, single_line_fix, tool_call
 from tests.support.fixtures import requires_bwrap
@@ -27,9 +29,9 @@ VOLATILE = {"session_id", "model_s", "tool_s", "harness_wall_s", "setup_s", "tea
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with LocalRayCluster(num_cpus=2) as cluster:
+        cluster.connect()
+        yield ray
 
 
 def stable(row: dict) -> dict:

@@ -8,8 +8,8 @@ import pytest
 
 from harnessrl.difficulty.history import PassRateHistory
 from harnessrl.io import write_jsonl
-from harnessrl.schema import RolloutStatus, Sample
-from harnessrl.train.data import assemble, load_rewards, load_samples
+from harnessrl.schema import RolloutStatus, Sample, scored_statuses
+from harnessrl.train.data import RewardRow, assemble, load_rewards, load_samples
 from harnessrl.train.modes import NonOkHandling
 from harnessrl.train.round import TrainConfig, plan_round, step_items
 from tests.train.support import write_round
@@ -95,6 +95,47 @@ def test_nonok_drop_versus_mask_and_missing_rewards():
     items, members = step_items(plan_m, plan_m.steps[0], cfg)
     assert {r.rollout_id for r in members} == {"a", "b"} and len(items) == 2
     assert plan_m.counts["rollouts_trained"] == 2
+
+
+OK, TIMEOUT, FAILED = RolloutStatus.OK, RolloutStatus.TIMEOUT, RolloutStatus.FAILED
+INFRA, TOO_LARGE = RolloutStatus.INFRA_ERROR, RolloutStatus.PATCH_TOO_LARGE
+DROP, MASK = NonOkHandling.DROP, NonOkHandling.MASK
+
+
+@pytest.mark.parametrize(
+    ("status", "reward", "nonok", "ok_statuses", "placed"),
+    [
+        # scored (the agent's doing): trained on its reward
+        pytest.param(OK, 1.0, DROP, (), (1.0, True), id="ok"),
+        pytest.param(OK, None, MASK, (), "missing_reward", id="ok-without-reward"),
+        pytest.param(TOO_LARGE, 0.0, DROP, (), (0.0, True), id="patch-too-large-scored-0"),
+        # ok_statuses adds to the scored statuses; ok stays one of them
+        pytest.param(TIMEOUT, 0.0, DROP, (TIMEOUT,), (0.0, True), id="timeout-added"),
+        pytest.param(OK, 1.0, DROP, (TIMEOUT,), (1.0, True), id="ok-kept-beside-an-added-one"),
+        # the others: dropped, or (mask) in the baseline with verify's reward, else mask_reward, never trained
+        pytest.param(TIMEOUT, 1.0, DROP, (), "status:timeout", id="timeout-dropped"),
+        pytest.param(TIMEOUT, 1.0, MASK, (), (1.0, False), id="timeout-masked-graded"),
+        pytest.param(FAILED, None, MASK, (), (0.5, False), id="failed-masked-ungraded"),
+        # an infrastructure failure is never anyone's 0, not even masked
+        pytest.param(INFRA, None, DROP, (), "status:infra_error", id="infra-dropped"),
+        pytest.param(INFRA, None, MASK, (), "status:infra_error", id="infra-never-masked"),
+    ],
+)
+def test_where_each_finished_rollout_goes(status, reward, nonok, ok_statuses, placed):
+    sample = _rollout("r", "g", None)
+    prepared = assemble(
+        [sample], {"r": RewardRow(reward, status)}, nonok=nonok, mask_reward=0.5, ok_statuses=ok_statuses
+    )
+    got = [(r.reward, r.trainable) for r in prepared.rollouts] or list(prepared.excluded)
+    assert got == [placed]
+
+
+def test_an_infrastructure_status_is_never_scored():
+    with pytest.raises(
+        ValueError, match=r"ok_statuses: infra_error is never scored .* may be added: failed, ok"
+    ):
+        TrainConfig(ok_statuses=(RolloutStatus.TIMEOUT, RolloutStatus.INFRA_ERROR))
+    assert scored_statuses(["timeout"]) == {OK, TOO_LARGE, TIMEOUT}
 
 
 def test_dynamic_sampling_from_history_and_zero_variance_groups(tmp_path):
