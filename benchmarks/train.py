@@ -14,7 +14,7 @@ step's FLOPs are 6 × the linear and head weights × its tokens (attention's few
 
 Packed once more with transformers' row-wide block-diagonal mask instead of per-sequence attention (the
 trainer's own, train/segments.py): `per_sequence_attention_speedup`. `--row-tokens N` sets the packed budget
-(the RL loop's default is 4096: a step's rollouts in one row) and `--copies K` repeats the batch K times.
+(the trainer's default is 1,024; 0 here: four of the longest sequence) and `--copies K` repeats the batch K times.
 
 Last line: JSON with packed_speedup, per_sequence_attention_speedup, padding_fraction_packed, padding_fraction_padded, peak_rss_mb,
 `bf16_vs_fp32_tokens_per_s` (packed bf16 over packed fp32), `tokens_per_s_fp32` / `_bf16`, `matmul_fraction_fp32` /

@@ -51,6 +51,17 @@ def register(commands, stages) -> None:
         "--constraints", type=int, nargs="+", default=[1], help="constraints per task, drawn per task (1..3)"
     )
     ins.add_argument("--kinds", nargs="+", help="constraint kinds to draw from (default: every kind)")
+    ins.add_argument(
+        "--whole-reply",
+        type=int,
+        default=0,
+        metavar="MIN_WORDS",
+        help="tasks where saying less does not pay: one sentence of at least MIN_WORDS words holding a word of "
+        "its own request, beside the drawn constraints (0: off, the default)",
+    )
+    ins.add_argument(
+        "--eval-group", default=None, help="tag every task for an evaluation that reports its groups apart"
+    )
     ins.set_defaults(func=_instruction)
 
     ker = sub.add_parser("kernel", help="kernel tasks (make a slow Python/NumPy function fast) as a task set")
@@ -295,16 +306,22 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _instruction(args: argparse.Namespace) -> int:
-    from harnessrl.environments.instruction.env import PromptSplit, write_instruction_taskset
+    from harnessrl.environments.instruction.env import PromptSplit, instruction_rows
+    from harnessrl.environments.instruction.prompts import WholeReply
+    from harnessrl.taskset import write_taskset
 
-    taskset = write_instruction_taskset(
-        args.out,
+    split = PromptSplit(args.split)
+    rows = instruction_rows(
         args.n,
         args.seed,
-        PromptSplit(args.split),
+        split,
         tuple(args.constraints),
         tuple(args.kinds) if args.kinds else None,
+        whole_reply=WholeReply(args.whole_reply) if args.whole_reply else None,
+        eval_group=args.eval_group,
     )
+    source = f"harnessrl tasks instruction: {args.n} tasks, seed {args.seed}, {split} requests"
+    taskset = write_taskset(args.out, rows, {}, source, {"environment": "instruction", "split": str(split)})
     print(f"{taskset.root}: {len(taskset.rows())} instruction tasks")
     return 0
 

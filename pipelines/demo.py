@@ -3,8 +3,9 @@
 A SWE task set synthesized from a small real package (parse==1.22.4) → clean → validate → Best-of-N
 difficulty (N=2, our ReAct harness, 2 turns of at most 32 tokens) → select. The tiny model solves none of
 these, so the task-family step (`rl_family=auto`) says so and hands the RL loop an instruction-following
-family instead: 64 generated requests with IFEval's "no commas" constraint, 40 held out on base requests the
-training tasks never use. The loop (colocated async: rollouts through the chat harness and the recording
+family instead: 64 generated requests to answer in one sentence of at least 12 words, holding a word of the
+request and no comma; 40 held out on base requests the training tasks never use, half of them with
+constraint kinds never trained (reported apart). The loop (colocated async: rollouts through the chat harness and the recording
 gateway, verification, GRPO, in-place weight sync) runs 6 steps of 4 groups × 8 rollouts; the evaluation
 compares base vs trained on the 40 held-out tasks, 4 sampled rollouts each, with a paired interval; the run
 summary's first line says whether training helped.
@@ -81,10 +82,13 @@ DEMO_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns":
 # The loop's settings: GRPO at a learning rate that moves the tiny model within a few steps.
 DEMO_RL_CONFIG = '{"verify_timeout_s": 60, "train": {"optim": {"lr": 3e-5}}}'
 
-# The family the loop trains on when the SWE tasks give the tiny model no headroom: requests with one
-# constraint the base model meets now and then (IFEval's "no commas"), answered in one reply of <= 48 tokens.
+# The family the loop trains on when the SWE tasks give the tiny model no headroom: requests answered in one
+# sentence of at least 12 words holding a word of the request, without commas (IFEval's "no commas"; the base
+# model meets all three ~13% of the time), in one reply of <= 128 tokens — a budget the base model's replies
+# end within ~94% of the time, so what it learns is to follow the instruction, not to stop early (a reply cut
+# off by the budget earns 0).
 DEMO_FAMILY_KINDS = "no_commas"
-DEMO_FAMILY_SPECS = '[{"harness": "chat", "limits": {"tokens": 48}}]'
+DEMO_FAMILY_SPECS = '[{"harness": "chat", "limits": {"tokens": 128}}]'
 
 
 def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:

@@ -168,6 +168,7 @@ def build_full(cold_start: bool = False):
             trained=trained.outputs["metrics"],
             trained_steps=trained.outputs["tensorboard"],
             evaluated=evaluation.outputs["metrics"],
+            evaluation=evaluation.outputs["evaluation"],
             mode=mode,
         ).set_display_name("summarize-run")
 

@@ -99,7 +99,9 @@ def run_estimate(
                 ray_cpus=ray_cpus,
             ),
         )
-        verify_summary = run_verify(Path(tasks), tmp / "rollouts", tmp / "verified", verify_workers)
+        verify_summary = run_verify(
+            Path(tasks), tmp / "rollouts", tmp / "verified", verify_workers, sandbox=None
+        )
         rollouts = list(read_jsonl(tmp / "rollouts" / "rollouts.jsonl"))
         rewards = list(read_jsonl(tmp / "verified" / "rewards.jsonl"))
         counts = count_passes(rollouts, rewards)

@@ -1,4 +1,6 @@
-"""The evaluate stage's Markdown report and its plot (pass@1 per policy with the Wilson 95% interval)."""
+"""The evaluate stage's Markdown report and its plot (pass@1 per policy with the Wilson 95% interval), what
+each policy's replies looked like, the held-out groups apart, and one request answered side by side (also the
+run summary's: `side_by_side_lines`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any
 
 from harnessrl.evaluate.results import describe
 from harnessrl.reports import code, counts_text, embed_png, figure_png, new_figure
+from harnessrl.rollout.trajectories import fenced
 
 MAX_LISTED_TASKS = 30
 
@@ -28,6 +31,55 @@ def pass_at_1_png(results: list[dict[str, Any]]) -> bytes:
     ax.set_xlabel("pass@1 (bars: Wilson 95% interval)")
     ax.set_title("evaluate: pass@1 per policy")
     return figure_png(fig)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def pass_at_1_table(results: list[dict[str, Any]]) -> list[str]:
+    """pass@1 with its interval per policy and mode (a held-out group's too)."""
+    lines = ["| policy | mode | pass@1 [95% CI] | resolved / graded |", "|---|---|---|---:|"]
+    for r in results:
+        low, high = r["pass_at_1_ci"]
+        lines.append(
+            f"| {code(r['policy'])} | {r['mode']} | {_num(r['pass_at_1'])} [{low:.3f}, {high:.3f}] | "
+            f"{r['resolved']} / {r['graded']} |"
+        )
+    return lines
+
+
+def replies_table(results: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| policy | mode | tokens per model call | cut by max_tokens | distinct-2 |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in results:
+        tokens = r.get("mean_reply_tokens")
+        lines.append(
+            f"| {code(r['policy'])} | {r['mode']} | {'n/a' if tokens is None else f'{tokens:.1f}'} | "
+            f"{_pct(r.get('length_finish_share'))} | {_num(r.get('distinct_2'))} |"
+        )
+    return lines
+
+
+def side_by_side_lines(example: dict[str, Any] | None) -> list[str]:
+    """One held-out request and each policy's first reply to it, with its reward (evaluation.json's
+    `example`)."""
+    if not example:
+        return ["No request was answered by two policies: nothing to set side by side."]
+    lines = [
+        f"Task {code(example['instance_id'])} ({example['mode']}; each policy's first rollout — the first task "
+        "where the baseline's and the last policy's rewards differ, else the first task):",
+        "",
+        "Request:",
+        "",
+        fenced(example["request"]),
+    ]
+    for reply in example["replies"]:
+        reward = "not graded" if reply["reward"] is None else f"reward {reply['reward']:.3g}"
+        lines += ["", f"**{reply['policy']}** ({reward}):", "", fenced(reply["answer"] or "(empty reply)")]
+    return lines
 
 
 def render_report(evaluation: dict[str, Any], out: Path) -> str:
@@ -56,6 +108,29 @@ def render_report(evaluation: dict[str, Any], out: Path) -> str:
     if evaluation["comparisons"]:
         lines += ["", "## Differences (paired bootstrap over tasks)", ""]
         lines += [f"- {describe(c)}" for c in evaluation["comparisons"]]
+    for g in evaluation.get("groups") or []:
+        lines += [
+            "",
+            f"## Held-out group {code(g['group'])} ({g['tasks']} tasks)",
+            "",
+            *pass_at_1_table(g["results"]),
+        ]
+        if g["comparisons"]:
+            lines += ["", *(f"- {describe(c)}" for c in g["comparisons"])]
+    lines += [
+        "",
+        "## Replies",
+        "",
+        "Over every model call of the policy's rollouts (gateway records): sampled tokens per call, the share "
+        "the reply budget cut off (finish reason `length`), and distinct-2 (distinct token bigrams ÷ all "
+        "bigrams, within each reply; low: replies repeat themselves).",
+        "",
+        *replies_table(results),
+        "",
+        "## One request, side by side",
+        "",
+        *side_by_side_lines(evaluation.get("example")),
+    ]
     lines += ["", "## Per repository", "", "| policy | mode | repo | tasks | resolved tasks | pass@1 |"]
     lines.append("|---|---|---|---:|---:|---:|")
     for r in results:

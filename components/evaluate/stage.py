@@ -1,5 +1,7 @@
 """`evaluate` stage: k rollouts per task per policy through the training path (run_generate -> run_verify),
-then pass@1 / pass@k with intervals, breakdowns, and paired comparisons against the first policy.
+then pass@1 / pass@k with intervals, breakdowns, what the replies looked like, and paired comparisons against
+the first policy — on the whole task set and per held-out group (`eval_group`) — and one request answered by
+every policy side by side.
 
 Output directory (replaced atomically):
     evaluation.json     the comparable result (schema `harnessrl.evaluation/1`; `harnessrl stage evaluate
@@ -13,14 +15,25 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harnessrl.choices import parse_choice
 from harnessrl.difficulty.selection import Split
-from harnessrl.evaluate.results import SCHEMA, EvalMode, compare, score_run
+from harnessrl.environments.registry import environment_of
+from harnessrl.evaluate.results import (
+    SCHEMA,
+    EvalMode,
+    comparisons,
+    eval_groups,
+    first_replies,
+    group_figures,
+    score_run,
+    side_by_side,
+)
+from harnessrl.gateway.replies import ReplyFigures
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl
 from harnessrl.rollout.config import DEFAULT_CONCURRENCY
 from harnessrl.rollout.executors import ExecutorName
@@ -138,6 +151,7 @@ def run_evaluate(
     if not taskset.rows():
         return _nothing_to_evaluate(taskset, out, cfg, named)
     results: list[dict[str, Any]] = []
+    firsts: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}  # (policy, mode) -> task -> first rollout
     with atomic_output(out) as tmp:
         for version, policy in enumerate(policies, 1):
             if policy.push_weights:
@@ -162,42 +176,65 @@ def run_evaluate(
                         executor=cfg.executor,
                     ),
                 )
-                run_verify(taskset.root, run / "rollouts", run / "verified", cfg.verify_workers)
-                result = score_run(
-                    read_jsonl(run / "rollouts" / "rollouts.jsonl"),
-                    read_jsonl(run / "verified" / "rewards.jsonl"),
-                    policy.name,
-                    mode,
-                    group,
-                )
+                run_verify(taskset.root, run / "rollouts", run / "verified", cfg.verify_workers, sandbox=None)
+                rollouts = list(read_jsonl(run / "rollouts" / "rollouts.jsonl"))
+                rewards = list(read_jsonl(run / "verified" / "rewards.jsonl"))
+                calls = model_calls(run / "rollouts" / "records.parquet")
+                result = score_run(rollouts, rewards, policy.name, mode, group, calls)
                 result["source"] = policy.describe()
                 results.append(result)
-        comparisons = []
-        base_name = policies[0].name
-        for base in (r for r in results if r["policy"] == base_name):
-            for r in results:
-                if r["mode"] != base["mode"] or r["policy"] == base_name:
-                    continue
-                try:
-                    comparisons.append(compare(base, r, iterations=cfg.bootstrap_iterations, seed=cfg.seed))
-                except ValueError as e:  # no task scored by both (infra errors): the results still stand
-                    logger.warning("evaluate: no comparison: %s", e)
-        evaluation = {
-            "schema": SCHEMA,
-            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "tasks": {"path": str(taskset.root), "count": len(taskset.rows())},
-            "k": cfg.k,
-            "modes": [str(m) for m in cfg.modes],
-            "seed": cfg.seed,
-            "specs": [s.to_row() for s in named],
-            "results": results,
-            "comparisons": comparisons,
-        }
+                firsts[policy.name, str(mode)] = first_replies(rollouts, rewards)
+        evaluation = build_evaluation(str(taskset.root), taskset.rows(), cfg, named, results, firsts)
         atomic_write_json(tmp / "evaluation.json", evaluation)
         metrics = flat_metrics(evaluation)
         atomic_write_json(tmp / "metrics.json", metrics)
         atomic_write_text(tmp / "report.md", render_report(evaluation, tmp))
     return evaluation
+
+
+def model_calls(records: Path) -> Iterator[dict[str, Any]]:
+    """The sampled ids and finish reason of every model call in a generate run's gateway records."""
+    import pyarrow.parquet as pq
+
+    if not records.is_file():
+        return
+    for batch in pq.ParquetFile(records).iter_batches(columns=["completion_ids", "finish_reason"]):
+        yield from batch.to_pylist()
+
+
+def build_evaluation(
+    tasks_path: str,
+    task_rows: list[dict[str, Any]],
+    cfg: EvaluateConfig,
+    specs: list[NamedSpec],
+    results: list[dict[str, Any]],
+    firsts: Mapping[tuple[str, str], Mapping[str, dict[str, Any]]],
+) -> dict[str, Any]:
+    """evaluation.json: the run's settings, the results (one per policy and mode, the baseline's first), every
+    policy against the first on the whole set and per held-out group, and one request answered side by side
+    (`firsts`: each result's `first_replies`; in the sampled mode when there is one)."""
+    evaluated = {i for r in results for i in r["per_task"]}
+    rows = {str(t["instance_id"]): t for t in task_rows if t["instance_id"] in evaluated}
+    mode = str(EvalMode.SAMPLED if EvalMode.SAMPLED in cfg.modes else cfg.modes[0])
+    policies = dict.fromkeys(r["policy"] for r in results)
+    iterations, seed = cfg.bootstrap_iterations, cfg.seed
+    return {
+        "schema": SCHEMA,
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "tasks": {"path": tasks_path, "count": len(task_rows)},
+        "k": cfg.k,
+        "modes": [str(m) for m in cfg.modes],
+        "seed": cfg.seed,
+        "specs": [s.to_row() for s in specs],
+        "results": results,
+        "comparisons": comparisons(results, iterations=iterations, seed=seed),
+        "groups": group_figures(results, eval_groups(rows.values()), iterations=iterations, seed=seed),
+        "example": side_by_side(
+            {p: firsts[p, mode] for p in policies if (p, mode) in firsts},
+            lambda i: environment_of(rows[i]).episode(rows[i]).prompt,
+            mode,
+        ),
+    }
 
 
 def _nothing_to_evaluate(
@@ -210,18 +247,7 @@ def _nothing_to_evaluate(
         "select's test_fraction); nothing was generated"
     )
     logger.warning("evaluate: %s", note)
-    evaluation = {
-        "schema": SCHEMA,
-        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "tasks": {"path": str(taskset.root), "count": 0},
-        "k": cfg.k,
-        "modes": [str(m) for m in cfg.modes],
-        "seed": cfg.seed,
-        "specs": [s.to_row() for s in specs],
-        "results": [],
-        "comparisons": [],
-        "note": note,
-    }
+    evaluation = {**build_evaluation(str(taskset.root), [], cfg, specs, [], {}), "note": note}
     with atomic_output(out) as tmp:
         tmp.mkdir(parents=True)
         atomic_write_json(tmp / "evaluation.json", evaluation)
@@ -231,7 +257,8 @@ def _nothing_to_evaluate(
 
 
 def flat_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
-    """Numbers for a KFP Metrics artifact: `<policy>_<mode>_pass_at_1`, its interval, pass@k, differences."""
+    """Numbers for a KFP Metrics artifact: `<policy>_<mode>_pass_at_1`, its interval, pass@k, the reply figures
+    (`_mean_reply_tokens`, `_length_finish_share`, `_distinct_2`), differences."""
     out: dict[str, float] = {}
     for r in evaluation["results"]:
         key = f"{safe_name(r['policy'])}_{r['mode']}"
@@ -242,6 +269,7 @@ def flat_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
             ("graded", r["graded"]),
             ("resolved", r["resolved"]),
             *((f"pass_at_{k}", v["value"]) for k, v in r["pass_at_k"].items() if k != "1"),
+            *ReplyFigures.from_row(r).row().items(),
         ):
             if value is not None:
                 out[f"{key}_{name}"] = float(value)

@@ -62,13 +62,15 @@ def summarize_rl_run(
     report: Output[Markdown],
     report_html: Output[HTML],
     metrics: Output[Metrics],
+    evaluation: Optional[Input[Artifact]] = None,  # noqa: UP045 (KFP reads Optional[...], not `| None`)
     mode: str = "colocated",
 ):
     """The run summary of `harnessrl-full`: tasks, the RL loop (`trained`: its Metrics; `trained_steps`: its
-    `tensorboard` artifact, which holds steps.jsonl) and the held-out evaluation (`evaluated`)."""
+    `tensorboard` artifact, which holds steps.jsonl) and the held-out evaluation (`evaluated`: its Metrics;
+    `evaluation`: its evaluation.json, for one request answered side by side)."""
     from pathlib import Path
 
-    from components.summarize_run.rl import read_steps, render_rl_summary
+    from components.summarize_run.rl import read_evaluation, read_steps, render_rl_summary
     from components.summarize_run.stage import read_metrics
     from harnessrl.logs import configure_logging
     from harnessrl.reports import publish
@@ -82,5 +84,6 @@ def summarize_rl_run(
         read_steps(Path(trained_steps.path)),
         mode,
         read_metrics(family, "task-family"),
+        read_evaluation(Path(evaluation.path)) if evaluation is not None else None,
     )
     publish(result.markdown, result.metrics, report, metrics, html=report_html)

@@ -1,14 +1,18 @@
 """Run summary of `harnessrl-full`: tasks kept and selected, the base model's pass rate, what the RL loop did
-(steps, groups, reward per step, staleness, throughput) and what the evaluation measured on the held-out
-tasks (base vs trained pass@1 with intervals and the paired difference), with links to each stage's report."""
+(steps, groups, reward per step, staleness, throughput, what its replies looked like at the first and the last
+step) and what the evaluation measured on the held-out tasks (base vs trained pass@1 with intervals and the
+paired difference, and one held-out request answered by both side by side, from evaluation.json), with links
+to each stage's report."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
+from components.evaluate.report import side_by_side_lines
 from components.summarize_run.stage import StageRef, _num, _pct, _rate, tasks_table
 from harnessrl.io import read_jsonl
 from harnessrl.reports import StageReport, embed_png, figure_png, new_figure
@@ -159,7 +163,10 @@ def render_rl_summary(
     steps: list[StepRecord],
     mode: str,
     family: StageRef | None = None,
+    evaluation_json: dict[str, Any] | None = None,
 ) -> StageReport:
+    """`evaluation_json`: the evaluate step's evaluation.json, when the step has it (its `example`: one
+    held-out request answered by each policy)."""
     d, s, r = difficulty.values, selection.values, loop.values
     base_rate = _rate(d.get("passes"), d.get("valid_rollouts"))
     evaluated = evaluation_rows(evaluation.values)
@@ -195,6 +202,12 @@ def render_rl_summary(
         f"{_pct(r.get('engine_idle_frac'))} | {_num(r.get('train_tokens_per_s'), '{:.0f}')} | "
         f"{_num(r.get('wall_s'), '{:.0f}')} s |",
         "",
+        "Replies, first → last step: "
+        f"{_num(r.get('mean_reply_tokens_first'), '{:.1f}')} → {_num(r.get('mean_reply_tokens_last'), '{:.1f}')} "
+        f"sampled tokens per model call, {_pct(r.get('length_finish_share_first'))} → "
+        f"{_pct(r.get('length_finish_share_last'))} cut by max_tokens, distinct-2 "
+        f"{_num(r.get('distinct_2_first'), '{:.3f}')} → {_num(r.get('distinct_2_last'), '{:.3f}')}.",
+        "",
         "## Evaluation (held-out tasks)",
         "",
         "| policy | mode | rollouts graded | resolved | pass@1 | 95% interval |",
@@ -210,6 +223,14 @@ def render_rl_summary(
     lines += [
         "",
         embed_png(plot_run(steps, evaluated), "reward and loss per RL step; held-out pass@1 per policy"),
+        "",
+        "## One held-out request, base and trained",
+        "",
+        *(
+            side_by_side_lines(evaluation_json.get("example"))
+            if evaluation_json is not None
+            else ["The evaluation file (evaluation.json) was not given to this step."]
+        ),
         "",
         "## Stage reports",
         "",
@@ -235,6 +256,11 @@ def render_rl_summary(
         "\n".join(lines) + "\n",
         {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))},
     )
+
+
+def read_evaluation(path: Path) -> dict[str, Any]:
+    """The evaluate step's evaluation.json (any schema version: the summary only shows what it holds)."""
+    return json.loads(path.read_text())
 
 
 def read_steps(artifact_dir: Path) -> list[StepRecord]:

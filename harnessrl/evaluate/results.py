@@ -1,7 +1,10 @@
 """An evaluation's numbers: one policy's rollouts + verify rows -> its result; two results -> their difference.
 
-    score_run(rollouts, rewards, policy, mode, k) -> dict     one policy in one mode (JSON-ready)
+    score_run(rollouts, rewards, policy, mode, k, calls) -> dict   one policy in one mode (JSON-ready)
     compare(a, b, iterations, seed) -> dict                   b - a on their common tasks (paired bootstrap)
+    comparisons(results, ...) -> list                         every policy against the first, per mode
+    eval_groups(task_rows) / group_figures(results, groups)   the same figures per held-out group
+    first_replies(rollouts, rewards) / side_by_side(...)      one request answered by each policy, as kept
     load_evaluation(path) -> dict                             a saved evaluation.json, schema checked
 
 Which rollouts count (as SWE-bench counts them): every rollout verify graded, whatever the harness's ending
@@ -10,24 +13,38 @@ verify's) are left out of every rate and listed under `excluded`, never counted 
 
 pass@1 is resolved / graded over all graded rollouts, with the Wilson 95% interval; pass@k (k >= 2) is the
 unbiased estimator averaged over the tasks with at least k graded rollouts. A comparison pairs tasks: each
-task's score is its resolved fraction, and the difference of the means is bootstrapped over tasks.
+task's score is its resolved fraction, and the difference of the means is bootstrapped over tasks. A result
+also says what the policy's replies looked like (gateway/replies.py: tokens per model call, the share cut by
+the reply budget, distinct-2), from the gateway records of its model calls.
+
+Held-out groups: a task row may name its group (`eval_group`, e.g. held-out requests of the kinds trained on
+vs kinds never trained). When the evaluated tasks form more than one group (a task without the field is then
+in "other"), each group gets the whole set's statistics on its own tasks: each policy's pass@1 with its Wilson
+interval and each policy minus the first with the paired bootstrap.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from harnessrl.evaluate.stats import paired_bootstrap, pass_at_k, wilson_interval
+from harnessrl.gateway.replies import reply_counts
+from harnessrl.rollout.trajectories import clip
 from harnessrl.schema import RolloutStatus
 from harnessrl.verify.grading import GRADED, VerifyStatus
 
+logger = logging.getLogger(__name__)
+
 SCHEMA = "harnessrl.evaluation/1"  # bump when a field a comparison reads changes meaning
 MAX_ERRORS = 10
+OTHER_GROUP = "other"  # the held-out group of a task without `eval_group`, when other tasks name theirs
+EXAMPLE_CHARS = 1200  # the side-by-side request and each reply, as evaluation.json keeps them
 
 
 class EvalMode(StrEnum):
@@ -51,9 +68,16 @@ def _error_key(text: str) -> str:
 
 
 def score_run(
-    rollouts: Iterable[dict], rewards: Iterable[dict], policy: str, mode: EvalMode, k: int
+    rollouts: Iterable[dict],
+    rewards: Iterable[dict],
+    policy: str,
+    mode: EvalMode,
+    k: int,
+    calls: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """One policy in one mode from generate's rollout rows and verify's reward rows (joined on rollout_id)."""
+    """One policy in one mode from generate's rollout rows and verify's reward rows (joined on rollout_id);
+    `calls`: the gateway records of its model calls (records.parquet rows: `completion_ids`,
+    `finish_reason`), for the reply figures."""
     verdicts = {r["rollout_id"]: r for r in rewards}
     tasks: dict[str, dict[str, Any]] = {}
     finish: Counter[str] = Counter()
@@ -114,6 +138,7 @@ def score_run(
         "pass_at_1": resolved / graded if graded else None,
         "pass_at_1_ci": [low, high],
         "pass_at_k": pass_k,
+        **reply_counts((c["completion_ids"], c["finish_reason"]) for c in calls).figures().row(),
         "per_repo": {
             repo: {**c, "pass_at_1": c["resolved"] / c["graded"] if c["graded"] else None}
             for repo, c in sorted(per_repo.items())
@@ -159,6 +184,114 @@ def compare(
         **boot.to_dict(),
         "a_only_resolved": sorted(i for i in common if sa[i] > 0 and sb[i] == 0),
         "b_only_resolved": sorted(i for i in common if sb[i] > 0 and sa[i] == 0),
+    }
+
+
+def comparisons(results: list[dict[str, Any]], *, iterations: int, seed: int) -> list[dict[str, Any]]:
+    """Every policy against the first one (the baseline), in each mode; a pair with no scored task in common
+    (infrastructure errors) is left out with a warning: the results still stand."""
+    out = []
+    base_name = results[0]["policy"] if results else None
+    for base in (r for r in results if r["policy"] == base_name):
+        for r in results:
+            if r["mode"] != base["mode"] or r["policy"] == base_name:
+                continue
+            try:
+                out.append(compare(base, r, iterations=iterations, seed=seed))
+            except ValueError as e:
+                logger.warning("evaluate: no comparison: %s", e)
+    return out
+
+
+def eval_groups(task_rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Instance id -> its held-out group (`eval_group`; "other" for a task without one) when the tasks form
+    more than one group; {} when they form one (or none names its group)."""
+    named = {str(r["instance_id"]): r.get("eval_group") for r in task_rows}
+    if not any(named.values()):
+        return {}
+    groups = {i: str(g) if g else OTHER_GROUP for i, g in named.items()}
+    return groups if len(set(groups.values())) > 1 else {}
+
+
+def restrict(result: dict[str, Any], task_ids: set[str]) -> dict[str, Any]:
+    """`result` on these tasks only: pass@1 and its Wilson interval over their graded rollouts, and their
+    `per_task` rows (what `compare` pairs on)."""
+    per_task = {i: t for i, t in result["per_task"].items() if i in task_ids}
+    graded = sum(t["graded"] for t in per_task.values())
+    resolved = sum(t["resolved"] for t in per_task.values())
+    return {
+        "policy": result["policy"],
+        "mode": result["mode"],
+        "tasks": len(per_task),
+        "tasks_scored": sum(1 for t in per_task.values() if t["graded"]),
+        "graded": graded,
+        "resolved": resolved,
+        "pass_at_1": resolved / graded if graded else None,
+        "pass_at_1_ci": list(wilson_interval(resolved, graded)),
+        "per_task": per_task,
+    }
+
+
+def group_figures(
+    results: list[dict[str, Any]], groups: Mapping[str, str], *, iterations: int, seed: int
+) -> list[dict[str, Any]]:
+    """Per held-out group (in the order the tasks first name them): its tasks, each result on them (pass@1,
+    Wilson interval) and every policy against the first on them (paired bootstrap), as for the whole set."""
+    out = []
+    for name in dict.fromkeys(groups.values()):
+        restricted = [restrict(r, {i for i, g in groups.items() if g == name}) for r in results]
+        out.append(
+            {
+                "group": name,
+                "tasks": sum(1 for g in groups.values() if g == name),
+                "results": [{k: v for k, v in r.items() if k != "per_task"} for r in restricted],
+                "comparisons": comparisons(restricted, iterations=iterations, seed=seed),
+            }
+        )
+    return out
+
+
+def first_replies(rollouts: Iterable[dict], rewards: Iterable[dict]) -> dict[str, dict[str, Any]]:
+    """Per task, its first rollout (lowest sample index) as a reader sees it: `rollout_id`, `reward` (verify's;
+    None when not graded) and `answer` — the final reply (what answer-graded environments score), else the
+    patch, clipped to `EXAMPLE_CHARS`."""
+    verdicts = {r["rollout_id"]: r for r in rewards}
+    out: dict[str, dict[str, Any]] = {}
+    for r in sorted(rollouts, key=lambda r: (r["instance_id"], int(r.get("sample_index") or 0))):
+        if r["instance_id"] not in out:
+            out[r["instance_id"]] = {
+                "rollout_id": r["rollout_id"],
+                "reward": (verdicts.get(r["rollout_id"]) or {}).get("reward"),
+                "answer": clip(str(r.get("final_answer") or r.get("model_patch") or ""), EXAMPLE_CHARS),
+            }
+    return out
+
+
+def side_by_side(
+    firsts: Mapping[str, Mapping[str, dict[str, Any]]], request: Callable[[str], str], mode: str
+) -> dict[str, Any] | None:
+    """One held-out request answered by every policy (`firsts`: policy -> `first_replies`, the baseline
+    first, the trained policy last): the first task (by id) where the first and the last policy's first
+    rollouts differ in reward, else the first task both answered. None with fewer than two policies or no
+    task in common."""
+    names = list(firsts)
+    if len(names) < 2:
+        return None
+    a, b = firsts[names[0]], firsts[names[-1]]
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+
+    def differ(i: str) -> bool:
+        ra, rb = a[i]["reward"], b[i]["reward"]
+        return ra is not None and rb is not None and ra != rb
+
+    task = next((i for i in common if differ(i)), common[0])
+    return {
+        "instance_id": task,
+        "mode": mode,
+        "request": clip(request(task), EXAMPLE_CHARS),
+        "replies": [{"policy": p, **firsts[p][task]} for p in names if task in firsts[p]],
     }
 
 

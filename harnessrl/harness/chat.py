@@ -4,7 +4,9 @@ following, question answering, procedural puzzles); the call goes through the ga
 tokens are recorded and trained exactly as sampled.
 
 Spec options: `system_prompt` (default none: the chat template's own), `temperature` (1.0), `seed` (per
-rollout by default), `http_retries`. Limits: `tokens` (most tokens in the reply), `wall_s`.
+rollout by default), `http_retries`. Limits: `tokens` (most tokens in the reply), `wall_s`. A reply the
+budget cut off ends the episode `token_budget` (still `ok`: its environment decides what it earns; the
+instruction rewards give it 0), one the model ended, `submitted`.
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ class ChatHarness:
             reply = completion.choices[0].message.content or ""
             res.turns = 1
             res.final_answer = reply
-            res.finish_reason = EpisodeEnd.SUBMITTED
+            # a reply the budget cut off is no finished answer: its environment decides what it earns
+            cut_off = completion.choices[0].finish_reason == "length"
+            res.finish_reason = EpisodeEnd.TOKEN_BUDGET if cut_off else EpisodeEnd.SUBMITTED
             if completion.usage is not None:
                 res.prompt_tokens_last = completion.usage.prompt_tokens
                 res.completion_tokens = completion.usage.completion_tokens

@@ -1,21 +1,33 @@
-"""Training samples of finished rollouts, read from the gateway journal as the run goes.
+"""Training samples of finished rollouts, and what their replies look like, read from the gateway journal as
+the run goes.
 
 The journal is append-only and every record is durable before the harness gets its reply, so when a rollout
 has finished, all its records are in the file. `JournalTail` reads only what was appended since the last
 read and indexes records by rollout; a finished group's samples are `build_samples` of its records — the same
-assembly the generate stage's export uses.
+assembly the generate stage's export uses — and its replies' counts (gateway/replies.py) are summed over its
+model calls.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.gateway.journal import decode_line, journal_file
 from harnessrl.gateway.records import CallRecord, Record, SessionEndRecord, SessionRecord
+from harnessrl.gateway.replies import ReplyCounts, reply_counts
 from harnessrl.gateway.samples import build_samples
 from harnessrl.schema import Sample
+
+
+@dataclass
+class Taken:
+    """What finished rollouts' records give: their training samples and their model calls' reply counts."""
+
+    samples: list[Sample]
+    replies: ReplyCounts
 
 
 class JournalTail:
@@ -46,9 +58,11 @@ class JournalTail:
                 self._by_rollout[self._rollout_of_session[rec.session_id]].append(rec)
         self._offset += end
 
-    def samples(self, rollout_ids: list[str]) -> list[Sample]:
-        """The samples of finished rollouts (their records are then forgotten: memory stays bounded)."""
+    def take(self, rollout_ids: list[str]) -> Taken:
+        """The samples and reply counts of finished rollouts (their records are then forgotten: memory stays
+        bounded)."""
         with self._lock:
             self._read_new()
             records = [r for rid in rollout_ids for r in self._by_rollout.pop(rid, [])]
-        return build_samples(records)
+        calls = ((r.completion_ids, r.finish_reason) for r in records if isinstance(r, CallRecord))
+        return Taken(build_samples(records), reply_counts(calls))

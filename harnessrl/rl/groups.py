@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from harnessrl.gateway.replies import ReplyCounts
 from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.dynamic_sampling import worth_sampling
 from harnessrl.rl.workloads import Finished, GatewayAccess, RolloutPlan, Workload
@@ -47,6 +48,7 @@ class Group:
     started_at: float
     rollouts: list[Finished] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    replies: ReplyCounts = field(default_factory=ReplyCounts)  # its model calls' sampled replies
     finished_at: float = 0.0
 
     def reward_rows(self) -> dict[str, RewardRow]:
@@ -253,12 +255,13 @@ class RolloutPool:
         if complete is None:
             return
         try:  # still "running" until it is ready: a waiter never sees it in neither place
-            complete.samples = self.journal.samples([r.rollout_id for r in complete.rollouts])
+            taken = self.journal.take([r.rollout_id for r in complete.rollouts])
         except BaseException as e:
             with self.cond:
                 self._errors.append(e)
                 self.cond.notify_all()
             return
+        complete.samples, complete.replies = taken.samples, taken.replies
         complete.rollouts.sort(key=lambda r: r.rollout_id)
         complete.finished_at = time.monotonic()
         with self.cond:

@@ -4,8 +4,9 @@ A step record is written by the loop only (`MetricsSink`: a row of `steps.jsonl`
 one-line echo) and read back as a record by everyone else — the summary below, the stage report
 (rl/report.py), a resumed run (its checkpoint keeps the rows so far) and the pipeline's run summary
 (components/summarize_run). A row is flat JSON: the collection's counts, the update's figures (the trainer's
-own under their names: loss, grad_norm, tokens_per_s, ...) and the step's timings side by side. Rows written
-by earlier versions read back too (fields they lack are None).
+own under their names: loss, grad_norm, tokens_per_s, ...), what the step's sampled replies looked like
+(gateway/replies.py: mean_reply_tokens, length_finish_share, distinct_2) and the step's timings side by side.
+Rows written by earlier versions read back too (fields they lack are None).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, cast
 
+from harnessrl.gateway.replies import ReplyFigures
 from harnessrl.rl.modes import StepOutcome
 from harnessrl.train.summary import stats, strict_json
 from harnessrl.train.trainer import STEP_METRICS, StepMetrics
@@ -144,6 +146,8 @@ class StepRecord:
     gen_tokens_per_s: float
     step_s: float
     wall_s: float  # since the run started, resumed attempts included
+    # the replies of every rollout of the groups the step finished (trained or discarded: rollouts/step-N)
+    replies: ReplyFigures = field(default_factory=ReplyFigures)
 
     @property
     def loss(self) -> float | None:
@@ -157,6 +161,7 @@ class StepRecord:
         out: dict[str, Any] = {"step": self.step, "mode": self.mode, "groups": self.groups}
         out.update(self.update.row() if self.update is not None else {"groups_trained": 0})
         out.update(self.collected.row())
+        out.update(self.replies.row())
         out.update(
             outcome=str(self.outcome),
             version=self.version,
@@ -183,6 +188,7 @@ class StepRecord:
             gen_tokens_per_s=float(row.get("gen_tokens_per_s") or 0.0),
             step_s=float(row.get("step_s") or 0.0),
             wall_s=float(row.get("wall_s") or 0.0),
+            replies=ReplyFigures.from_row(row),
         )
 
 
@@ -227,6 +233,13 @@ class RLSummary:
     trainer_ranks: int
     single_sample_share: float | None = None  # over the run's finished rollouts with samples
     samples_per_rollout_mean: float | None = None
+    # the replies (gateway/replies.py) of the first and the last step that had any
+    mean_reply_tokens_first: float | None = None
+    mean_reply_tokens_last: float | None = None
+    length_finish_share_first: float | None = None
+    length_finish_share_last: float | None = None
+    distinct_2_first: float | None = None
+    distinct_2_last: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return strict_json(asdict(self))
@@ -253,6 +266,15 @@ def summarize(
 
     last = records[-1] if records else None
     sampled = sum(r.collected.sampled_rollouts for r in records)
+
+    def first_last(figure: str) -> tuple[float | None, float | None]:
+        """A reply figure of the first and the last step that had it."""
+        values = [v for r in records if (v := getattr(r.replies, figure)) is not None]
+        return (values[0], values[-1]) if values else (None, None)
+
+    tokens = first_last("mean_reply_tokens")
+    cut = first_last("length_finish_share")
+    distinct = first_last("distinct_2")
     return RLSummary(
         mode=mode,
         steps=len(records),
@@ -286,4 +308,10 @@ def summarize(
         samples_per_rollout_mean=(
             sum(r.collected.samples_collected for r in records) / sampled if sampled else None
         ),
+        mean_reply_tokens_first=tokens[0],
+        mean_reply_tokens_last=tokens[1],
+        length_finish_share_first=cut[0],
+        length_finish_share_last=cut[1],
+        distinct_2_first=distinct[0],
+        distinct_2_last=distinct[1],
     )

@@ -1,5 +1,6 @@
-"""The RL stage's report: a summary table, curves (reward, loss, staleness, throughput, engine idle time) and
-the per-step table; `report.md` embeds `curves.png` so the KFP Markdown viewer shows it."""
+"""The RL stage's report: a summary table, curves (reward, loss, staleness, throughput, engine idle time, and
+what the sampled replies looked like: tokens per call, the share cut by the reply budget, distinct-2) and the
+per-step table; `report.md` embeds `curves.png` so the KFP Markdown viewer shows it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ CURVES: tuple[tuple[str, Callable[[StepRecord], float | None]], ...] = (
     ("staleness (versions)", lambda r: None if r.update is None else r.update.staleness_mean),
     ("generated tokens/s", lambda r: r.gen_tokens_per_s),
     ("engine idle fraction", lambda r: r.engine_idle_frac),
+    ("reply tokens per model call", lambda r: r.replies.mean_reply_tokens),
+    ("share of replies cut by max_tokens", lambda r: r.replies.length_finish_share),
+    ("distinct-2 within replies", lambda r: r.replies.distinct_2),
 )
 NOT_MEASURED = {
     "reward (trained groups)": "no step trained:\nno group had signal",
@@ -28,6 +32,9 @@ NOT_MEASURED = {
     "loss": "no step trained",
     "staleness (versions)": "no step trained",
     "engine idle fraction": "the engines report\nno figures (e.g. vLLM)",
+    "reply tokens per model call": "no model call\nwas recorded",
+    "share of replies cut by max_tokens": "no model call\nwas recorded",
+    "distinct-2 within replies": "no reply had two\nor more tokens",
 }
 TABLE_KEYS = (
     "step",
@@ -37,12 +44,15 @@ TABLE_KEYS = (
     "loss",
     "groups_trained",
     "staleness_mean",
+    "mean_reply_tokens",
+    "length_finish_share",
+    "distinct_2",
     "step_s",
 )
 
 
 def plot_curves(records: list[StepRecord], png: Path) -> bytes:
-    fig, axes = new_figure(4.8, 2, 3)
+    fig, axes = new_figure(7.2, 3, 3)
     steps = [r.step for r in records]
     marker = "o" if len(records) <= 60 else None
     for ax, (title, value) in zip(axes.flat, CURVES, strict=True):

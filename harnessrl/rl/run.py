@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.engine.base import Engine, EngineStats, WeightLoadingEngine
+from harnessrl.gateway.replies import ReplyCounts
 from harnessrl.io import atomic_write_json
 from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.config import RLConfig, RLInputs
@@ -395,6 +396,7 @@ class RLRun:
         if busy is not None and self._busy_before is not None:
             idle = max(0.0, 1.0 - (busy - self._busy_before) / (step_s * len(self.engines.replicas)))
         self._busy_before = busy
+        finished = groups + [g for g, _ in self.driver.discarded]  # the step's rollouts (rollouts/step-N)
         record = StepRecord(
             step=self.step,
             mode=str(self.cfg.mode),
@@ -408,6 +410,7 @@ class RLRun:
             gen_tokens_per_s=clock.collected.tokens_generated / step_s,
             step_s=step_s,
             wall_s=self._wall_before + now - self.started,
+            replies=sum((g.replies for g in finished), ReplyCounts()).figures(),
         )
         self.sink.add(record)
         write_step_rollouts(self.out, self.step, self.version, groups, self.driver.discarded)

@@ -20,7 +20,8 @@ specs mixes them inside every group.
               environments gives each its own specs, and a task no spec is for runs under its environment's
               default spec (rollout.episode.spec_for)
     limits    turns, tokens, wall_s (harness);  memory_mb, processes, cpu_s, file_size_mb, tmp_mb (sandbox);
-              tool_timeout_s (per command)
+              tool_timeout_s (per command); what a spec leaves out is its harness's default (DEFAULT_LIMITS;
+              chat: a reply of at most 256 tokens), else turns 20, tokens 8192, wall_s 600
     train_chains  all (default: every chain of a rollout is a sample) | main (only the chain its first call
               started; a CLI agent's subagents, compaction and side calls are left out of training)
 """
@@ -45,6 +46,10 @@ AGENT_HOSTS = frozenset(
 )
 INSIDE_HARNESSES = {HarnessName.CLAUDE_CODE: AGENT_HOSTS, HarnessName.CODEX: AGENT_HOSTS}
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
+# The limits a spec that names none gets, where HarnessSpec's (a tool loop's 8,192-token context) would stall a
+# run: `chat`'s `tokens` is its reply budget, and the tiny model rarely stops on its own (a reply of up to
+# 8,192 tokens left one instruction run at one reply in 10 minutes).
+DEFAULT_LIMITS: dict[HarnessName, dict[str, int]] = {HarnessName.CHAT: {"tokens": 256, "wall_s": 600}}
 
 
 @dataclass(frozen=True)
@@ -93,8 +98,8 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
             TrainChains, kw.get("train_chains", TrainChains.ALL), f"{here}.train_chains"
         ).value
         spec = HarnessSpec(**kw)
-        if "limits" in item:  # partial limits extend the defaults
-            spec.limits = {**HarnessSpec().limits, **item["limits"]}
+        # partial limits extend the harness's defaults
+        spec.limits = {**DEFAULT_LIMITS.get(spec.harness, HarnessSpec().limits), **item.get("limits", {})}
         if spec.network is not None and spec.sandbox not in (SandboxKind.PODMAN, SandboxKind.KUBERNETES):
             raise ValueError(f"{here}.network: only sandbox podman or kubernetes has a network")
         if spec.harness in INSIDE_HARNESSES and spec.sandbox not in INSIDE_HARNESSES[spec.harness]:

@@ -250,7 +250,7 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> bool:
 
     if not isinstance(model, PreTrainedModel) or not model.supports_gradient_checkpointing:
         return False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return True
 
 

@@ -95,6 +95,15 @@ def spec_sandbox(spec: HarnessSpec) -> SandboxChoice:
     return SandboxChoice(spec.sandbox, spec.network)
 
 
+def rollout_sandbox(rollout: dict) -> SandboxChoice:
+    """Where one rollout row is verified when its caller follows the specs (`run_verify(sandbox=None)`): its
+    spec's `sandbox` and `network` (spec_sandbox); a row without a spec, in bubblewrap."""
+    spec = rollout.get("spec")
+    if not isinstance(spec, dict) or not spec.get("sandbox"):
+        return DEFAULT_CHOICE
+    return spec_sandbox(HarnessSpec(sandbox=SandboxKind(spec["sandbox"]), network=spec.get("network")))
+
+
 def verify_rollout(
     taskset: TaskSet,
     tasks: dict[str, dict],
@@ -227,9 +236,10 @@ def run_verify(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     limits: Limits | None = None,
-    sandbox: SandboxChoice = DEFAULT_CHOICE,
+    sandbox: SandboxChoice | None = DEFAULT_CHOICE,
 ) -> dict[str, Any]:
-    """`sandbox`: the backend every test run uses (podman / kubernetes: the task's image_name)."""
+    """`sandbox`: the backend every test run uses (podman / kubernetes: the task's image_name); None: each
+    rollout's own spec says (`rollout_sandbox`), as the RL loop, the difficulty estimate and the evaluation do."""
     taskset = TaskSet.open(tasks)
     by_id = {r["instance_id"]: r for r in taskset.rows()}
     rows, base = load_rollouts(rollouts)
@@ -238,7 +248,10 @@ def run_verify(
     results: dict[str, tuple[dict, VerifyResult]] = {}
     with ProgressBar("verify", total=len(rows)) as bar, ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {
-            pool.submit(verify_rollout, taskset, by_id, r, base, timeout_s, limits, sandbox): r for r in rows
+            pool.submit(
+                verify_rollout, taskset, by_id, r, base, timeout_s, limits, sandbox or rollout_sandbox(r)
+            ): r
+            for r in rows
         }
         for fut in as_completed(futures):
             rollout = futures[fut]
@@ -258,7 +271,7 @@ def run_verify(
         "reward_mean": (sum(v.reward or 0.0 for v in graded) / len(graded)) if graded else None,
         "status_counts": dict(sorted(statuses.items())),
         "workers": workers,
-        "sandbox": str(sandbox.kind),
+        "sandbox": str(sandbox.kind) if sandbox else "per spec",
         "wall_s": round(wall, 3),
         "verifications_per_min": round(60 * len(rows) / wall, 2) if wall > 0 else None,
         "environments": by_environment(ordered, by_id),

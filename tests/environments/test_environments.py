@@ -51,7 +51,7 @@ def test_instruction_rewards_are_the_share_of_constraints_met_with_parts(tmp_pat
     env = InstructionEnvironment()
     grading = None  # answer-graded: nothing is executed
     gold = env.reward(ROW, _finished(GOLD), FRACTION, grading)  # type: ignore[arg-type]
-    assert gold.total == 1.0 and gold.parts == {"no_commas#0": 1.0, "keywords_present#1": 1.0}
+    assert gold.total == 1.0 and gold.parts == {"no_commas#0": 1.0, "keywords_present#1": 1.0, "on_task": 1.0}
     half = env.reward(ROW, _finished("A lantern, a winter, a river."), FRACTION, grading)  # type: ignore[arg-type]
     assert half.total == 0.5 and half.detail == "1 of 2 constraints met"
     assert env.reward(ROW, _finished("A lantern, a winter."), STRICT, grading).total == 0.0  # type: ignore[arg-type]
@@ -70,6 +70,59 @@ def test_instruction_rewards_are_the_share_of_constraints_met_with_parts(tmp_pat
 def test_adversarial_answers_do_not_score(answer: str):
     reward = InstructionEnvironment().reward(ROW, _finished(answer), STRICT, None)  # type: ignore[arg-type]
     assert reward.total == 0.0, reward
+
+
+# a task of the demo's family (prompts.WholeReply): one sentence, no commas, >= 12 words, a word of the request
+CITY = {
+    "instance_id": "if-city",
+    "environment": "instruction",
+    "problem_statement": (
+        "Describe a city you would like to visit and why. Reply in one sentence. In your entire response, refrain "
+        'from the use of any commas. Answer with at least 12 words. Include the keywords "city" in your response.'
+    ),
+    "constraints": [
+        {"kind": "no_commas", "args": {}},
+        {"kind": "word_count", "args": {"relation": "at least", "num_words": 12}},
+        {"kind": "keywords_present", "args": {"keywords": ["city"]}},
+    ],
+}
+CITY_ANSWER = "I would love to visit Kyoto because the old city keeps its temples and quiet gardens alive."
+
+
+@pytest.mark.parametrize(
+    ("answer", "finish_reason", "why"),
+    [
+        pytest.param(
+            "1. Berlin (Germany)\n2. Tokyo (Japan)", "submitted", "fewer than 5 words", id="two-item-list"
+        ),
+        pytest.param("City", "submitted", "fewer than 5 words", id="one-word"),
+        pytest.param(CITY["problem_statement"], "submitted", "echoes the request", id="request-echoed"),
+        pytest.param(
+            "Describe a city you would like to visit and why in one sentence with no commas at all please",
+            "submitted",
+            "echoes the request",
+            id="request-reworded-little",
+        ),
+        pytest.param("city " * 14, "submitted", "repeats itself", id="filler-word"),
+        pytest.param("the city is nice " * 4, "submitted", "repeats itself", id="filler-phrase"),
+        pytest.param(CITY_ANSWER, "token_budget", "cut off by the reply budget", id="cut-off-by-the-budget"),
+    ],
+)
+def test_replies_that_do_not_answer_the_request_earn_nothing(answer: str, finish_reason: str, why: str):
+    """The on-task guard (environments/instruction/guard.py): form without an answer scores 0 under every
+    instruction reward, whatever share of the constraints it meets."""
+    env = InstructionEnvironment()
+    finished = Finished(answer, "", {"rollout_id": "r", "finish_reason": finish_reason})
+    for name in (FRACTION, STRICT):
+        reward = env.reward(CITY, finished, name, None)  # type: ignore[arg-type]
+        assert reward.total == 0.0 and reward.parts["on_task"] == 0.0, reward
+        assert reward.detail.startswith(f"off task: {why}"), reward.detail
+
+
+def test_a_whole_answer_to_the_request_is_scored():
+    finished = Finished(CITY_ANSWER, "", {"rollout_id": "r", "finish_reason": "submitted"})
+    reward = InstructionEnvironment().reward(CITY, finished, STRICT, None)  # type: ignore[arg-type]
+    assert reward.total == 1.0 and reward.parts["on_task"] == 1.0, reward
 
 
 def test_the_default_spec_is_the_chat_harness_and_tools_are_refused():
@@ -154,7 +207,7 @@ def test_verify_grades_an_instruction_task_set_with_parts_and_infra_errors(tmp_p
         {
             "rollout_id": "c",
             "instance_id": rows[2]["instance_id"],
-            "final_answer": "x",
+            "final_answer": "A reply that ran out of time",
             "rollout_status": "timeout",
         },
         {
@@ -170,7 +223,7 @@ def test_verify_grades_an_instruction_task_set_with_parts_and_infra_errors(tmp_p
     assert (got["a"]["reward"], got["a"]["status"], got["a"]["reward_parts"]) == (
         1.0,
         "ok",
-        {"no_commas#0": 1.0},
+        {"no_commas#0": 1.0, "on_task": 1.0},
     )
     assert (got["b"]["reward"], got["b"]["verify_status"]) == (0.0, "unresolved")
     # graded, as a swe rollout is, but its status stays the rollout's: the trainer's `nonok` decides, never a
@@ -181,7 +234,7 @@ def test_verify_grades_an_instruction_task_set_with_parts_and_infra_errors(tmp_p
     assert summary["graded"] == 3 and summary["resolved"] == 2
     instruction = summary["environments"]["instruction"]
     assert (instruction["rollouts"], instruction["graded"], instruction["infra_errors"]) == (4, 3, 1)
-    assert instruction["part_means"] == {"no_commas#0": pytest.approx(2 / 3)}
+    assert instruction["part_means"] == {"no_commas#0": pytest.approx(2 / 3), "on_task": pytest.approx(2 / 3)}
     report = (tmp_path / "verified" / "report.md").read_text()
     assert "## By environment" in report and "| `instruction` |" in report
 

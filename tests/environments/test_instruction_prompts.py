@@ -11,12 +11,15 @@ from harnessrl.environments.instruction.checks import Constraint, ConstraintKind
 from harnessrl.environments.instruction.prompts import (
     DEFAULT_KINDS,
     IFEVAL_KINDS,
+    ONE_SENTENCE_KINDS,
     InstructionTask,
+    WholeReply,
     compatible,
     generate_rows,
     load_base_prompts,
     load_ifeval,
     load_rows,
+    topic_words,
     write_rows,
 )
 
@@ -187,3 +190,42 @@ def test_ifeval_errors_name_the_row_and_kwarg(tmp_path: Path) -> None:
 def test_ifeval_ids_cover_every_kind_but_starts_with() -> None:
     assert len(IFEVAL_KINDS) == 24  # IFEval's 25 less language:response_language
     assert set(ConstraintKind) - set(IFEVAL_KINDS.values()) == {K.STARTS_WITH}  # ours, not IFEval's
+
+
+@pytest.mark.parametrize(
+    ("request_text", "topics"),
+    [
+        pytest.param(
+            "Write an email to your neighbour asking to borrow a ladder for the weekend.",
+            ("neighbour", "borrow", "ladder", "weekend"),
+            id="email",
+        ),
+        pytest.param(
+            "Explain why the sky looks blue during the day.",
+            ("sky", "looks", "blue", "during", "day"),
+            id="explain",
+        ),
+        pytest.param("Describe how to make a simple cup of tea.", ("cup", "tea"), id="three-letter-words"),
+        pytest.param("Describe your ideal weekend.", ("ideal", "weekend"), id="describe"),
+    ],
+)
+def test_topic_words_are_what_a_request_is_about(request_text: str, topics: tuple[str, ...]) -> None:
+    assert topic_words(request_text) == topics
+
+
+def test_whole_reply_tasks_ask_for_one_sentence_with_words_and_a_word_of_the_request() -> None:
+    for task in generate_rows(20, 3, (1, 2), None, whole_reply=WholeReply(min_words=12)):
+        drawn, (count, keyword) = task.constraints[:-2], task.constraints[-2:]
+        assert all(c.kind in ONE_SENTENCE_KINDS for c in drawn) and 1 <= len(drawn) <= 2
+        assert (count.kind, count.args["relation"], count.args["num_words"]) == (K.WORD_COUNT, "at least", 12)
+        request = task.prompt.split(" Reply in one sentence.")[0]
+        assert keyword.kind == K.KEYWORDS_PRESENT
+        [word] = keyword.args["keywords"]  # type: ignore[misc]  # in the task's case (all caps: upper)
+        assert str(word).lower() in topic_words(request)
+        assert task.prompt.endswith(keyword.instruction())
+    with pytest.raises(ValueError, match="a one-sentence reply can meet"):
+        generate_rows(1, 0, (1,), ["json_format"], whole_reply=WholeReply())
+
+
+def test_every_base_request_names_topic_words() -> None:
+    assert all(len(topic_words(request)) >= 2 for request in load_base_prompts())

@@ -64,6 +64,7 @@ FULL_EDGES = [
     ("summarize-run", "trained", "rl-loop", "metrics"),
     ("summarize-run", "trained_steps", "rl-loop", "tensorboard"),
     ("summarize-run", "evaluated", "evaluate", "metrics"),
+    ("summarize-run", "evaluation", "evaluate", "evaluation"),
 ]
 # harnessrl-full-cold-start: the RL loop starts from the cold-start (SFT) model; evaluation compares to the base
 COLD_START_EDGES = [
@@ -262,6 +263,9 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
     assert [json.loads(r)["mode"] for r in rows] == ["colocated", "colocated"]
     evaluation = json.loads(Path(index["tasks"]["evaluate"]["outputs"]["evaluation"]["path"]).read_text())
     assert {r["policy"] for r in evaluation["results"]} == {"base", "trained"}
+    # what the replies looked like, per RL step and per evaluated policy, from the gateway records
+    assert all(json.loads(r)["mean_reply_tokens"] > 0 for r in rows)
+    assert all(r["mean_reply_tokens"] > 0 for r in evaluation["results"])
     family = json.loads(Path(index["tasks"]["task-family"]["outputs"]["metrics"]["path"]).read_text())
     assert family["family_swe"] == 0.0 and family["test"] == 2.0  # no SWE headroom: the instruction family
     summary = (result.run_dir / "reports" / "summarize-rl-run.md").read_text()  # kfp.local: component name
@@ -270,3 +274,4 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
         and "Held-out pass@1 after training vs before" in summary
     )
     assert "SWE tasks gave the policy no headroom" in summary
+    assert "## One held-out request, base and trained" in summary and "**trained** (reward" in summary

@@ -66,10 +66,13 @@ def test_abort_sync_resume_keeps_every_token_once_with_its_version(rl_policy: Pa
         gateway.stop()
         engine.close()
 
-    samples = {s.rollout_id: s for s in JournalTail(tmp_path / "journal").samples(["ref", "partial"])}
+    taken = JournalTail(tmp_path / "journal").take(["ref", "partial"])
+    samples = {s.rollout_id: s for s in taken.samples}
     ref_s, part = samples["ref"], samples["partial"]
     sampled = [i for i, m in enumerate(ref_s.loss_mask) if m]
     assert len(sampled) > 20, "the reference reply is too short to be interrupted"
+    # the interrupted call stays one model call with the reference's reply: the reply figures count it once
+    assert (taken.replies.calls, taken.replies.tokens) == (2, 2 * len(sampled))
     # the partial rollout equals the uninterrupted one, token for token: nothing lost, nothing twice
     assert part.input_ids == ref_s.input_ids
     assert part.loss_mask == ref_s.loss_mask

@@ -92,12 +92,9 @@ def test_two_trainer_ranks_train_the_same_weights_as_one(rl_policy: Path, prompt
     assert state["optimizer_format"] == "full_fqn" and state["global_step"] == 1
     exp_avg = state["optimizer"]["state"]["model.embed_tokens.weight"]["exp_avg"]
     assert exp_avg.shape == before["model.embed_tokens.weight"].shape
-    # the engine got the same full weights as the final model
-    final = _weights(runs[2] / "model")
-    synced = _weights(runs[2] / "work" / "sync" / f"v{two[-1]['version']:06d}")
-    assert synced.keys() == final.keys()
-    for k in final:  # the same run's weights, written twice: no reduction order between them
-        torch.testing.assert_close(synced[k], final[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+    # the in-process engine took the gathered weights from memory (rl/publish.InProcessPublisher; what it
+    # samples after such a sync: tests/rl/test_partial_rollouts.py): no sync checkpoint was written
+    assert two[-1]["version"] == 2 and not (runs[2] / "work" / "sync").exists()
 
 
 def _processes_with(marker: str) -> dict[int, str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.gateway.replies import ReplyFigures
 from harnessrl.rl.config import RLConfig, RLInputs, current_layout
 from harnessrl.rl.modes import StepOutcome
 from harnessrl.rl.records import Collected, EngineRates, StepRecord, Update, summarize
@@ -191,6 +192,7 @@ def test_a_row_of_an_earlier_version_reads():
     record = StepRecord.from_row(row)
     assert record.loss == 0.12 and record.reward_mean == 0.5 and record.collected.reward_all_mean == 0.25
     assert record.update is not None and record.update.trainer["tokens_per_s"] == 900.0
+    assert record.replies == ReplyFigures() and record.row()["mean_reply_tokens"] is None  # not measured then
     assert {k: v for k, v in record.row().items() if k in row} == {
         k: v for k, v in row.items() if k in record.row()
     }
@@ -228,3 +230,31 @@ def test_samples_per_rollout_are_in_the_row_and_the_summary():
     assert (summary.single_sample_share, summary.samples_per_rollout_mean) == (3 / 4, 6 / 4)
     assert _trained(3).row()["single_sample_share"] is None
     assert summarize([_trained(3)], "sync", 1, 1.0, EngineRates(), 1).samples_per_rollout_mean is None
+
+
+def test_reply_figures_are_in_the_row_and_the_summary_holds_the_first_and_last_measured(tmp_path: Path):
+    """What the replies looked like: in each step's row (and so its TensorBoard scalars and its line), read
+    back; the summary takes the first and the last step that measured them (a step without a model call has
+    none); the report shows them."""
+    from harnessrl.rl.metrics import echo_line
+    from harnessrl.rl.report import write_report
+
+    first, quiet, last = _trained(1), _trained(2), _trained(3)
+    first.replies = ReplyFigures(mean_reply_tokens=120.0, length_finish_share=0.5, distinct_2=0.6)
+    last.replies = ReplyFigures(mean_reply_tokens=30.0, length_finish_share=0.0, distinct_2=0.9)
+    row = json.loads(json.dumps(first.row()))
+    assert (row["mean_reply_tokens"], row["length_finish_share"], row["distinct_2"]) == (120.0, 0.5, 0.6)
+    assert StepRecord.from_row(row).replies == first.replies
+    assert StepRecord.from_row(row).row() == first.row()
+    assert "mean_reply_tokens=120 length_finish_share=0.5 distinct_2=0.6" in echo_line(row)
+    summary = summarize([first, quiet, last], "colocated", 3, 9.0, EngineRates(), 1)
+    assert (summary.mean_reply_tokens_first, summary.mean_reply_tokens_last) == (120.0, 30.0)
+    assert (summary.length_finish_share_first, summary.length_finish_share_last) == (0.5, 0.0)
+    assert (summary.distinct_2_first, summary.distinct_2_last) == (0.6, 0.9)
+    none = summarize([quiet], "sync", 1, 1.0, EngineRates(), 1)
+    assert none.mean_reply_tokens_first is None and none.distinct_2_last is None
+
+    report = write_report(tmp_path, summary, [first, quiet, last], RLConfig()).read_text()
+    assert "| `mean_reply_tokens_first` | 120 |" in report and "| `distinct_2_last` | 0.9 |" in report
+    assert "| mean_reply_tokens | length_finish_share | distinct_2 |" in report
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.gateway.journal import read_journal
+from harnessrl.gateway.replies import ReplyFigures, reply_counts
 from harnessrl.gateway.samples import call_rows
 from harnessrl.io import read_jsonl
 from harnessrl.rl.groups import DataOrder
@@ -96,6 +97,16 @@ def test_stage_rl_runs_each_mode(mode: RLMode, rl_policy: Path, prompt_tasks: Pa
             len(logged) == len(trained) + 4 * r["groups_zero_variance"]
             and len(discarded) == r["groups_zero_variance"]
         )
+    # what the replies looked like: each step's figures are those of its rollouts' model calls in the journal
+    calls = call_rows(read_journal(out / "work" / "journal"))
+    for r in rows:
+        ids = {x["rollout_id"] for x in read_jsonl(out / "rollouts" / f"step-{r['step']:06d}.jsonl")}
+        mine = reply_counts(
+            (c["completion_ids"], c["finish_reason"]) for c in calls if c["rollout_id"] in ids
+        )
+        assert ReplyFigures.from_row(r) == mine.figures() and 0 < r["mean_reply_tokens"] <= 8  # max tokens
+    assert summary["mean_reply_tokens_first"] == rows[0]["mean_reply_tokens"]
+    assert "mean_reply_tokens=" in lines[0]
     last = list(read_jsonl(out / "rollouts" / "step-000002.jsonl"))
     assert "## Trajectories" in report and f"### `{last[0]['rollout_id']}` (the first rollout)" in report
     first = [

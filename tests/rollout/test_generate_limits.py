@@ -69,3 +69,16 @@ def test_path_like_instance_id_and_a_diff_over_the_cap(synth_taskset, fast_engin
     assert (out / "rollouts.jsonl").stat().st_size < 1 << 20
     transcripts = sorted(p.relative_to(out / "transcripts") for p in (out / "transcripts").rglob("*"))
     assert transcripts == [Path(f"{safe_name(row['rollout_id'])}.json")], transcripts
+
+
+def test_a_chat_spec_that_names_no_limits_gets_a_reply_budget_a_run_moves_at():
+    """HarnessSpec's 8,192 tokens are a tool loop's context; as `chat`'s reply budget they let the tiny model
+    sample for minutes per reply (rollout/specs.py DEFAULT_LIMITS)."""
+    from harnessrl.rollout.specs import parse_specs
+
+    [chat] = parse_specs([{"harness": "chat"}])
+    assert chat.spec.limits == {"tokens": 256, "wall_s": 600}
+    [short] = parse_specs([{"harness": "chat", "limits": {"tokens": 64}}])
+    assert short.spec.limits == {"tokens": 64, "wall_s": 600}
+    [react] = parse_specs([{"harness": "react"}])
+    assert react.spec.limits == {"turns": 20, "tokens": 8192, "wall_s": 600}

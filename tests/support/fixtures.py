@@ -22,6 +22,21 @@ MINIREPO = Path(__file__).parents[1] / "fixtures" / "minirepo"
 SWEBENCH_EXAMPLE = Path(__file__).parents[1] / "fixtures" / "swebench"
 
 
+# --- memory ---------------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True, scope="module")
+def _memory_back_after_each_module():
+    """What a module's tests and its module-scoped models, engines and servers freed goes back to the system
+    once the module ends (glibc keeps freed heap pages otherwise: after tests/engine the process held 2 GB with
+    no tensor alive). The suite's peak is then what one module holds, not what all before it left behind."""
+    yield
+    import gc
+
+    from harnessrl import memory
+
+    gc.collect()
+    memory.trim()
+
+
 # --- task sets ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def synth_taskset(tmp_path_factory) -> Path:

@@ -72,3 +72,22 @@ def test_logs_of_ids_that_differ_only_in_unsafe_characters_do_not_collide(task, 
     run_verify(task.taskset.root, rollouts, tmp_path / "out", workers=1)
     logs = sorted(p.name for p in (tmp_path / "out" / "logs").iterdir())
     assert len(logs) == len(ids) and not any(name.startswith(".") or "/" in name for name in logs)
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "network"),
+    [
+        pytest.param({"sandbox": "podman", "network": "pypi"}, "podman", "pypi", id="podman-with-network"),
+        pytest.param({"sandbox": "kubernetes"}, "kubernetes", None, id="kubernetes"),
+        pytest.param({"sandbox": "bubblewrap"}, "bubblewrap", None, id="bubblewrap"),
+        pytest.param({"sandbox": "local"}, "bubblewrap", None, id="local-is-verified-sandboxed"),
+        pytest.param(None, "bubblewrap", None, id="no-spec"),
+    ],
+)
+def test_a_rollout_is_verified_where_its_spec_ran_it(spec, kind, network):
+    """run_verify(sandbox=None), as the difficulty estimate and the evaluation call it: each rollout in its own
+    spec's sandbox (a podman rollout in a fresh container of its task's image), never bubblewrap by default."""
+    from harnessrl.verify.rollouts import rollout_sandbox
+
+    choice = rollout_sandbox({"rollout_id": "r", "spec": spec} if spec else {"rollout_id": "r"})
+    assert (str(choice.kind), choice.network) == (kind, network)

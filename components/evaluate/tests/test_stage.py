@@ -64,6 +64,15 @@ def test_evaluate_two_policies_greedy_and_sampled_then_compare(synth_taskset, fa
     assert fs["resolved_tasks"] == [row["instance_id"]] and fs["pass_at_k"]["2"]["value"] == 0.5
     assert by["idle", "sampled"]["finish_reasons"] == {"submitted": 4}
     assert by["idle", "greedy"]["verify_status"] == {"unresolved": 2}
+    # what the replies looked like, from the gateway records: the idle policy makes one call per rollout
+    assert by["fixer", "sampled"]["mean_reply_tokens"] > by["idle", "sampled"]["mean_reply_tokens"] > 0
+    assert by["idle", "sampled"]["length_finish_share"] == 0.0
+    # one request side by side: the task the two policies' first rollouts differ on, as verify rewarded them
+    example = evaluation["example"]
+    assert (example["instance_id"], example["mode"]) == (row["instance_id"], "sampled")
+    assert example["request"][:200] == row["problem_statement"][:200]
+    assert [(r["policy"], r["reward"] > 0) for r in example["replies"]] == [("idle", False), ("fixer", True)]
+    assert "diff --git" in example["replies"][1]["answer"] and evaluation["groups"] == []
     # greedy really ran at temperature 0, through the same generate path (its rollout rows carry the spec)
     greedy_rows = list(read_jsonl(out / "runs" / "fixer" / "greedy" / "rollouts" / "rollouts.jsonl"))
     assert {r["spec"]["options"]["temperature"] for r in greedy_rows} == {0.0}

@@ -50,6 +50,15 @@ def test_auto_without_swe_headroom_trains_on_the_instruction_family(tmp_path: Pa
     assert {r["environment"] for r in train + test} == {"instruction"}
     request = lambda r: r["problem_statement"].split(".")[0]  # noqa: E731
     assert not {request(r) for r in train} & {request(r) for r in test}
+    # whole replies: a word count and a word of the request beside the trained kind; half the held-out tasks
+    # draw kinds never trained, tagged so the evaluation reports them apart
+    kinds = lambda r: [c["kind"] for c in r["constraints"]]  # noqa: E731
+    assert all(kinds(r) == ["no_commas", "word_count", "keywords_present"] for r in train)
+    groups = {r["eval_group"]: [] for r in test}
+    for r in test:
+        groups[r["eval_group"]].append(kinds(r)[0])
+    assert set(groups["trained kinds"]) == {"no_commas"} and len(groups["unseen kinds"]) == 2
+    assert "no_commas" not in groups["unseen kinds"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "SWE tasks: no headroom" in report and "Training on **instruction**: 6 tasks" in report
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["family_swe"] == 0.0

@@ -17,6 +17,12 @@ conflict), and with an all-lowercase/all-uppercase constraint the phrases of the
 written in that case. `constrained_response` (a fixed yes/no/maybe answer) is not in `DEFAULT_KINDS`: the
 base requests are not yes/no questions.
 
+`WholeReply` shapes tasks where saying less does not pay (the RL demo's family): the request asks for one
+sentence (a budget of 128 tokens then cuts ~6% of the tiny model's replies, where open requests ran past 400
+tokens more often than not), and every task also requires at least `min_words` words and a keyword drawn from
+its own request (`topic_words`) beside its drawn constraints, so an empty, short or off-topic reply meets
+none of them.
+
 `load_ifeval` reads IFEval's `input_data.jsonl` format (`key, prompt, instruction_id_list, kwargs`), mapping
 each IFEval instruction id to a `ConstraintKind` (`IFEVAL_KINDS`); rows with an id that has no kind here
 (`language:response_language`) are skipped and counted. IFEval's prompts already contain their instructions.
@@ -27,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -254,6 +261,64 @@ def _pick_kinds(rng: random.Random, kinds: Sequence[ConstraintKind], count: int)
     )
 
 
+# words of a request that say what to do, not what about: never its topic
+_NOT_TOPIC = frozenset(
+    """write explain describe give tell about your what with that this from into have their there which when
+    where would could should make simple short first someone something people things using asking letter email
+    story note speech poem review tips advice summarize some other them they been will just like help the and
+    for how why you who are can its his her our was not but all any one two new get way use""".split()
+)
+
+
+def topic_words(request: str) -> tuple[str, ...]:
+    """The words of a request that name what it is about (lowercase, 3+ letters, not a word saying what to do),
+    in order of first use: the keyword a `WholeReply` task requires is drawn from these."""
+    seen: dict[str, None] = {}
+    for word in re.findall(r"[a-z]+", request.lower()):
+        if len(word) >= 3 and word not in _NOT_TOPIC:
+            seen.setdefault(word)
+    return tuple(seen)
+
+
+# the kinds a one-sentence reply can meet beside a word count and a keyword (the shape's own constraints)
+ONE_SENTENCE_KINDS: tuple[ConstraintKind, ...] = (
+    K.NO_COMMAS,
+    K.FORBIDDEN_WORDS,
+    K.KEYWORD_FREQUENCY,
+    K.LETTER_FREQUENCY,
+    K.ALL_LOWERCASE,
+    K.ALL_UPPERCASE,
+    K.CAPITAL_WORD_FREQUENCY,
+    K.QUOTED,
+    K.STARTS_WITH,
+    K.ENDS_WITH,
+    K.PLACEHOLDERS,
+)
+
+
+@dataclass(frozen=True)
+class WholeReply:
+    """Tasks a short, empty or off-topic reply cannot pass (module docstring): `style` is appended to the
+    request, then the drawn constraints, then at least `min_words` words and one of the request's own topic
+    words. The drawn kinds are those of ONE_SENTENCE_KINDS."""
+
+    min_words: int = 12
+    style: str = "Reply in one sentence."
+
+    def __post_init__(self) -> None:
+        if self.min_words < 1:
+            raise ValueError(f"whole reply: min_words must be >= 1, got {self.min_words}")
+
+    def constraints(self, request: str, rng: random.Random) -> tuple[Constraint, ...]:
+        topics = topic_words(request)
+        if not topics:
+            raise ValueError(f"whole reply: the request {request!r} names no topic word to require")
+        return (
+            Constraint(K.WORD_COUNT, {"relation": Relation.AT_LEAST.value, "num_words": self.min_words}),
+            Constraint(K.KEYWORDS_PRESENT, {"keywords": (rng.choice(topics),)}),
+        )
+
+
 def load_base_prompts(path: str | Path = BASE_PROMPTS_PATH) -> tuple[str, ...]:
     """The base requests of `path` (`{"prompts": [...]}`)."""
     data = json.loads(Path(path).read_text())
@@ -273,6 +338,7 @@ def generate_rows(
     constraints_per_task: Sequence[int] = (1, 2),
     kinds: Sequence[ConstraintKind | str] | None = None,
     base_prompts: Sequence[str] | None = None,
+    whole_reply: WholeReply | None = None,
 ) -> list[InstructionTask]:
     """n tasks; task i is drawn from Random(f"{seed}/{i}") alone (module docstring)."""
     if n < 0:
@@ -286,13 +352,19 @@ def generate_rows(
         allowed = tuple(ConstraintKind(k) for k in (DEFAULT_KINDS if kinds is None else kinds))
     except ValueError as e:
         raise ValueError(f"kinds: {e}; valid kinds: {', '.join(ConstraintKind)}") from None
+    if whole_reply is not None:
+        allowed = tuple(k for k in allowed if k in ONE_SENTENCE_KINDS)
     if not allowed:
-        raise ValueError("kinds must name at least one kind")
+        raise ValueError(
+            "kinds must name at least one kind"
+            + (f" a one-sentence reply can meet ({', '.join(ONE_SENTENCE_KINDS)})" if whole_reply else "")
+        )
     bases = tuple(base_prompts) if base_prompts is not None else load_base_prompts()
     if not bases:
         raise ValueError("base_prompts must not be empty")
     return [
-        _task(random.Random(f"{seed}/{i}"), f"if-s{seed}-{i:05d}", bases, allowed, counts) for i in range(n)
+        _task(random.Random(f"{seed}/{i}"), f"if-s{seed}-{i:05d}", bases, allowed, counts, whole_reply)
+        for i in range(n)
     ]
 
 
@@ -308,6 +380,7 @@ def _task(
     bases: Sequence[str],
     allowed: Sequence[ConstraintKind],
     counts: Sequence[int],
+    whole_reply: WholeReply | None = None,
 ) -> InstructionTask:
     base = rng.choice(bases)
     picked = _pick_kinds(rng, allowed, rng.choice(counts))
@@ -315,7 +388,7 @@ def _task(
     case: Callable[[str], str] | None = (
         str.lower if K.ALL_LOWERCASE in picked else str.upper if K.ALL_UPPERCASE in picked else None
     )
-    prompt = base
+    prompt = base if whole_reply is None else _append(base, whole_reply.style)
     constraints: list[Constraint] = []
     for kind in picked:
         args = _SAMPLERS[kind](rng)
@@ -325,6 +398,12 @@ def _task(
             args = _in_case(args, case)
         constraints.append(Constraint(kind, args))
         prompt = _append(prompt, constraints[-1].instruction())
+    if whole_reply is not None:
+        for constraint in whole_reply.constraints(base, rng):
+            if case is not None:
+                constraint = Constraint(constraint.kind, _in_case(dict(constraint.args), case))
+            constraints.append(constraint)
+            prompt = _append(prompt, constraint.instruction())
     return InstructionTask(task_id, prompt, tuple(constraints))
 
 
