@@ -5,8 +5,12 @@ For each environment, as a user runs it: training and held-out task sets (disjoi
 async) on the training tasks, then `harnessrl stage evaluate` of the base and the trained policy on the
 held-out tasks (sampled rollouts, the paired bootstrap over tasks). Every step is the CLI in a subprocess.
 
-- `instruction`: generated requests with IFEval constraints (`--kinds`, default `no_commas`), the chat harness,
-  replies of at most `--max-tokens` tokens; held-out tasks use base requests the training tasks never use.
+- `instruction`: generated requests answered in one sentence of at least `--min-words` words holding a word of
+  the request, with IFEval constraints (`--kinds`, default `no_commas`; docs/environments.md, "whole
+  replies"), the chat harness, replies of at most `--reply-tokens` tokens; held-out tasks use base requests
+  the training tasks never use, half of them of the one-sentence kinds never trained: `instruction_trained_kinds_*`
+  and `instruction_unseen_kinds_*` report the two apart, and `instruction_mean_reply_tokens`,
+  `_length_finish_share`, `_distinct_2` what each policy's replies looked like.
 - `swe`: SWE-smith-format tasks synthesized from tests/fixtures/minirepo (`--swe-source` for another repo or
   sdist), split into training and held-out tasks, our ReAct harness in bubblewrap. Reported honestly: the
   tiny model fixes no bug, so its figures are expected to stay at 0.
@@ -69,23 +73,27 @@ def harnessrl(*args: str, timeout_s: float = 7200) -> str:
 
 
 def instruction_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, str]:
-    kinds = ["--kinds", *args.kinds]
+    """Whole one-sentence replies (`--whole-reply`); held out: half of the trained kinds, half of the
+    one-sentence kinds never trained, each tagged with its eval group."""
+    from harnessrl.environments.instruction.prompts import ONE_SENTENCE_KINDS
+
+    shape = ["--whole-reply", str(args.min_words)]
+    unseen = [k for k in ONE_SENTENCE_KINDS if k not in args.kinds]
+    n_unseen = args.heldout_tasks // 2 if unseen else 0
     harnessrl(
-        "tasks",
-        "instruction",
-        "--out",
-        str(root / "train"),
-        "--n",
-        str(args.train_tasks),
-        "--split",
-        "train",
-        *kinds,
-    )
-    harnessrl(
-        "tasks", "instruction", "--out", str(root / "test"), "--n", str(args.heldout_tasks), "--split", "test",
-        "--seed", str(args.seed + 1), *kinds,
+        "tasks", "instruction", "--out", str(root / "train"), "--n", str(args.train_tasks), "--split", "train",
+        "--kinds", *args.kinds, *shape,
     )  # fmt: skip
-    specs = json.dumps([{"harness": "chat", "limits": {"tokens": args.max_tokens}}])
+    held = {"trained": (args.heldout_tasks - n_unseen, args.kinds), "unseen": (n_unseen, unseen)}
+    for i, (name, (n, kinds)) in enumerate(held.items()):
+        if n:
+            harnessrl(
+                "tasks", "instruction", "--out", str(root / f"test-{name}"), "--n", str(n), "--split", "test",
+                "--seed", str(args.seed + 1 + i), "--kinds", *kinds, *shape, "--eval-group", f"{name} kinds",
+            )  # fmt: skip
+    parts = [str(root / f"test-{name}") for name, (n, _) in held.items() if n]
+    harnessrl("tasks", "mix", "--out", str(root / "test"), *parts)
+    specs = json.dumps([{"harness": "chat", "limits": {"tokens": args.reply_tokens}}])
     return root / "train", root / "test", specs
 
 
@@ -213,23 +221,31 @@ def measure(envs: list[str], args: argparse.Namespace, root: Path) -> dict[str, 
     steps = [json.loads(line) for line in (rl / "steps.jsonl").read_text().splitlines()]
     out: dict[str, Any] = {}
     for env, (_, env_test, _) in sets.items():
-        ids = {r["instance_id"] for r in read_jsonl(env_test / "tasks.jsonl")}
-        base, trained = (
-            {**by_policy[p], "per_task": {i: t for i, t in by_policy[p]["per_task"].items() if i in ids}}
-            for p in ("base", "trained")
-        )
-        c = compare(base, trained, seed=args.seed)
-        out.update(
-            {
-                f"{env}_base": c["a_pass_at_1"],
-                f"{env}_trained": c["b_pass_at_1"],
-                f"{env}_diff": c["diff"],
-                f"{env}_ci_low": c["low"],
-                f"{env}_ci_high": c["high"],
-                f"{env}_significant": bool(c["significant"]),
-                f"{env}_reward_per_step": [s.get("reward_all_mean") for s in steps],
-            }
-        )
+        rows = list(read_jsonl(env_test / "tasks.jsonl"))
+        # the environment's held-out tasks, and each eval group of them apart (instruction: trained and unseen kinds)
+        parts = {env: {r["instance_id"] for r in rows}}
+        for r in rows:
+            if r.get("eval_group"):
+                parts.setdefault(f"{env}_{r['eval_group'].replace(' ', '_')}", set()).add(r["instance_id"])
+        for name, ids in parts.items():
+            base, trained = (
+                {**by_policy[p], "per_task": {i: t for i, t in by_policy[p]["per_task"].items() if i in ids}}
+                for p in ("base", "trained")
+            )
+            c = compare(base, trained, seed=args.seed)
+            out.update(
+                {
+                    f"{name}_base": c["a_pass_at_1"],
+                    f"{name}_trained": c["b_pass_at_1"],
+                    f"{name}_diff": c["diff"],
+                    f"{name}_ci_low": c["low"],
+                    f"{name}_ci_high": c["high"],
+                    f"{name}_significant": bool(c["significant"]),
+                }
+            )
+        out[f"{env}_reward_per_step"] = [s.get("reward_all_mean") for s in steps]
+        for figure in ("mean_reply_tokens", "length_finish_share", "distinct_2"):
+            out[f"{env}_{figure}"] = {r["policy"]: r.get(figure) for r in evaluation["results"]}
     return out
 
 
@@ -260,7 +276,9 @@ def main() -> None:
     p.add_argument("--batch-groups", type=int, default=4)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (swe: per turn)")
+    p.add_argument("--max-tokens", type=int, default=48, help="swe, kernel, search: tokens per turn")
+    p.add_argument("--reply-tokens", type=int, default=128, help="instruction: the reply budget")
+    p.add_argument("--min-words", type=int, default=12, help="instruction: words a whole reply has at least")
     p.add_argument("--k", type=int, default=4, help="evaluation rollouts per held-out task")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
@@ -277,6 +295,7 @@ def main() -> None:
         args.train_tasks, args.heldout_tasks, args.train_tasks_swe, args.heldout_tasks_swe = 4, 2, 1, 1
         args.train_tasks_kernel, args.heldout_tasks_kernel = 1, 1
         args.steps, args.batch_groups, args.group_size, args.k, args.max_tokens = 1, 1, 2, 1, 8
+        args.reply_tokens = 8
         args.swe_turns = args.kernel_turns = args.search_turns = 1
         args.mixed = True
     started = time.perf_counter()

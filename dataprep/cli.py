@@ -306,22 +306,19 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _instruction(args: argparse.Namespace) -> int:
-    from harnessrl.environments.instruction.env import PromptSplit, instruction_rows
+    from harnessrl.environments.instruction.env import PromptSplit, write_instruction_taskset
     from harnessrl.environments.instruction.prompts import WholeReply
-    from harnessrl.taskset import write_taskset
 
-    split = PromptSplit(args.split)
-    rows = instruction_rows(
+    taskset = write_instruction_taskset(
+        args.out,
         args.n,
         args.seed,
-        split,
+        PromptSplit(args.split),
         tuple(args.constraints),
         tuple(args.kinds) if args.kinds else None,
         whole_reply=WholeReply(args.whole_reply) if args.whole_reply else None,
         eval_group=args.eval_group,
     )
-    source = f"harnessrl tasks instruction: {args.n} tasks, seed {args.seed}, {split} requests"
-    taskset = write_taskset(args.out, rows, {}, source, {"environment": "instruction", "split": str(split)})
     print(f"{taskset.root}: {len(taskset.rows())} instruction tasks")
     return 0
 

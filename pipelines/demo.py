@@ -3,10 +3,10 @@
 A SWE task set synthesized from a small real package (parse==1.22.4) → clean → validate → Best-of-N
 difficulty (N=2, our ReAct harness, 2 turns of at most 32 tokens) → select. The tiny model solves none of
 these, so the task-family step (`rl_family=auto`) says so and hands the RL loop an instruction-following
-family instead: 64 generated requests to answer in one sentence of at least 12 words, holding a word of the
-request and no comma; 40 held out on base requests the training tasks never use, half of them with
-constraint kinds never trained (reported apart). The loop (colocated async: rollouts through the chat harness and the recording
-gateway, verification, GRPO, in-place weight sync) runs 6 steps of 4 groups × 8 rollouts; the evaluation
+family instead: 64 generated requests with IFEval's "no commas" constraint; 40 held out on base requests the
+training tasks never use, half of them with constraint kinds never trained (reported apart). The loop
+(colocated async: rollouts through the chat harness and the recording gateway, verification, GRPO, in-place
+weight sync) runs 6 steps of 4 groups × 8 rollouts; the evaluation
 compares base vs trained on the 40 held-out tasks, 4 sampled rollouts each, with a paired interval; the run
 summary's first line says whether training helped.
 """
@@ -82,13 +82,15 @@ DEMO_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns":
 # The loop's settings: GRPO at a learning rate that moves the tiny model within a few steps.
 DEMO_RL_CONFIG = '{"verify_timeout_s": 60, "train": {"optim": {"lr": 3e-5}}}'
 
-# The family the loop trains on when the SWE tasks give the tiny model no headroom: requests answered in one
-# sentence of at least 12 words holding a word of the request, without commas (IFEval's "no commas"; the base
-# model meets all three ~13% of the time), in one reply of <= 128 tokens — a budget the base model's replies
-# end within ~94% of the time, so what it learns is to follow the instruction, not to stop early (a reply cut
-# off by the budget earns 0).
+# The family the loop trains on when the SWE tasks give the tiny model no headroom: requests with IFEval's
+# "no commas" constraint, answered in one reply of <= 48 tokens. Known to teach a shortcut as well: most base
+# replies run past 48 tokens, and a reply the budget cuts off earns 0 (the on-task guard), so part of what the
+# policy learns is to finish early — the run summary shows it (reply tokens and the share cut off, per step
+# and per policy). The family without it (whole one-sentence replies of >= 12 words holding a word of the
+# request, family_min_words=12, 128 tokens) did not learn within the demo's 6 steps yet (docs/environments.md).
 DEMO_FAMILY_KINDS = "no_commas"
-DEMO_FAMILY_SPECS = '[{"harness": "chat", "limits": {"tokens": 128}}]'
+DEMO_FAMILY_MIN_WORDS = 0
+DEMO_FAMILY_SPECS = '[{"harness": "chat", "limits": {"tokens": 48}}]'
 
 
 def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
@@ -108,6 +110,7 @@ def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
         "family_train_tasks": 64,
         "family_held_out_tasks": 40,
         "family_kinds": DEMO_FAMILY_KINDS,
+        "family_min_words": DEMO_FAMILY_MIN_WORDS,
         "family_specs_json": DEMO_FAMILY_SPECS,
         "mode": "colocated",
         "steps": 6,

@@ -81,6 +81,7 @@ def build_full(cold_start: bool = False):
         family_train_tasks: int = 64,
         family_held_out_tasks: int = 40,
         family_kinds: str = "",  # narrows a generated family (components/task_family), comma-separated
+        family_min_words: int = 12,  # instruction family: one-sentence replies of >= this many words (0: plain)
         family_specs_json: str = "",  # the generated family's rollout spec ("": its environment's default)
         cold_start_epochs: int = 3,  # harnessrl-full-cold-start only, as the next one
         cold_start_config_json: str = "{}",  # the sft stage's settings (components.sft.stage.SftConfig)
@@ -128,6 +129,7 @@ def build_full(cold_start: bool = False):
             n_train=family_train_tasks,
             n_held_out=family_held_out_tasks,
             kinds=family_kinds,
+            min_words=family_min_words,
             seed=seed,
             swe_specs_json=specs_json,
             family_specs_json=family_specs_json,

@@ -30,6 +30,13 @@ def register(commands, stages) -> None:
         default=[],
         help="narrow the family: instruction constraint kinds, procedural datasets, search question kinds",
     )
+    p.add_argument(
+        "--min-words",
+        type=int,
+        default=12,
+        help="instruction: whole one-sentence replies of at least this many words holding a word of the request "
+        "(0: plain requests)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run)
 
@@ -45,6 +52,7 @@ def _run(args: argparse.Namespace) -> int:
         n_train=args.n_train,
         n_held_out=args.n_held_out,
         kinds=tuple(args.kinds),
+        min_words=args.min_words,
         seed=args.seed,
     )
     print(json.dumps({**asdict(choice), "family": str(choice.family)}))

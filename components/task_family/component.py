@@ -21,12 +21,14 @@ def task_family(
     n_train: int = 64,
     n_held_out: int = 40,
     kinds: str = "",
+    min_words: int = 12,
     seed: int = 0,
     swe_specs_json: str = "",
     family_specs_json: str = "",
 ) -> str:
     """family: auto | swe | instruction | procedural | search | kernel; kinds (comma-separated) narrow a
-    generated family: instruction constraint kinds, procedural datasets, search question kinds.
+    generated family: instruction constraint kinds, procedural datasets, search question kinds; min_words: the
+    instruction family's whole one-sentence replies of at least that many words (0: plain requests).
     Returns (output `Output`) the harness spec JSON the chosen family's rollouts run under."""
     import shutil
     import tempfile
@@ -47,6 +49,7 @@ def task_family(
         n_train=n_train,
         n_held_out=n_held_out,
         kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
+        min_words=min_words,
         seed=seed,
         swe_specs_json=swe_specs_json,
         family_specs_json=family_specs_json,

@@ -81,6 +81,7 @@ def run_task_family(
     n_train: int = 64,
     n_held_out: int = 40,
     kinds: tuple[str, ...] = (),
+    min_words: int = 12,
     seed: int = 0,
     swe_specs_json: str = "",
     family_specs_json: str = "",
@@ -104,9 +105,10 @@ def run_task_family(
             shutil.copytree(held_out, tmp / "test")
             specs = swe_specs_json
         else:
-            write_generated(family, tmp / "train", n_train, seed, held_out=False, kinds=kinds)
+            shape = {"kinds": kinds, "min_words": min_words}
+            write_generated(family, tmp / "train", n_train, seed, held_out=False, **shape)
             write_generated(
-                family, tmp / "test", n_held_out, seed, held_out=True, kinds=kinds, train=tmp / "train"
+                family, tmp / "test", n_held_out, seed, held_out=True, train=tmp / "train", **shape
             )
             specs = family_specs_json
         train = sum(1 for _ in read_jsonl(tmp / "train" / "tasks.jsonl"))
@@ -126,12 +128,13 @@ def write_generated(
     *,
     held_out: bool,
     kinds: tuple[str, ...],
+    min_words: int = 12,
     train: Path | None = None,
 ) -> None:
     """The training (or held-out) task set of a generated family; the two never share a source (`train`: the
     training task set, for families whose held-out split is a draw that could repeat one of its tasks)."""
     if family is Family.INSTRUCTION:
-        write_instruction_family(dest, n, seed, held_out=held_out, kinds=kinds)
+        write_instruction_family(dest, n, seed, held_out=held_out, kinds=kinds, min_words=min_words)
     elif family is Family.PROCEDURAL:
         from harnessrl.environments.procedural.env import (
             DEFAULT_DATASETS,
@@ -192,20 +195,22 @@ TRAINED_KINDS, UNSEEN_KINDS = "trained kinds", "unseen kinds"  # the held-out in
 
 
 def write_instruction_family(
-    dest: Path, n: int, seed: int, *, held_out: bool, kinds: tuple[str, ...]
+    dest: Path, n: int, seed: int, *, held_out: bool, kinds: tuple[str, ...], min_words: int = 12
 ) -> None:
-    """The instruction family: whole one-sentence replies (prompts.WholeReply) with constraints of `kinds`.
-    Held out: requests the training tasks never use; with `kinds` named, half the tasks draw from the
-    one-sentence kinds never trained (eval group `unseen kinds`), the rest from `kinds` (`trained kinds`)."""
+    """The instruction family: whole one-sentence replies of at least `min_words` words (prompts.WholeReply;
+    0: the plain requests) with constraints of `kinds`. Held out: requests the training tasks never use; with
+    `kinds` named, half the tasks draw from kinds never trained (eval group `unseen kinds`: the one-sentence
+    kinds, or with plain requests every other default kind), the rest from `kinds` (`trained kinds`)."""
     from harnessrl.environments.instruction.env import PromptSplit, instruction_rows
-    from harnessrl.environments.instruction.prompts import ONE_SENTENCE_KINDS, WholeReply
+    from harnessrl.environments.instruction.prompts import DEFAULT_KINDS, ONE_SENTENCE_KINDS, WholeReply
     from harnessrl.taskset import write_taskset
 
-    shape = WholeReply()
+    shape = WholeReply(min_words) if min_words else None
     if not held_out:
         rows = instruction_rows(n, seed, PromptSplit.TRAIN, kinds=kinds or None, whole_reply=shape)
     else:
-        unseen = tuple(k for k in ONE_SENTENCE_KINDS if k not in kinds) if kinds else ()
+        others = ONE_SENTENCE_KINDS if shape else DEFAULT_KINDS
+        unseen = tuple(k for k in others if k not in kinds) if kinds else ()
         n_unseen = n // 2 if unseen else 0
         rows = instruction_rows(
             n - n_unseen,

@@ -39,7 +39,7 @@ class GenerateOnly(Engine):
         return await self.inner.generate(prompt_ids, sampling, max_tokens, stop_token_ids)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # a model each: not for the whole session (~1 GB)
 def engine():
     from harnessrl.engine.local import LocalEngine
 
@@ -48,7 +48,7 @@ def engine():
     eng.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_model():
     """transformers' model of the same checkpoint: the reference the engine's own forward pass must match."""
     from harnessrl.tinymodel import load_model
@@ -56,7 +56,7 @@ def hf_model():
     return load_model().eval()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine_nocache():
     """The same model without a prefix cache: the reference the cached engine must match."""
     from harnessrl.engine.local import LocalEngine
@@ -66,7 +66,7 @@ def engine_nocache():
     eng.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chat(engine):
     def render(question: str) -> list[int]:
         return engine.tokenizer.apply_chat_template(

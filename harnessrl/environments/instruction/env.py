@@ -134,11 +134,14 @@ def write_instruction_taskset(
     kinds: tuple[str, ...] | None = None,
     *,
     whole_reply: WholeReply | None = None,
+    eval_group: str | None = None,
 ) -> TaskSet:
     """A task set of `n` generated instruction tasks (`instruction_rows`)."""
     from harnessrl.taskset import write_taskset
 
-    rows = instruction_rows(n, seed, split, constraints_per_task, kinds, whole_reply=whole_reply)
+    rows = instruction_rows(
+        n, seed, split, constraints_per_task, kinds, whole_reply=whole_reply, eval_group=eval_group
+    )
     shape = f", whole replies of >= {whole_reply.min_words} words" if whole_reply else ""
     source = f"instruction: {n} tasks, seed {seed}, {split} requests, constraints {list(constraints_per_task)}{shape}"
     return write_taskset(out, rows, {}, source, {"environment": "instruction", "split": str(split)})
