@@ -1,18 +1,23 @@
 """The child process of tests/core/test_launch_under_memory_pressure.py: grows its own private writable memory
-past the machine's RAM + swap without touching it, checks that the kernel now refuses to fork() it, then
+past the machine's RAM + swap without touching it, checks that the kernel would now refuse to fork() it, then
 starts one kind of child the product starts, through the product's own code, and prints one JSON line.
 
     python -m tests.support.memory_pressure KIND WORKDIR
 
 The reservation is one anonymous private mapping (what a heap, a model's weights or an engine's arenas are),
 grown by mremap (`mmap.resize`) in steps that are each below RAM + swap: the overcommit heuristic judges each
-request alone, so every step is granted, while a fork() must commit a copy of the whole mapping and is
-refused. The JSON line: `reserved_gib`, `fork_errno` (0: the fork was not refused), `started` (what the launch
-showed), or `skip` (why the precondition does not hold here). A launch that fails raises: the exit status says
-so. `probe_image()` (called by the test beforehand) makes the image of the podman case.
+request alone, so every step is granted. A fork() must commit a copy of every accounted private writable
+mapping, and under vm.overcommit_memory=0 the kernel refuses one larger than RAM + swap (mm/util.c,
+`__vm_enough_memory`). The child reads that from the kernel's own view of its mapping (/proc/self/smaps: its
+size and the `ac` — accounted — and `wr` flags) instead of forking to see the refusal: a real refusal is logged
+by the kernel as a failed allocation, which the machine's checks rightly count as a fault (the refusal itself
+was reproduced when the issue was found). The JSON line: `reserved_gib`, `fork_refused` (the kernel's rule
+holds for the mapping), `started` (what the launch showed), or `skip` (why the precondition does not hold
+here). A launch that fails raises: the exit status says so. `probe_image()` (called by the test beforehand)
+makes the image of the podman case.
 """
 
-import errno
+import ctypes
 import io
 import json
 import mmap
@@ -46,16 +51,21 @@ def reserve(total: int, steps: int) -> mmap.mmap:
     return reserved
 
 
-def fork_errno() -> int:
-    """0 when a plain fork() of this process works, else its errno."""
-    try:
-        pid = os.fork()
-    except OSError as e:
-        return e.errno or -1
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-    return 0
+def fork_refused(reserved: mmap.mmap, limit: int) -> bool:
+    """Whether the kernel would refuse to fork this process for `reserved` alone: the mapping is accounted,
+    private and writable, and larger than RAM + swap (`limit`), as /proc/self/smaps shows it."""
+    address = ctypes.addressof(ctypes.c_char.from_buffer(reserved))
+    size, flags = 0, set()
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        span = re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) ", line)
+        if span:
+            inside = int(span[1], 16) <= address < int(span[2], 16) and span[3].endswith("p")
+        elif inside and line.startswith("Size:"):
+            size = int(line.split()[1]) * 1024
+        elif inside and line.startswith("VmFlags:"):
+            flags = set(line.split()[1:])
+    return {"ac", "wr"} <= flags and size > limit
 
 
 # -- the launches: each starts one kind of child through the product's code, and says what it saw ----------
@@ -250,8 +260,9 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, SystemError) as e:
         print(json.dumps({"skip": f"could not reserve {total / 2**30:.1f} GiB of address space: {e}"}))
         return 0
-    report: dict[str, object] = {"reserved_gib": round(len(reserved) / 2**30, 1), "fork_errno": fork_errno()}
-    if report["fork_errno"] == errno.ENOMEM:
+    refused = fork_refused(reserved, limit)
+    report: dict[str, object] = {"reserved_gib": round(len(reserved) / 2**30, 1), "fork_refused": refused}
+    if refused:
         report["started"] = LAUNCHES[kind](work)
     print(json.dumps(report), flush=True)
     return 0
