@@ -22,10 +22,7 @@ import os
 import sys
 
 MMAP_THRESHOLD_BYTES = 1 << 20
-# Heaps: glibc gives each thread that allocates concurrently a heap of its own, up to 8 per core; the RL stage's
-# rollout, gateway and engine threads each kept one's freed pages.
-ARENAS = 2
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt's parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 def return_freed_memory() -> bool:
@@ -33,10 +30,7 @@ def return_freed_memory() -> bool:
     if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     try:
-        libc = ctypes.CDLL(None)
-        if "MALLOC_ARENA_MAX" not in os.environ:
-            libc.mallopt(_M_ARENA_MAX, ARENAS)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+        return bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
     except (OSError, AttributeError):  # another C library
         return False
 

@@ -148,7 +148,8 @@ def run_evaluate(
     if len(set(names)) != len(names) or len({safe_name(n) for n in names}) != len(names):
         raise ValueError(f"policy names must be distinct: {names}")
     named = specs if isinstance(specs, list) else load_specs(specs)
-    if not taskset.rows():
+    task_rows = taskset.rows()
+    if not task_rows:
         return _nothing_to_evaluate(taskset, out, cfg, named)
     results: list[dict[str, Any]] = []
     firsts: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}  # (policy, mode) -> task -> first rollout
@@ -184,7 +185,7 @@ def run_evaluate(
                 result["source"] = policy.describe()
                 results.append(result)
                 firsts[policy.name, str(mode)] = first_replies(rollouts, rewards)
-        evaluation = build_evaluation(str(taskset.root), taskset.rows(), cfg, named, results, firsts)
+        evaluation = build_evaluation(str(taskset.root), task_rows, cfg, named, results, firsts)
         atomic_write_json(tmp / "evaluation.json", evaluation)
         metrics = flat_metrics(evaluation)
         atomic_write_json(tmp / "metrics.json", metrics)

@@ -10,13 +10,6 @@ import torch
 from harnessrl.engine.base import EngineError
 
 
-def read_checkpoint(model: torch.nn.Module, directory: Path) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors, or EngineError naming the file or the parameters that do not match."""
-    state = read_tensors(directory)
-    check_state(model, state, str(directory))
-    return state
-
-
 def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's safetensors files, or EngineError naming the file."""
     from safetensors import SafetensorError
