@@ -6,12 +6,14 @@ syncs, aborts, stats); the scheduler thread that runs the model is `local_schedu
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import itertools
 import logging
 import secrets
 import threading
 import uuid
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
@@ -49,6 +51,18 @@ from harnessrl.engine.threads import AdaptiveThreads, engine_cores
 from harnessrl.engine.weights import check_state, read_tensors
 
 logger = logging.getLogger(__name__)
+
+_open_engines: weakref.WeakSet[LocalEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    """Stops every engine's scheduler thread before the interpreter finalizes. A daemon thread still running
+    then is ended by CPython from inside whatever it was doing, torch code included, and unwinding out of
+    torch's tensor deallocation aborts the process ("terminate called without an active exception", or a
+    segfault): measured 4 of 6 exits of a process that made one request and never closed its engine."""
+    for engine in list(_open_engines):
+        engine.close()
 
 
 class LocalEngine(SchedulerLoop, StreamingEngine, InProcessEngine):
@@ -150,6 +164,7 @@ class LocalEngine(SchedulerLoop, StreamingEngine, InProcessEngine):
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="harnessrl-engine", daemon=True)
         self._thread.start()
+        _open_engines.add(self)
 
     def _default_stop_ids(self) -> frozenset[int]:
         ids = set()
@@ -343,6 +358,7 @@ class LocalEngine(SchedulerLoop, StreamingEngine, InProcessEngine):
             self._abort_all = True
             self._lock.notify()
         self._thread.join(timeout=30)
+        _open_engines.discard(self)
 
     def __enter__(self) -> LocalEngine:
         return self
