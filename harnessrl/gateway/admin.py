@@ -31,7 +31,7 @@ from .export import export_journal
 from .journal import Journal
 from .messages import RequestError
 from .metrics import GatewayMetrics
-from .params import choice, flag, number, optional_str
+from .params import choice, flag, integer, number, optional_str
 from .pause import PauseControl
 from .sessions import SessionStore
 
@@ -70,7 +70,9 @@ class AdminAPI:
             if not isinstance(body.get(k), str) or not body[k]:
                 raise RequestError(f"{k}: required non-empty string")
         train_chains = choice(TrainChains, body.get("train_chains") or TrainChains.ALL, "train_chains")
-        s, key = await self.sessions.create(body["rollout_id"], body["group_id"], train_chains)
+        raw = body.get("reply_tokens")
+        reply_tokens = None if raw is None else integer(raw, "reply_tokens", 1)
+        s, key = await self.sessions.create(body["rollout_id"], body["group_id"], train_chains, reply_tokens)
         base = f"{self.base_url()}/sessions/{s.session_id}"
         return web.json_response(
             {

@@ -139,9 +139,8 @@ class CallRunner:
             if sink is not None:
                 sink.begin(call_id, len(plan.prompt_ids))
             t_engine = time.perf_counter()
-            out = await self._generate(
-                s, plan, params.sampling, min(params.max_tokens, room), sink.on_tokens if sink else None
-            )
+            budget = min(params.max_tokens, room, s.reply_tokens or room)
+            out = await self._generate(s, plan, params.sampling, budget, sink.on_tokens if sink else None)
             engine_s = time.perf_counter() - t_engine
             cpu0 = time.thread_time()
             text = self.renderer.completion_text(out.ids)

@@ -133,6 +133,8 @@ def record_to_json(rec: Record) -> dict[str, Any]:
         }
         if rec.train_chains is not TrainChains.ALL:  # written only when set: journals of before read the same
             out["train_chains"] = rec.train_chains.value
+        if rec.reply_tokens is not None:
+            out["reply_tokens"] = rec.reply_tokens
         return out
     if isinstance(rec, SessionEndRecord):
         return {
@@ -199,6 +201,7 @@ def record_from_json(d: Any) -> Record:
                 d["key_sha256"],
                 d.get("created_at", 0.0),
                 TrainChains(d.get("train_chains", TrainChains.ALL)),
+                d.get("reply_tokens"),
             )
         if kind == "session_end":
             return SessionEndRecord(

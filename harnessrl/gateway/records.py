@@ -31,6 +31,7 @@ class SessionRecord:
     key_sha256: str  # the session's API key is never stored
     created_at: float = 0.0
     train_chains: TrainChains = TrainChains.ALL  # which of its chains become samples
+    reply_tokens: int | None = None  # each call's output tokens at most (None: what the call asks)
     TYPE = RecordType.SESSION
 
 

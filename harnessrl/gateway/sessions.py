@@ -38,6 +38,9 @@ class Session:
     calls: int = 0
     created_at: float = field(default_factory=time.time)
     train_chains: TrainChains = TrainChains.ALL
+    reply_tokens: int | None = (
+        None  # each call's output tokens at most, whatever the call asks (None: no cap)
+    )
     # Held while its chains change (plan, commit, release): a large request plans in a worker thread.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -51,6 +54,7 @@ class Session:
             "calls": self.calls,
             "chains": len(self.chains.chains),
             "train_chains": self.train_chains.value,
+            "reply_tokens": self.reply_tokens,
         }
 
 
@@ -67,7 +71,7 @@ class SessionStore:
     # -- applying records (live and on recovery) --------------------------------------------------------
     def add(self, rec: SessionRecord) -> Session:
         s = Session(rec.session_id, rec.rollout_id, rec.group_id, rec.key_sha256, self._chainset())
-        s.created_at, s.train_chains = rec.created_at, rec.train_chains
+        s.created_at, s.train_chains, s.reply_tokens = rec.created_at, rec.train_chains, rec.reply_tokens
         self.sessions[rec.session_id] = s
         return s
 
@@ -78,12 +82,18 @@ class SessionStore:
 
     # -- live ---------------------------------------------------------------------------------------------
     async def create(
-        self, rollout_id: str, group_id: str, train_chains: TrainChains = TrainChains.ALL
+        self,
+        rollout_id: str,
+        group_id: str,
+        train_chains: TrainChains = TrainChains.ALL,
+        reply_tokens: int | None = None,
     ) -> tuple[Session, str]:
         """A new session and its API key (only the key's hash is kept)."""
         key = new_api_key()
         sid = "s-" + uuid.uuid4().hex[:16]
-        rec = SessionRecord(sid, rollout_id, group_id, sha256_hex(key), time.time(), train_chains)
+        rec = SessionRecord(
+            sid, rollout_id, group_id, sha256_hex(key), time.time(), train_chains, reply_tokens
+        )
         return await shielded(self._journaled(rec, lambda: self.add(rec))), key
 
     async def end(self, s: Session, status: SessionStatus, reason: str | None) -> None:

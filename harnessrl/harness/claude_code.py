@@ -57,6 +57,9 @@ _API_ERROR = re.compile(r"API Error: (\d{3})")
 _TRUNCATED = re.compile(r"^\[\.\.\. \d+ bytes truncated \.\.\.\]$", re.M)  # the sandbox's output cap
 # How the CLI says its context is full: the gateway's `prompt is too long` 400, or compaction that cannot keep up.
 CONTEXT_FULL = ("prompt is too long", "autocompact is thrashing")
+# Its replies cut at the per-call token limit (`stop_reason: max_tokens`) after its own continuation attempts:
+# "Claude's response exceeded the N output token maximum" — the agent's end, scored.
+REPLY_CUT = ("output token maximum",)
 
 
 @dataclass
@@ -120,6 +123,8 @@ class ClaudeCodeConfig(CliConfig):
             "ANTHROPIC_UNIX_SOCKET": socket,
             "CLAUDE_CODE_MAX_RETRIES": str(int(self.max_retries)),
         }
+        if self.reply_tokens is not None:  # it then asks for what the gateway allows
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(int(self.reply_tokens))
         for tier, variables in MODEL_TIERS.items():
             if tier in self.models:
                 env.update(dict.fromkeys(variables, self.models[tier]))
@@ -191,7 +196,7 @@ def classify(
         return RolloutStatus.OK, EpisodeEnd.TURN_BUDGET, ""
     if not result.get("is_error") and subtype == "success":
         return RolloutStatus.OK, EpisodeEnd.SUBMITTED, ""
-    if any(x in text.lower() for x in CONTEXT_FULL):  # a full context: the agent's end, scored
+    if any(x in text.lower() for x in (*CONTEXT_FULL, *REPLY_CUT)):  # the agent's end, scored
         return RolloutStatus.OK, EpisodeEnd.TOKEN_BUDGET, text[:300]
     status_code = result.get("api_error_status")
     if not isinstance(status_code, int):

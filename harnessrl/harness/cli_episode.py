@@ -46,6 +46,9 @@ class CliConfig(ABC):
     version: str
     max_turns: int = 20
     wall_s: float = 600.0
+    reply_tokens: int | None = (
+        None  # limits.reply_tokens: the gateway cuts each call there; a CLI that can asks for it
+    )
     env: dict[str, str] = field(default_factory=dict)  # more variables for the CLI (and its tools)
     extra_args: list[str] = field(default_factory=list)  # more arguments for the CLI
 
@@ -69,7 +72,7 @@ class CliConfig(ABC):
 
     @classmethod
     def from_spec(cls, limits: dict[str, Any], options: dict[str, Any]) -> Self:
-        names = {f.name for f in fields(cls)} - {"max_turns", "wall_s"}
+        names = {f.name for f in fields(cls)} - {"max_turns", "wall_s", "reply_tokens"}
         unknown = sorted(set(options) - names)
         if unknown:
             raise ValueError(f"unknown {cls.tool} harness option(s) {unknown}; allowed: {sorted(names)}")
@@ -78,6 +81,8 @@ class CliConfig(ABC):
             kw["max_turns"] = int(limits["turns"])
         if "wall_s" in limits:
             kw["wall_s"] = float(limits["wall_s"])
+        if "reply_tokens" in limits:
+            kw["reply_tokens"] = int(limits["reply_tokens"])
         return cls(**kw)
 
     @abstractmethod

@@ -20,8 +20,11 @@ specs mixes them inside every group.
               environments gives each its own specs, and a task no spec is for runs under its environment's
               default spec (rollout.episode.spec_for)
     limits    turns, tokens, wall_s (harness);  memory_mb, processes, cpu_s, file_size_mb, tmp_mb (sandbox);
-              tool_timeout_s (per command); what a spec leaves out is its harness's default (DEFAULT_LIMITS;
-              chat: a reply of at most 256 tokens), else turns 20, tokens 8192, wall_s 600
+              tool_timeout_s (per command); reply_tokens (every harness: each model call samples at most this
+              many tokens, whatever the harness asks; the gateway ends the reply with its API's ordinary
+              length stop: `finish_reason: length`, Anthropic `stop_reason: max_tokens`, Responses
+              `incomplete`); what a spec leaves out is its harness's default (DEFAULT_LIMITS; chat: a reply
+              of at most 256 tokens), else turns 20, tokens 8192, wall_s 600, no reply_tokens
     train_chains  all (default: every chain of a rollout is a sample) | main (only the chain its first call
               started; a CLI agent's subagents, compaction and side calls are left out of training)
 """
@@ -38,7 +41,7 @@ from harnessrl.gateway.enums import TrainChains
 from harnessrl.harness.base import Harness
 from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind
 
-HARNESS_LIMITS = ("turns", "tokens", "wall_s", "tool_timeout_s")
+HARNESS_LIMITS = ("turns", "tokens", "reply_tokens", "wall_s", "tool_timeout_s")
 # Harnesses that run inside the rollout's sandbox (a CLI agent) -> the backends that can host them
 # (sandbox.base.AgentSandbox: every sandbox backend).
 AGENT_HOSTS = frozenset(
@@ -135,6 +138,11 @@ def validate_spec(spec: HarnessSpec, where: str) -> None:
         raise ValueError(
             f"{where}.limits: unknown key(s) {unknown}; allowed: {list(HARNESS_LIMITS + SANDBOX_LIMITS)}"
         )
+    reply = spec.limits.get("reply_tokens")
+    if reply is not None and (not isinstance(reply, int) or isinstance(reply, bool) or reply < 1):
+        raise ValueError(
+            f"{where}.limits.reply_tokens: expected an integer >= 1 (tokens per model call), got {reply!r}"
+        )
     try:
         build_harness(spec)  # option names and values are checked by the harness's own config
     except (TypeError, ValueError) as e:
@@ -200,6 +208,13 @@ def build_harness(spec: HarnessSpec, seed: int | None = None) -> Harness:
 
         return CodexHarness(CodexConfig.from_spec(limits, dict(spec.options)))
     raise ValueError(f"unknown harness {spec.harness!r}")
+
+
+def reply_budget(spec: HarnessSpec) -> int | None:
+    """The most tokens each model call of a rollout under `spec` samples (`limits.reply_tokens`; None: what each
+    call asks). The gateway holds every call of the rollout's session to it."""
+    reply = spec.limits.get("reply_tokens")
+    return None if reply is None else int(reply)
 
 
 def sandbox_limits(spec: HarnessSpec) -> dict[str, int]:

@@ -89,6 +89,11 @@ class TrainerConfig:
         self.precision = parse_choice(Precision, self.precision, "train.precision")
         if self.ppo_epochs < 1:
             raise ValueError("ppo_epochs must be ≥ 1")
+        if self.loss_mode is LossMode.SEQ_MEAN_TOKEN_SUM_NORM and not (self.loss_scale_factor or 0) > 0:
+            raise ValueError(
+                "train.loss_scale_factor: seq-mean-token-sum-norm needs a positive loss_scale_factor (e.g. the "
+                "longest reply in tokens); packed sequences have no padded horizon to default to"
+            )
         if self.head_chunk_tokens < 0:
             raise ValueError(
                 f"head_chunk_tokens must be >= 0 (0: whole logits), got {self.head_chunk_tokens}"

@@ -125,6 +125,19 @@ def test_a_full_context_ends_the_episode_as_a_context_budget(rollout, task):
     assert r.admin.metrics()["context_exhausted"] >= 1
 
 
+def test_a_reply_cut_by_the_reply_budget_ends_the_episode_as_the_agents_token_budget(rollout, task):
+    """`limits.reply_tokens`: the CLI asks for that many output tokens (CLAUDE_CODE_MAX_OUTPUT_TOKENS), the
+    gateway cuts every reply there (`stop_reason: max_tokens`), the CLI tries to continue and then gives up;
+    the rollout ends `ok` / `token_budget` (the agent's end, scored), never an infra error."""
+    long = "I will first read every file of the repository and think about each of them. " * 8
+    r, _ = rollout((long,) * 8, reply_tokens=12)
+    res = r.run(task, {"models": SONNET, "reply_tokens": 12})
+    assert (res.status, res.finish_reason) == (RolloutStatus.OK, EpisodeEnd.TOKEN_BUDGET), res.error
+    assert "12 output token maximum" in res.error
+    calls = r.records()
+    assert calls and all(len(c.completion_ids) == 12 for c in calls)
+
+
 def test_compaction_is_a_chain_of_its_own(rollout, task, tokenizer):
     """Auto-compaction (forced early with CLAUDE_AUTOCOMPACT_PCT_OVERRIDE) sends the history before the last
     executed turn plus "summarize": a chain of its own in the same rollout (a second sample), never a rollback

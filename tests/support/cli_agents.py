@@ -177,6 +177,7 @@ class CliRollout:
         tokenizer,
         max_model_len: int,
         make_sandbox: Callable[[Path], AgentSandbox] | None = None,
+        reply_tokens: int | None = None,
     ):
         self.config = config
         self.make_sandbox = make_sandbox or (lambda ws: BubblewrapSandbox(ws, None))
@@ -187,7 +188,7 @@ class CliRollout:
             HTTPEngine(url), tokenizer, tmp_path / "journal", "adm", config=gateway_config
         )
         self.admin = GatewayAdmin(self.gateway.start(), "adm")
-        self.session = self.admin.create_session("r0", task.iid)
+        self.session = self.admin.create_session("r0", task.iid, reply_tokens=reply_tokens)
         self.workspace = task.workspace(tmp_path / "ws")
         self.secret = tmp_path / "host-secret.txt"
         self.sandboxes: list[AgentSandbox] = []
@@ -241,15 +242,19 @@ def cli_rollouts(
     tmp_path: Path,
     make_sandbox: Callable[[Path], AgentSandbox] | None = None,
 ) -> Iterator[Callable[..., tuple[CliRollout, CliScriptEngine]]]:
-    """make(replies, max_model_len=65536) -> a CliRollout of `config`'s CLI on `task` and its engine, which
-    answers `replies` in order (stateful), in sandboxes `make_sandbox(workspace)` makes (default bubblewrap);
-    all closed at the end."""
+    """make(replies, max_model_len=65536, reply_tokens=None) -> a CliRollout of `config`'s CLI on `task` and its
+    engine, which answers `replies` in order (stateful), in sandboxes `make_sandbox(workspace)` makes (default
+    bubblewrap), its session's calls held to `reply_tokens`; all closed at the end."""
     made: list[CliRollout] = []
 
-    def make(replies: tuple[str, ...], max_model_len: int = 65536) -> tuple[CliRollout, CliScriptEngine]:
+    def make(
+        replies: tuple[str, ...], max_model_len: int = 65536, reply_tokens: int | None = None
+    ) -> tuple[CliRollout, CliScriptEngine]:
         demo = Demonstration(task.iid, task.row["problem_statement"], replies)
         engine = CliScriptEngine([demo], tokenizer, tiny_model_dir(), stateful=True)
-        made.append(CliRollout(config, task, engine, tmp_path, tokenizer, max_model_len, make_sandbox))
+        made.append(
+            CliRollout(config, task, engine, tmp_path, tokenizer, max_model_len, make_sandbox, reply_tokens)
+        )
         return made[-1], engine
 
     try:

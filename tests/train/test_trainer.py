@@ -153,3 +153,13 @@ def test_kl_to_reference_needs_and_uses_a_reference_model():
     ref = small_llama(seed=1).requires_grad_(False)
     m = Trainer(small_llama(), cfg, ref_model=ref).step(make_items(LossMode.ROLLOUT_TOKEN_MEAN))
     assert m["kl_ref"] > 0
+
+
+def test_a_sum_norm_loss_without_its_scale_is_refused_when_the_config_is_read():
+    """Refused before any rollout runs, not at the first optimizer step."""
+    with pytest.raises(ValueError, match="train.loss_scale_factor: seq-mean-token-sum-norm needs a positive"):
+        TrainerConfig(loss_mode=LossMode.SEQ_MEAN_TOKEN_SUM_NORM)
+    assert (
+        TrainerConfig(loss_mode=LossMode.SEQ_MEAN_TOKEN_SUM_NORM, loss_scale_factor=128).loss_scale_factor
+        == 128
+    )
