@@ -6,8 +6,10 @@ async) on the training tasks, then `harnessrl stage evaluate` of the base and th
 held-out tasks (sampled rollouts, the paired bootstrap over tasks). Every step is the CLI in a subprocess.
 
 - `instruction`: generated requests answered in one sentence of at least `--min-words` words holding a word of
-  the request, with IFEval constraints (`--kinds`, default `no_commas`; docs/environments.md, "whole
-  replies"), the chat harness, replies of at most `--reply-tokens` tokens; held-out tasks use base requests
+  the request, with IFEval constraints (`--kinds`, default `placeholders`: the demo's family; docs/environments.md,
+  "whole replies"), the chat harness, replies of at most `--reply-tokens` tokens, reward 1 only when a reply
+  meets every constraint; trained alone, with the demo's loss (Dr. GRPO, token losses summed over a
+  `--reply-tokens` horizon: pipelines/demo.py says why); held-out tasks use base requests
   the training tasks never use, half of them of the one-sentence kinds never trained: `instruction_trained_kinds_*`
   and `instruction_unseen_kinds_*` report the two apart, and `instruction_mean_reply_tokens`,
   `_length_finish_share`, `_distinct_2` what each policy's replies looked like.
@@ -93,7 +95,9 @@ def instruction_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path,
             )  # fmt: skip
     parts = [str(root / f"test-{name}") for name, (n, _) in held.items() if n]
     harnessrl("tasks", "mix", "--out", str(root / "test"), *parts)
-    specs = json.dumps([{"harness": "chat", "limits": {"tokens": args.reply_tokens}}])
+    specs = json.dumps(
+        [{"harness": "chat", "reward": "instruction_strict", "limits": {"tokens": args.reply_tokens}}]
+    )
     return root / "train", root / "test", specs
 
 
@@ -205,7 +209,11 @@ def measure(envs: list[str], args: argparse.Namespace, root: Path) -> dict[str, 
     train, test, specs = sets[envs[0]] if len(envs) == 1 else merged(sets, root / "tasks")
     rl = root / "rl"
     config = root / "rl.json"
-    config.write_text(json.dumps({"train": {"optim": {"lr": args.lr}}, "verify_timeout_s": 60}))
+    settings: dict[str, Any] = {"train": {"optim": {"lr": args.lr}}, "verify_timeout_s": 60}
+    if envs == ["instruction"]:  # one reply per rollout, at most --reply-tokens: the demo's loss
+        settings.update(estimator="drgrpo", engine_dtype="auto")
+        settings["train"].update(loss_mode="seq-mean-token-sum-norm", loss_scale_factor=args.reply_tokens)
+    config.write_text(json.dumps(settings))
     harnessrl(
         "stage", "rl", "--tasks", str(train), "--out", str(rl), "--mode", "colocated", "--steps", str(args.steps),
         "--batch-groups", str(args.batch_groups), "--group-size", str(args.group_size), "--specs", specs,
@@ -252,7 +260,7 @@ def measure(envs: list[str], args: argparse.Namespace, root: Path) -> dict[str, 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", nargs="+", choices=ENVS, default=list(ENVS))
-    p.add_argument("--kinds", nargs="+", default=["no_commas"], help="instruction: constraint kinds")
+    p.add_argument("--kinds", nargs="+", default=["placeholders"], help="instruction: constraint kinds")
     p.add_argument("--train-tasks", type=int, default=64)
     p.add_argument("--heldout-tasks", type=int, default=40)
     p.add_argument("--train-tasks-swe", type=int, default=3)

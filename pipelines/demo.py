@@ -3,10 +3,11 @@
 A SWE task set synthesized from a small real package (parse==1.22.4) → clean → validate → Best-of-N
 difficulty (N=2, our ReAct harness, 2 turns of at most 32 tokens) → select. The tiny model solves none of
 these, so the task-family step (`rl_family=auto`) says so and hands the RL loop an instruction-following
-family instead: 64 generated requests with IFEval's "no commas" constraint; 40 held out on base requests the
-training tasks never use, half of them with constraint kinds never trained (reported apart). The loop
-(colocated async: rollouts through the chat harness and the recording gateway, verification, GRPO, in-place
-weight sync) runs 6 steps of 4 groups × 8 rollouts; the evaluation
+family instead: 64 generated requests, each answered in one whole sentence of at least 12 words that names a
+word of the request and holds IFEval's "placeholders" constraint (N words in square brackets); 40 held out on
+base requests the training tasks never use, half of them with constraint kinds never trained (reported apart).
+The loop (colocated async: rollouts through the chat harness and the recording gateway, verification, Dr. GRPO,
+in-place weight sync) runs 6 steps of 4 groups × 8 rollouts; the evaluation
 compares base vs trained on the 40 held-out tasks, 4 sampled rollouts each, with a paired interval; the run
 summary's first line says whether training helped.
 """
@@ -79,18 +80,27 @@ def demo_source(console: Console, cache: Path = SOURCES_CACHE) -> Path:
 DEMO_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns": 2}, "options": {"max_tokens_per_turn": 32}}]'
 
 
-# The loop's settings: GRPO at a learning rate that moves the tiny model within a few steps.
-DEMO_RL_CONFIG = '{"verify_timeout_s": 60, "train": {"optim": {"lr": 3e-5}}}'
+# The loop's settings: Dr. GRPO (group-mean baseline, no division by the group's spread) with each reply's
+# token losses summed over a fixed 128-token horizon instead of averaged over the reply's own length: averaged,
+# a long wrong reply is pushed down less per token than a short one, and replies grew run after run (59 -> 105
+# tokens within 3 steps, 58% cut off by the budget: docs/environments.md, "The demo's family"). The engine
+# samples in the format this host multiplies faster (bfloat16 on a Xeon with AMX, ~3x float32's rate; float32
+# elsewhere); the trainer stays float32: in bfloat16 too (1.8x) the loop's steps took 275 s instead of 413 s,
+# but the stage peaked at 4.55 GB instead of 3.87 GB.
+DEMO_RL_CONFIG = (
+    '{"verify_timeout_s": 60, "estimator": "drgrpo", "engine_dtype": "auto", '
+    '"train": {"optim": {"lr": 3e-5}, "loss_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 128}}'
+)
 
-# The family the loop trains on when the SWE tasks give the tiny model no headroom: requests with IFEval's
-# "no commas" constraint, answered in one reply of <= 48 tokens. Known to teach a shortcut as well: most base
-# replies run past 48 tokens, and a reply the budget cuts off earns 0 (the on-task guard), so part of what the
-# policy learns is to finish early — the run summary shows it (reply tokens and the share cut off, per step
-# and per policy). The family without it (whole one-sentence replies of >= 12 words holding a word of the
-# request, family_min_words=12, 128 tokens) did not learn within the demo's 6 steps yet (docs/environments.md).
-DEMO_FAMILY_KINDS = "no_commas"
-DEMO_FAMILY_MIN_WORDS = 0
-DEMO_FAMILY_SPECS = '[{"harness": "chat", "limits": {"tokens": 48}}]'
+
+# The family the loop trains on when the SWE tasks give the tiny model no headroom: whole one-sentence replies
+# of >= 12 words holding a word of the request (a short, empty, echoed or cut-off reply meets nothing), with
+# IFEval's "placeholders" constraint; a reply scores 1 only when it meets all three (instruction_strict), within
+# a 128-token budget 94% of the base policy's replies end within on their own. Base pass rate 0.26 on the
+# held-out requests of this kind.
+DEMO_FAMILY_KINDS = "placeholders"
+DEMO_FAMILY_MIN_WORDS = 12
+DEMO_FAMILY_SPECS = '[{"harness": "chat", "reward": "instruction_strict", "limits": {"tokens": 128}}]'
 
 
 def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:

@@ -63,6 +63,21 @@ def replies_table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def reward_parts_table(results: list[dict[str, Any]]) -> list[str]:
+    """Each reward part's mean per policy and mode (rows: parts; none where no reward has parts)."""
+    parts = sorted({p for r in results for p in r.get("reward_parts") or {}})
+    if not parts:
+        return []
+    lines = [
+        "| part | " + " | ".join(f"{code(r['policy'])} ({r['mode']})" for r in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]
+    for part in parts:
+        means = [(r.get("reward_parts") or {}).get(part) for r in results]
+        lines.append(f"| {code(part)} | " + " | ".join(_pct(m) for m in means) + " |")
+    return lines
+
+
 def side_by_side_lines(example: dict[str, Any] | None) -> list[str]:
     """One held-out request and each policy's first reply to it, with its reward (evaluation.json's
     `example`)."""
@@ -126,6 +141,19 @@ def render_report(evaluation: dict[str, Any], out: Path) -> str:
         "bigrams, within each reply; low: replies repeat themselves).",
         "",
         *replies_table(results),
+    ]
+    if parts := reward_parts_table(results):
+        lines += [
+            "",
+            "## Reward parts",
+            "",
+            "What each policy's replies met, part by part (the mean of each part of the reward over the graded "
+            "rollouts that have it; an instruction task's parts are its constraints' kinds and `on_task`, the "
+            "guard).",
+            "",
+            *parts,
+        ]
+    lines += [
         "",
         "## One request, side by side",
         "",

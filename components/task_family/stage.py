@@ -41,7 +41,8 @@ DESCRIPTIONS = {
     Family.INSTRUCTION: "Instruction-following requests answered in one sentence of at least 12 words that "
     "holds a word of its own request, beside the drawn constraints (a short, empty or cut-off reply meets none); "
     "the held-out tasks use base requests the training tasks never use, half of them with constraint kinds "
-    "never trained (reported apart). Reward: the share of constraints met, 0 for a reply that does not answer.",
+    "never trained (reported apart). Reward: the family spec's (by default the share of constraints met; the "
+    "demo's: 1 only when all are met), 0 for a reply that does not answer.",
     Family.PROCEDURAL: "reasoning-gym tasks (seeded generators); the held-out tasks come from another seed. "
     "Reward: the dataset's own scorer, full marks only.",
     Family.SEARCH: "Questions answered by exact strings in a corpus of the installed packages' metadata, "

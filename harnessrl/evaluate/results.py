@@ -85,6 +85,8 @@ def score_run(
     verify_status: Counter[str] = Counter()
     excluded: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    part_sums: defaultdict[str, float] = defaultdict(float)
+    part_counts: Counter[str] = Counter()
     n_rollouts = 0
     for r in rollouts:
         n_rollouts += 1
@@ -109,6 +111,10 @@ def score_run(
         else:
             t["graded"] += 1
             t["resolved"] += int(vstatus == VerifyStatus.RESOLVED)
+            for name, value in (v.get("reward_parts") or {}).items():
+                part = name.split("#")[0]  # an instruction task's "placeholders#0": the constraint's kind
+                part_sums[part] += float(value)
+                part_counts[part] += 1
     graded = sum(t["graded"] for t in tasks.values())
     resolved = sum(t["resolved"] for t in tasks.values())
     low, high = wilson_interval(resolved, graded)
@@ -138,6 +144,8 @@ def score_run(
         "pass_at_1": resolved / graded if graded else None,
         "pass_at_1_ci": [low, high],
         "pass_at_k": pass_k,
+        # each reward part's mean over the graded rollouts that have it: which constraints a policy meets
+        "reward_parts": {p: part_sums[p] / part_counts[p] for p in sorted(part_counts)},
         **reply_counts((c["completion_ids"], c["finish_reason"]) for c in calls).figures().row(),
         "per_repo": {
             repo: {**c, "pass_at_1": c["resolved"] / c["graded"] if c["graded"] else None}

@@ -102,7 +102,10 @@ def test_a_missing_install_says_how_to_get_it(tmp_path, monkeypatch):
             (RolloutStatus.OK, EpisodeEnd.TOKEN_BUDGET),
         ),
         (
-            {"is_error": True, "result": "API Error: Claude's response exceeded the 64 output token maximum."},
+            {
+                "is_error": True,
+                "result": "API Error: Claude's response exceeded the 64 output token maximum.",
+            },
             (RolloutStatus.OK, EpisodeEnd.TOKEN_BUDGET),
         ),
         (

@@ -31,7 +31,10 @@ def _rows(policy: str, passes: dict[str, list[bool]]) -> tuple[list[dict], list[
                  "finish_reason": "submitted", "final_answer": f"{policy} answers {iid} ({j})"}
             )  # fmt: skip
             status = "resolved" if ok else "unresolved"
-            rewards.append({"rollout_id": rid, "verify_status": status, "reward": float(ok)})
+            parts = {"no_commas#0": float(ok), "on_task": 1.0}
+            rewards.append(
+                {"rollout_id": rid, "verify_status": status, "reward": float(ok), "reward_parts": parts}
+            )
     return rollouts, rewards
 
 
@@ -117,6 +120,15 @@ def test_each_policys_replies_and_one_request_side_by_side(tmp_path):
     report = render_report(evaluation, tmp_path)
     assert "| `base` | sampled | 4.0 | 100.0% | 0.333 |" in report
     assert "Write about rivers without commas." in report and "**trained** (reward 1):" in report
+
+
+def test_each_reward_part_per_policy_says_which_constraints_its_replies_met(tmp_path):
+    evaluation = _evaluation(TASKS)
+    base, final = evaluation["results"]
+    assert base["reward_parts"] == {"no_commas": 1 / 8, "on_task": 1.0}
+    assert final["reward_parts"] == {"no_commas": 5 / 8, "on_task": 1.0}
+    report = render_report(evaluation, tmp_path)
+    assert "## Reward parts" in report and "| `no_commas` | 12.5% | 62.5% |" in report
 
 
 def test_one_group_is_no_grouping(tmp_path):
