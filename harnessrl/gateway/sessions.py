@@ -38,9 +38,7 @@ class Session:
     calls: int = 0
     created_at: float = field(default_factory=time.time)
     train_chains: TrainChains = TrainChains.ALL
-    reply_tokens: int | None = (
-        None  # each call's output tokens at most, whatever the call asks (None: no cap)
-    )
+    reply_tokens: int | None = None  # each call's output tokens at most, whatever it asks (None: no cap)
     # Held while its chains change (plan, commit, release): a large request plans in a worker thread.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

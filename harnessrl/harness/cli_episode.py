@@ -46,9 +46,7 @@ class CliConfig(ABC):
     version: str
     max_turns: int = 20
     wall_s: float = 600.0
-    reply_tokens: int | None = (
-        None  # limits.reply_tokens: the gateway cuts each call there; a CLI that can asks for it
-    )
+    reply_tokens: int | None = None  # limits.reply_tokens: the gateway cuts each call there
     env: dict[str, str] = field(default_factory=dict)  # more variables for the CLI (and its tools)
     extra_args: list[str] = field(default_factory=list)  # more arguments for the CLI
 
