@@ -49,6 +49,20 @@ AGENT_HOSTS = frozenset(
 )
 INSIDE_HARNESSES = {HarnessName.CLAUDE_CODE: AGENT_HOSTS, HarnessName.CODEX: AGENT_HOSTS}
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
+# The harness limits each harness uses (`reply_tokens` every one: the gateway holds its calls to it). A spec
+# that gives one its harness does not use is refused, with what the harness does instead.
+HONOURED_LIMITS: dict[HarnessName, frozenset[str]] = {
+    HarnessName.REACT: frozenset({"turns", "tokens", "reply_tokens", "wall_s", "tool_timeout_s"}),
+    HarnessName.MINI_SWE_AGENT: frozenset({"turns", "reply_tokens", "wall_s", "tool_timeout_s"}),
+    HarnessName.CHAT: frozenset({"tokens", "reply_tokens", "wall_s"}),
+    HarnessName.CLAUDE_CODE: frozenset({"turns", "reply_tokens", "wall_s"}),
+    HarnessName.CODEX: frozenset({"turns", "reply_tokens", "wall_s"}),
+}
+_INSTEAD = {
+    "tokens": "its context is the gateway's max_model_len; a budget per model call is reply_tokens",
+    "turns": "it answers in one model call",
+    "tool_timeout_s": "chat runs no commands; a CLI runs its own, under the sandbox's wall_s",
+}
 # The limits a spec that names none gets, where HarnessSpec's (a tool loop's 8,192-token context) would stall a
 # run: `chat`'s `tokens` is its reply budget, and the tiny model rarely stops on its own (a reply of up to
 # 8,192 tokens left one instruction run at one reply in 10 minutes).
@@ -101,6 +115,15 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
             TrainChains, kw.get("train_chains", TrainChains.ALL), f"{here}.train_chains"
         ).value
         spec = HarnessSpec(**kw)
+        given = item.get("limits", {})
+        if not isinstance(given, dict):
+            raise ValueError(f"{here}.limits: expected an object of limit -> number, got {given!r}")
+        if unused := sorted(set(given) & set(HARNESS_LIMITS) - HONOURED_LIMITS[spec.harness]):
+            key = unused[0]
+            raise ValueError(
+                f"{here}.limits.{key}: harness {spec.harness} does not use it ({_INSTEAD[key]}); it uses "
+                f"{', '.join(sorted(HONOURED_LIMITS[spec.harness]))}"
+            )
         # partial limits extend the harness's defaults
         spec.limits = {**DEFAULT_LIMITS.get(spec.harness, HarnessSpec().limits), **item.get("limits", {})}
         if spec.network is not None and spec.sandbox not in (SandboxKind.PODMAN, SandboxKind.KUBERNETES):

@@ -82,3 +82,30 @@ def test_a_chat_spec_that_names_no_limits_gets_a_reply_budget_a_run_moves_at():
     assert short.spec.limits == {"tokens": 64, "wall_s": 600}
     [react] = parse_specs([{"harness": "react"}])
     assert react.spec.limits == {"turns": 20, "tokens": 8192, "wall_s": 600}
+
+
+USED = {
+    "react": {"turns": 3, "tokens": 4096, "reply_tokens": 64, "wall_s": 60, "tool_timeout_s": 10},
+    "mini-swe-agent": {"turns": 3, "reply_tokens": 64, "wall_s": 60, "tool_timeout_s": 10},
+    "chat": {"tokens": 64, "reply_tokens": 64, "wall_s": 60},
+    "claude-code": {"turns": 3, "reply_tokens": 64, "wall_s": 60},
+    "codex": {"turns": 3, "reply_tokens": 64, "wall_s": 60},
+}
+UNUSED = [("chat", "turns", "one model call"), ("chat", "tool_timeout_s", "chat runs no commands")] + [
+    (cli, "tokens", "max_model_len; a budget per model call is reply_tokens")
+    for cli in ("claude-code", "codex", "mini-swe-agent")
+]
+
+
+def test_each_harness_takes_the_limits_it_uses_and_refuses_the_rest_saying_what_it_does_instead():
+    for harness, limits in USED.items():
+        [spec] = parse_specs([{"harness": harness, "limits": limits}])
+        assert all(spec.spec.limits[k] == v for k, v in limits.items()), harness
+    for harness, key, instead in UNUSED:
+        try:
+            parse_specs([{"harness": harness, "limits": {key: 8}}])
+        except ValueError as e:
+            assert str(e).startswith(f"harness spec[0].limits.{key}: harness {harness} does not use it ("), e
+            assert instead in str(e) and "\n" not in str(e), e
+        else:
+            raise AssertionError(f"{harness} took limits.{key}")
