@@ -36,7 +36,7 @@ from harnessrl.environments.registry import (
 from harnessrl.harness.base import Endpoint, EpisodeEnd, HarnessResult, TaskPrompt, TurnError
 from harnessrl.harness.runtime import NoToolsRuntime, SandboxRuntime
 from harnessrl.rollout.snapshots import SnapshotRuntime
-from harnessrl.rollout.specs import NamedSpec, assign, build_harness, reply_budget, sandbox_limits
+from harnessrl.rollout.specs import NamedSpec, assign, build_harness, sandbox_limits
 from harnessrl.schema import HarnessName, RolloutStatus, SandboxKind
 from harnessrl.taskset import TaskSet
 
@@ -262,7 +262,7 @@ def run_rollout(
             rollout_id=row.rollout_id,
             group_id=row.group_id,
             train_chains=spec.spec.train_chains,
-            reply_tokens=reply_budget(spec.spec),
+            reply_tokens=spec.spec.limits.get("reply_tokens"),  # validated when the specs were read
         )
         row.session_id = session.session_id
         row.setup_s = time.monotonic() - t0

@@ -41,7 +41,6 @@ from harnessrl.gateway.enums import TrainChains
 from harnessrl.harness.base import Harness
 from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind
 
-HARNESS_LIMITS = ("turns", "tokens", "reply_tokens", "wall_s", "tool_timeout_s")
 # Harnesses that run inside the rollout's sandbox (a CLI agent) -> the backends that can host them
 # (sandbox.base.AgentSandbox: every sandbox backend).
 AGENT_HOSTS = frozenset(
@@ -58,6 +57,7 @@ HONOURED_LIMITS: dict[HarnessName, frozenset[str]] = {
     HarnessName.CLAUDE_CODE: frozenset({"turns", "reply_tokens", "wall_s"}),
     HarnessName.CODEX: frozenset({"turns", "reply_tokens", "wall_s"}),
 }
+HARNESS_LIMITS = tuple(sorted(frozenset().union(*HONOURED_LIMITS.values())))
 _INSTEAD = {
     "tokens": "its context is the gateway's max_model_len; a budget per model call is reply_tokens",
     "turns": "it answers in one model call",
@@ -231,13 +231,6 @@ def build_harness(spec: HarnessSpec, seed: int | None = None) -> Harness:
 
         return CodexHarness(CodexConfig.from_spec(limits, dict(spec.options)))
     raise ValueError(f"unknown harness {spec.harness!r}")
-
-
-def reply_budget(spec: HarnessSpec) -> int | None:
-    """The most tokens each model call of a rollout under `spec` samples (`limits.reply_tokens`; None: what each
-    call asks). The gateway holds every call of the rollout's session to it."""
-    reply = spec.limits.get("reply_tokens")
-    return None if reply is None else int(reply)
 
 
 def sandbox_limits(spec: HarnessSpec) -> dict[str, int]:

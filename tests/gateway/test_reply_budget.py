@@ -13,7 +13,7 @@ import pytest
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.gateway.journal import decode_line, encode_record
 from harnessrl.gateway.records import SessionRecord
-from harnessrl.rollout.specs import parse_specs, reply_budget
+from harnessrl.rollout.specs import parse_specs
 from tests.gateway.support import call_records
 from tests.support.fast_engine import FINAL_REPLY
 
@@ -85,8 +85,8 @@ def test_the_budget_is_journaled_and_journals_of_before_read_the_same():
 def test_specs_set_it_for_every_harness_and_refuse_a_bad_one():
     for harness in ("chat", "react", "mini-swe-agent", "claude-code", "codex"):
         [spec] = parse_specs([{"harness": harness, "limits": {"reply_tokens": 96}}])
-        assert reply_budget(spec.spec) == 96
-    assert reply_budget(parse_specs([{}])[0].spec) is None
+        assert spec.spec.limits["reply_tokens"] == 96
+    assert "reply_tokens" not in parse_specs([{}])[0].spec.limits
     for bad in (0, -1, 2.5, "64", True):
         with pytest.raises(ValueError, match=r"\[0\]\.limits\.reply_tokens: expected an integer >= 1"):
             parse_specs([{"harness": "claude-code", "limits": {"reply_tokens": bad}}])
