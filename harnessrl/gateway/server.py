@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import web, web_app
 
 from harnessrl.engine.base import Engine
 
@@ -124,6 +124,10 @@ class GatewayServer:
             await self.engine.release()
         if self._parts:
             self._parts.journal.close()
+        # aiohttp caches each route's handler wrapped in the middlewares, process-wide (1,024 entries): the
+        # handlers are this gateway's bound methods, so the cache held the stopped gateway and its engine —
+        # a model and its caches (0.8 GB for the tiny model) per gateway a process had run
+        web_app._cached_build_middleware.cache_clear()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:

@@ -47,6 +47,13 @@ def headline(*keys: str, slow: bool = False, bwrap: bool = False, git_rev: str |
 
 
 HEADLINES: dict[str, Headline] = {
+    "ablation_rollout_level.py": headline(
+        *(f"{s}_{key}" for s in "abc" for key in ("heldout_mean", "ci_low", "ci_high", "entropy_growth")),
+        "samples_per_rollout_mean",
+        "single_sample_share",
+        "minutes",
+        slow=True,
+    ),
     "async_sim.py": headline(
         "colocated_time_ratio_vs_sync",
         "separate_switch_throughput_vs_sync",

@@ -48,15 +48,16 @@ def engine():
     eng.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def hf_model():
-    """transformers' model of the same checkpoint: the reference the engine's own forward pass must match."""
+    """transformers' model of the same checkpoint: the reference the engine's own forward pass must match (per
+    test: beside a module's engines it kept a third model alive)."""
     from harnessrl.tinymodel import load_model
 
     return load_model().eval()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one test at a time: a module holding three engines peaked at 4.2 GB
 def engine_nocache():
     """The same model without a prefix cache: the reference the cached engine must match."""
     from harnessrl.engine.local import LocalEngine

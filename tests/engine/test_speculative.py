@@ -95,9 +95,10 @@ def test_verify_sampled_rule_draws_exactly_from_the_model_distribution():
     assert counts[4] == 0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def plain_engine():
-    """The model without speculative decoding: the reference."""
+    """The model without speculative decoding: the reference (one test at a time: with the speculative engine
+    and transformers' model alive too, the module peaked at 3.3 GB)."""
     from harnessrl.engine.local import LocalEngine
 
     eng = LocalEngine(max_batch=8, speculative_tokens=0)
@@ -142,11 +143,12 @@ def test_speculative_sampled_logprobs_are_the_models(engine, chat, hf_model):
 
 
 @pytest.mark.parametrize("compact", [False, True], ids=["holes", "compacted"])
-def test_keys_values_shared_after_speculative_turns_are_the_models(engine, plain_engine, hf_model, compact):
+def test_keys_values_shared_after_speculative_turns_are_the_models(engine, plain_engine, compact):
     """Rows that kept different numbers of drafts leave holes in the batch cache (dropped by compaction once
     there are too many; here forced after every step that made one): the outputs stay the model's, and what a
-    finished turn puts in the prefix cache is each token's own keys/values, in order (against a plain
-    forward)."""
+    finished turn puts in the prefix cache is each token's own keys/values, in order (against what the engine
+    without speculation caches for the same turn; its forward pass is transformers' within 1e-4:
+    test_model_impl.py)."""
     workload = AgenticWorkload(engine.tokenizer, sessions=3, turns=1, max_tokens=24)
     engine.prefix_cache.clear()
     if compact:
@@ -160,8 +162,6 @@ def test_keys_values_shared_after_speculative_turns_are_the_models(engine, plain
     fed = prompt + traces[1].outputs[0][:-1]
     hit, cached = engine.prefix_cache.match([*fed, 0])
     assert cached is not None and hit == len(fed) // 16 * 16 > len(prompt)
-    with torch.inference_mode():
-        out = hf_model(input_ids=torch.tensor([fed[:hit]]), use_cache=True)
-    for i, layer in enumerate(out.past_key_values.layers):
-        assert torch.allclose(cached[i, 0], layer.keys[0], atol=1e-4)
-        assert torch.allclose(cached[i, 1], layer.values[0], atol=1e-4)
+    plain_hit, plain_cached = plain_engine.prefix_cache.match([*fed, 0])
+    assert plain_cached is not None and plain_hit == hit
+    assert cached.shape == plain_cached.shape and torch.allclose(cached, plain_cached, atol=1e-4)

@@ -4,14 +4,17 @@ graceful shutdown waits up to 60 s for handlers in flight, failing `harnessrl st
 
 from __future__ import annotations
 
+import gc
 import http.client
 import threading
 import time
+import weakref
 
 from harnessrl.engine.http_client import HTTPEngine
+from harnessrl.gateway import GatewayAdmin, GatewayServer
 from harnessrl.gateway.client import ADMIN_CALL_TIMEOUT_S
 from harnessrl.gateway.server import STOP_GRACE_S
-from tests.gateway.support import send
+from tests.gateway.support import ADMIN, send
 
 
 def test_stop_returns_while_a_call_is_still_generating(gateway, fast_engine):
@@ -69,3 +72,19 @@ def test_sessions_ended_while_the_gateway_stops_return_within_the_admin_timeout(
         f"{len(sessions) - len(finished)} clients still waiting on the gateway"
     )
     assert max(finished) - t0 < STOP_GRACE_S + ADMIN_CALL_TIMEOUT_S + 10
+
+
+def test_a_stopped_gateway_keeps_nothing_of_its_engine_alive(tokenizer, tmp_path, fast_engine):
+    """A process that runs gateway after gateway (evaluation: one per policy; the test suite) must get each
+    engine's memory back when its gateway stops: aiohttp's process-wide cache of middleware-wrapped handlers
+    held the gateway's bound methods, and through them the engine (a whole model for an in-process one)."""
+    engine = HTTPEngine(fast_engine().base_url)
+    g = GatewayServer(engine, tokenizer, tmp_path / "journal", ADMIN)
+    s = GatewayAdmin(g.start(), ADMIN).create_session("r", "t")
+    body = b'{"model": "p", "messages": [{"role": "user", "content": "List the files."}], "max_tokens": 4}'
+    send(s.openai_base_url + "/chat/completions", body, s.api_key)
+    gone = weakref.ref(engine)
+    g.stop()
+    del engine, g
+    gc.collect()
+    assert gone() is None

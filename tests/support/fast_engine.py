@@ -3,7 +3,8 @@
 It is a real loopback HTTP server speaking the vLLM-compatible token API (`POST /v1/completions` with the
 prompt as token ids, `return_token_ids`, `logprobs`), but its "model" is a script: the reply is chosen by
 the prompt's turn number (how many assistant turns it already holds; `select="turn"`) or by a hash of the
-prompt (`select="hash"`), and its tokens are the script texts tokenized with the real tokenizer (or raw token
+prompt (`select="hash"`) or by the request's place in order (`select="order"`: the n-th request gets reply n),
+and its tokens are the script texts tokenized with the real tokenizer (or raw token
 ids given in the script). Logprobs are a deterministic function of the token. An optional per-token delay
 stands in for decode time; with `"stream": true` each token is sent as its own vLLM-style SSE chunk after
 its delay (so streaming can be observed token by token). Nothing here learns or predicts — it exists so the gateway can be exercised and
@@ -69,8 +70,8 @@ class FastEngineServer:
     ) -> None:
         if not replies:
             raise ValueError("fast engine: the reply script is empty")
-        if select not in ("turn", "hash"):
-            raise ValueError("fast engine: select must be 'turn' or 'hash'")
+        if select not in ("turn", "hash", "order"):
+            raise ValueError("fast engine: select must be 'turn', 'hash' or 'order'")
         eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.replies: list[list[int]] = []
         for i, r in enumerate(replies):
@@ -98,7 +99,9 @@ class FastEngineServer:
         return sum(1 for x, y in zip(prompt, prompt[1:], strict=False) if x == a and y == b) - 1
 
     def _choose(self, prompt: list[int]) -> list[int]:
-        if self.select == "turn":
+        if self.select == "order":
+            i = self.requests - 1  # counted before the reply is chosen
+        elif self.select == "turn":
             i = max(self._turn(prompt), 0)
         else:
             i = int.from_bytes(hashlib.blake2b(repr(prompt[-256:]).encode(), digest_size=8).digest(), "big")
@@ -253,7 +256,7 @@ class FastEngineServer:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="fast engine server (trivial scripted model) for gateway tests")
     p.add_argument("--script", required=True, help="JSON file: list of {text} or {token_ids} replies")
-    p.add_argument("--select", default="turn", choices=["turn", "hash"])
+    p.add_argument("--select", default="turn", choices=["turn", "hash", "order"])
     p.add_argument("--per-token-ms", type=float, default=0.0)
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
