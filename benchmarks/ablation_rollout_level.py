@@ -25,7 +25,7 @@ first's, averaged over seeds. The measured samples per rollout and the share of 
 come from the runs' `steps.jsonl`. The plot (`--plot`, default `ablation_rollout_level.png` in the run folder)
 shows the held-out means with intervals and the entropy per step.
 
-    .venv/bin/python benchmarks/ablation_rollout_level.py            # 3 settings x 3 seeds, ~75 min on 2 cores
+    .venv/bin/python benchmarks/ablation_rollout_level.py            # 3 settings x 3 seeds, ~75 min on 2 quiet cores
     .venv/bin/python benchmarks/ablation_rollout_level.py --seeds 0 1 2 3 4 --steps 6
     .venv/bin/python benchmarks/ablation_rollout_level.py --smoke    # 1 seed, 1 step, 2 tasks (~3 min)
 
@@ -51,6 +51,7 @@ from benchmarks.learning_envs import harnessrl, instruction_tasks
 from harnessrl.evaluate.results import compare, task_scores
 from harnessrl.evaluate.stats import paired_bootstrap
 from harnessrl.io import read_jsonl
+from harnessrl.train.modes import AdvantageLevel, LossMode
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Setting:
     name: str
-    advantage_level: str
-    loss_mode: str
+    advantage_level: AdvantageLevel
+    loss_mode: LossMode
 
     @property
     def label(self) -> str:
@@ -67,9 +68,9 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("a", "sample", "seq-mean-token-mean"),
-    Setting("b", "rollout", "seq-mean-token-mean"),
-    Setting("c", "rollout", "rollout-token-mean"),
+    Setting("a", AdvantageLevel.SAMPLE, LossMode.SEQ_MEAN_TOKEN_MEAN),
+    Setting("b", AdvantageLevel.ROLLOUT, LossMode.SEQ_MEAN_TOKEN_MEAN),
+    Setting("c", AdvantageLevel.ROLLOUT, LossMode.ROLLOUT_TOKEN_MEAN),
 )
 
 
@@ -107,19 +108,48 @@ def run_seed(
         out = root / f"rl-{setting.name}"
         config = root / f"rl-{setting.name}.json"
         config.write_text(json.dumps(rl_config(setting, args.lr)))
-        harnessrl(
-            "stage", "rl", "--tasks", str(train), "--out", str(out), "--mode", "colocated",
-            "--steps", str(args.steps), "--batch-groups", str(args.batch_groups),
-            "--group-size", str(args.group_size), "--specs", specs, "--config", str(config), "--seed", str(seed),
-        )  # fmt: skip
+        if (out / "model").is_dir():  # a rerun into the same --out keeps what an earlier run finished
+            logger.info("%s: trained already", out)
+        else:
+            harnessrl(
+                "stage", "rl", "--tasks", str(train), "--out", str(out), "--mode", "colocated",
+                "--steps", str(args.steps), "--batch-groups", str(args.batch_groups),
+                "--group-size", str(args.group_size), "--specs", specs, "--config", str(config),
+                "--seed", str(seed),
+            )  # fmt: skip
         steps[setting.name] = list(read_jsonl(out / "steps.jsonl"))
         policies += ["--policy", f"{setting.name}={out / 'model'}"]
-    harnessrl(
-        "stage", "evaluate", "--tasks", str(test), "--out", str(root / "eval"), *policies,
-        "--k", str(args.k), "--specs", specs, "--concurrency", str(args.concurrency), "--seed", str(seed),
-    )  # fmt: skip
-    evaluation = json.loads((root / "eval" / "evaluation.json").read_text())
+    evaluated = root / "eval" / "evaluation.json"
+    if not evaluated.is_file():
+        harnessrl(
+            "stage", "evaluate", "--tasks", str(test), "--out", str(root / "eval"), *policies,
+            "--k", str(args.k), "--specs", specs, "--concurrency", str(args.concurrency), "--seed", str(seed),
+        )  # fmt: skip
+    evaluation = json.loads(evaluated.read_text())
     return {r["policy"]: r for r in evaluation["results"]}, steps
+
+
+SETTING_FLAGS = (
+    "kinds", "train_tasks", "heldout_tasks", "steps", "batch_groups", "group_size", "lr", "reply_tokens",
+    "min_words", "reviews", "k",
+)  # fmt: skip
+
+
+def same_settings_as_before(root: Path, args: argparse.Namespace) -> None:
+    """A rerun into a run folder keeps its finished runs only under the same settings: others are refused."""
+    mine = {flag: getattr(args, flag) for flag in SETTING_FLAGS}
+    record = root / "settings.json"
+    if record.is_file():
+        before = json.loads(record.read_text())
+        changed = sorted(flag for flag in mine if before.get(flag) != mine[flag])
+        if changed:
+            flags = ", ".join("--" + flag.replace("_", "-") for flag in changed)
+            raise SystemExit(
+                f"{root} holds runs made with other settings ({flags}): give another --out, or the same "
+                "settings to finish those runs"
+            )
+    root.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(mine))
 
 
 def interval_of_mean(scores: list[float], seed: int) -> tuple[float, float]:
@@ -201,13 +231,14 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ]
     means.bar(names, values, yerr=errors, capsize=6, color=["#999999", "#4c72b0", "#55a868"])
     means.axhline(summary["base_heldout_mean"], color="black", linestyle="--", label="base")
-    means.set_title("held-out reward (95% interval over tasks)")
+    means.set_title("held-out reward, 95% interval", fontsize=9)
     means.legend()
     for setting in SETTINGS:
         series = summary[f"{setting.name}_entropy_per_step"]
         if series:
             entropy.plot(range(1, len(series) + 1), series, "o-", label=setting.label)
-    entropy.set_title("policy entropy per trained step (mean over seeds)")
+            entropy.set_xticks(range(1, len(series) + 1))
+    entropy.set_title("policy entropy per trained step, seeds' mean", fontsize=9)
     entropy.set_xlabel("trained step")
     if any(summary[f"{s.name}_entropy_per_step"] for s in SETTINGS):
         entropy.legend(fontsize=7)
@@ -228,9 +259,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--kinds", nargs="+", default=["placeholders"], help="the trained constraint kinds")
     p.add_argument("--train-tasks", type=int, default=32)
-    p.add_argument("--heldout-tasks", type=int, default=32, help="half of them of kinds never trained")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--batch-groups", type=int, default=4)
+    p.add_argument("--heldout-tasks", type=int, default=24, help="half of them of kinds never trained")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--batch-groups", type=int, default=2)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--reply-tokens", type=int, default=128)
@@ -240,7 +271,9 @@ def main() -> None:
     )
     p.add_argument("--k", type=int, default=2, help="evaluation rollouts per held-out task")
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--out", type=Path, help="run folder (default: a temporary one)")
+    p.add_argument(
+        "--out", type=Path, help="run folder (default: a temporary one); a rerun into it keeps what is done"
+    )
     p.add_argument("--plot", type=Path, help="where the plot goes (default: the run folder)")
     p.add_argument(
         "--smoke", action="store_true", help="1 seed, 1 step, 2 tasks each (the figures mean nothing)"
@@ -253,6 +286,7 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ablation-") as scratch:
         root = args.out or Path(scratch)
+        same_settings_as_before(root, args)
         per_seed = []
         for seed in list(args.seeds):
             per_seed.append(run_seed(seed, args, root / f"seed-{seed}"))

@@ -8,6 +8,8 @@ ranks."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import faulthandler
 import logging
 import time
 from collections.abc import Coroutine, Iterator
@@ -33,11 +35,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def run_on(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, Any]) -> Any:
-    """Runs an engine coroutine on the gateway's event loop (an HTTP engine's connections live there)."""
+def run_on(
+    loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None
+) -> Any:
+    """Runs an engine coroutine on the gateway's event loop (an HTTP engine's connections live there). Past
+    `timeout_s` it raises TimeoutError after writing every thread's stack to stderr: a loop that does not
+    get to the call is stuck somewhere, and the stacks say where."""
     if loop is None:
         return asyncio.run(coro)
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        faulthandler.dump_traceback(all_threads=True)
+        raise TimeoutError(
+            f"the gateway's event loop did not finish an engine call in {timeout_s:g} s (every thread's stack "
+            "is above)"
+        ) from None
 
 
 class Learner:

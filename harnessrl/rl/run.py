@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+STATS_TIMEOUT_S = 60.0  # engines' counters are read from memory (local) or one small HTTP call (vLLM)
+
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
@@ -359,8 +361,14 @@ class RLRun:
         if checkpoint is not None and self.inputs.engine_urls:
             run_on(self.loop, front.load_weights(str(checkpoint), self.version))
 
-    def _engine_stats(self) -> list[Any]:
-        return run_on(self.loop, self.engines.stats())
+    def _engine_stats(self) -> list[EngineStats | None]:
+        """Each replica's counters; none (the figures they feed are left out, said in the log) when the
+        gateway's loop does not answer within STATS_TIMEOUT_S: figures are not worth a stuck run."""
+        try:
+            return run_on(self.loop, self.engines.stats(), STATS_TIMEOUT_S)
+        except TimeoutError as e:
+            logger.warning("engine figures left out: %s", e)
+            return [None] * len(self.engines.replicas)
 
     # -- the steps the loop calls -----------------------------------------------------------------------
     def collect(self, clock: StepClock) -> list[Group]:
