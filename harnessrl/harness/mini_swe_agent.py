@@ -194,6 +194,7 @@ class MiniSweAgentHarness:
             agent = DefaultAgent(model, env, **agent_cfg)
             info = agent.run(task.problem_statement)
             exit_status = info.get("exit_status") or ""
+            res.final_answer = str(info.get("submission") or "")  # what follows its submit command
             if exit_status in EXIT_STATUS_TO_RESULT:
                 res.status, res.finish_reason = EXIT_STATUS_TO_RESULT[exit_status]
             else:

@@ -166,7 +166,8 @@ class TaskSetWorkload:
     ):
         """`environments`: train only on the task set's tasks of these environments (none: every task)."""
         from harnessrl.environments.registry import environment_name
-        from harnessrl.rollout.episode import Sandboxes, import_harnesses
+        from harnessrl.rollout.episode import Sandboxes, import_harnesses, spec_for
+        from harnessrl.rollout.fit import check_run
         from harnessrl.rollout.specs import load_specs
         from harnessrl.taskset import TaskSet
 
@@ -191,6 +192,11 @@ class TaskSetWorkload:
         self.group_size = group_size
         self.verify_timeout_s = verify_timeout_s
         self.work = str(work) if work else None
+        check_run(  # every pairing the run will make, before its first rollout
+            self.rows.values(),
+            lambda task, i, k: spec_for(task, self.specs, i, k, group_size),
+            group_size,
+        )
         import_harnesses({s.spec.harness for s in self.specs})
 
     def task_ids(self) -> list[str]:

@@ -1,9 +1,10 @@
 """One rollout episode: a task and a harness spec in, a rollout row (and the harness's transcript) out.
 
-Per rollout: a fresh workspace (the environment's `WorkspaceHooks`; swe: the task's repository) -> sandbox
-(per spec) -> gateway session -> harness episode -> what the agent produced in the final workspace (swe: the
-diff; what verify grades) -> end the session (failed if the rollout was not ok). A task without a workspace
-runs with no sandbox: no tools (chat), or its environment's host tools (search). A
+Per rollout: the room the harness needs on this task (rollout.fit: the one rule) -> a fresh workspace (the
+environment's `WorkspaceHooks`, swe: the task's repository; or, for an answer-graded task, a scratch one with
+TASK.md) -> sandbox (per spec) -> gateway session -> harness episode -> what the agent produced in the final
+workspace (swe: the diff; what verify grades) -> end the session (failed if the rollout was not ok). A room
+without a workspace has no sandbox: no tools (chat), or its environment's host tools (search). A
 rollout that crashed, timed out or hit an infrastructure error keeps its row with the reason and is never
 trained as reward 0. The generate stage (generate.py) runs many of these through an executor; the RL loop's
 SWE workload (harnessrl.rl.workloads) runs one per planned rollout and verifies it.
@@ -21,7 +22,7 @@ import shutil
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,10 +34,14 @@ from harnessrl.environments.registry import (
     resolve_reward,
     workspace_hooks,
 )
+from harnessrl.environments.scratch import ScratchWorkspace
 from harnessrl.harness.base import Endpoint, EpisodeEnd, HarnessResult, TaskPrompt, TurnError
 from harnessrl.harness.runtime import NoToolsRuntime, SandboxRuntime
+from harnessrl.rollout.fit import Need, Room, fit, harness_needs, host_commands
 from harnessrl.rollout.snapshots import SnapshotRuntime
 from harnessrl.rollout.specs import NamedSpec, assign, build_harness, sandbox_limits
+from harnessrl.sandbox.base import AgentSandbox
+from harnessrl.sandbox.host_tools import TOOLS_MOUNT, HostToolSocket
 from harnessrl.schema import HarnessName, RolloutStatus, SandboxKind
 from harnessrl.taskset import TaskSet
 
@@ -90,7 +95,7 @@ def rollout_seed(seed: int, rollout_id: str) -> int:
 
 
 def spec_for(
-    task: dict[str, Any], specs: list[NamedSpec], task_index: int, index: int, group_size: int
+    task: Mapping[str, Any], specs: list[NamedSpec], task_index: int, index: int, group_size: int
 ) -> NamedSpec:
     """The spec rollout `index` of a task runs under: the run's specs for the task's environment round-robin
     (specs.assign), or, when the run gives none for it, the task's environment's default."""
@@ -113,23 +118,11 @@ def plan_row(
 ) -> RolloutRow:
     """The row of rollout `index` of `task` under `spec`, before it runs. `group_id` defaults to the task
     (the generate stage's groups); the RL loop names a group per position of its data order. ValueError
-    (naming the task) when the spec does not fit the task's environment."""
+    (rollout.fit.Unfit, naming the task and the spec) when the spec cannot run the task."""
     env = environment_of(task)
     env.check_task(task)
     instance_id = task["instance_id"]
-    if not env.episode(task).workspace and spec.spec.harness is not HarnessName.CHAT:
-        if not isinstance(env, HostTools):
-            raise ValueError(
-                f"task {instance_id!r} ({env.name}) has no workspace for the tools of harness "
-                f"{spec.spec.harness!r} (spec {spec.name!r}): use harness 'chat'"
-            )
-        foreign = sorted(set(spec.spec.tools) - set(env.host_tools))
-        if spec.spec.harness is not HarnessName.REACT or foreign:
-            raise ValueError(
-                f"task {instance_id!r} ({env.name}) has no workspace; its tools run on the host: use harness "
-                f"'react' with tools from {', '.join(env.host_tools)} or harness 'chat' (spec {spec.name!r}: "
-                f"harness '{spec.spec.harness}'" + (f", tools {foreign})" if foreign else ")")
-            )
+    fit(env, task, spec.spec, spec.name)
     return RolloutRow(
         rollout_id=rollout or rollout_id(instance_id, index),
         group_id=group_id or instance_id,
@@ -240,21 +233,30 @@ def run_rollout(
     session = None
     runtime: Any = None
     result: HarnessResult | None = None
+    tool_socket: HostToolSocket | None = None
     try:
         import_harnesses({spec.spec.harness})
         env = environment_of(task)
         episode = env.episode(task)
-        hooks = workspace_hooks(env)
-        if episode.workspace:
+        room = fit(env, task, spec.spec, spec.name)
+        prompt = episode.prompt
+        if room is Room.SCRATCH_WORKSPACE and isinstance(env, HostTools):  # its tools as shell commands
+            tool_socket = HostToolSocket(env.host_runtime(task, taskset), host_commands(env))
+            prompt = f"{prompt}\n\n{tool_socket.usage()}"
+        hooks = workspace_hooks(env) if room is Room.TASK_WORKSPACE else ScratchWorkspace(prompt)
+        if room in (Room.TASK_WORKSPACE, Room.SCRATCH_WORKSPACE):
             hooks.prepare(task, workspace, taskset, spec.spec.sandbox is SandboxKind.BUBBLEWRAP_STRICT)
             runtime = sandboxes.runtime(
                 spec, row.repo, workspace, task.get("image_name"), lambda: hooks.sandbox_env(task, taskset)
             )
-            if episode.snapshots:
+            if tool_socket is not None and isinstance(runtime.sandbox, AgentSandbox):
+                runtime.sandbox.bind_read_only(tool_socket.dir, TOOLS_MOUNT)
+            # a CLI agent runs its own tools, out of our sight: its product is taken when it ends
+            if episode.snapshots and harness_needs(spec.spec) is not Need.AGENT_HOST:
                 runtime = SnapshotRuntime(
                     runtime, lambda: hooks.produced(task, workspace, taskset), episode.snapshots
                 )
-        elif isinstance(env, HostTools):  # tools on read-only data of the environment: nothing executed
+        elif room is Room.HOST_TOOLS and isinstance(env, HostTools):  # lookups in read-only data, no code
             runtime = env.host_runtime(task, taskset)
         else:  # nothing to work on, nothing executed: no sandbox either
             runtime = NoToolsRuntime(workspace)
@@ -268,7 +270,7 @@ def run_rollout(
         row.setup_s = time.monotonic() - t0
         harness = build_harness(spec.spec, seed=seed)
         result = harness.run(
-            TaskPrompt(row.instance_id, episode.prompt),
+            TaskPrompt(row.instance_id, prompt),
             Endpoint(session.openai_base_url, session.api_key),
             runtime,
         )
@@ -277,7 +279,7 @@ def run_rollout(
         if failure is not None:  # whatever the harness made of the errors it got afterwards
             row.rollout_status, row.finish_reason = RolloutStatus.INFRA_ERROR, EpisodeEnd.MODEL_ERROR
             row.error = failure
-        if episode.workspace:
+        if room is Room.TASK_WORKSPACE:
             t1 = time.monotonic()
             _produced(row, lambda: hooks.produced(task, workspace, taskset))
             if isinstance(runtime, SnapshotRuntime):
@@ -297,6 +299,8 @@ def run_rollout(
                 sandbox.close()
             except Exception as e:
                 row.error = (row.error + f"; closing the sandbox failed: {e}").strip("; ")
+        if tool_socket is not None:
+            tool_socket.close()
         if session is not None:
             try:
                 ok = row.rollout_status is RolloutStatus.OK

@@ -89,15 +89,9 @@ def run_generate(
     if not plan:
         raise ValueError(f"{taskset.tasks_path}: no tasks selected; nothing to generate")
     sandboxes = Sandboxes(taskset, cfg.allow_unsandboxed)
-    for _, spec, task in plan:  # refuse a forbidden sandbox or a missing image before starting anything
+    for _, spec, _ in plan:  # refuse a forbidden sandbox before starting anything (plan_row refused the rest)
         if spec.spec.sandbox is SandboxKind.LOCAL and not cfg.allow_unsandboxed:
             sandboxes.runtime(spec, "", Path("."))
-        if spec.spec.sandbox in (SandboxKind.PODMAN, SandboxKind.KUBERNETES) and not task.get("image_name"):
-            raise ValueError(
-                f"{taskset.tasks_path}: task {task['instance_id']!r} has no image_name, which spec "
-                f"{spec.name!r} (sandbox {spec.spec.sandbox}) needs; build the task images "
-                "(build_environments) or use sandbox bubblewrap"
-            )
     import_harnesses({spec.spec.harness for _, spec, _ in plan})
     jobs = [RolloutJob(row, spec, task, rollout_seed(cfg.seed, row.rollout_id)) for row, spec, task in plan]
     executor = make_executor(cfg.executor, cfg.concurrency, cfg.ray_cpus)

@@ -39,14 +39,9 @@ from typing import Any
 from harnessrl.choices import parse_choice
 from harnessrl.gateway.enums import TrainChains
 from harnessrl.harness.base import Harness
+from harnessrl.rollout.fit import check_spec
 from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind
 
-# Harnesses that run inside the rollout's sandbox (a CLI agent) -> the backends that can host them
-# (sandbox.base.AgentSandbox: every sandbox backend).
-AGENT_HOSTS = frozenset(
-    {SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT, SandboxKind.PODMAN, SandboxKind.KUBERNETES}
-)
-INSIDE_HARNESSES = {HarnessName.CLAUDE_CODE: AGENT_HOSTS, HarnessName.CODEX: AGENT_HOSTS}
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
 # The harness limits each harness uses (`reply_tokens` every one: the gateway holds its calls to it). A spec
 # that gives one its harness does not use is refused, with what the harness does instead.
@@ -128,11 +123,7 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
         spec.limits = {**DEFAULT_LIMITS.get(spec.harness, HarnessSpec().limits), **item.get("limits", {})}
         if spec.network is not None and spec.sandbox not in (SandboxKind.PODMAN, SandboxKind.KUBERNETES):
             raise ValueError(f"{here}.network: only sandbox podman or kubernetes has a network")
-        if spec.harness in INSIDE_HARNESSES and spec.sandbox not in INSIDE_HARNESSES[spec.harness]:
-            raise ValueError(
-                f"{here}.sandbox: harness {spec.harness} runs inside the sandbox, which it supports on "
-                f"{sorted(INSIDE_HARNESSES[spec.harness])} only (not {spec.sandbox})"
-            )
+        check_spec(spec, here)
         validate_spec(spec, here)
         name = str(item.get("name") or f"{spec.harness}/{spec.sandbox}#{i}")
         out.append(NamedSpec(name, spec, tuple(environments)))

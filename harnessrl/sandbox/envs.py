@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 from harnessrl.sandbox.bwrap import ENV_MANIFEST
@@ -42,6 +43,7 @@ PACKAGING_FILES = (
     "test-requirements.txt",
 )
 REQUIRED_MODULES = ("pytest",)
+BARE_ENV = "bare"
 
 
 class EnvError(RuntimeError):
@@ -140,3 +142,29 @@ def _ensure_env(cache: RepoCache, repo: str) -> Path:
                 )
         (path / ".ready").write_text("ok\n")
     return path
+
+
+def cached_venv(name: str, fill: Callable[[Path], None], root: Path | None = None) -> Path:
+    """A `--without-pip` venv at `<root>/<name>` (default root: `<cache>/envs`), made once: `fill(env)` adds its
+    path files and manifest before it is marked complete (`.ready`); a file lock makes concurrent workers and
+    reruns safe."""
+    env = (root or cache_root() / "envs") / name
+    if (env / ".ready").exists():
+        return env
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (env / ".ready").exists():
+            return env
+        shutil.rmtree(env, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+        fill(env)
+        (env / ".ready").write_text("")
+    return env
+
+
+def bare_env() -> Path:
+    """The Python a scratch workspace's bubblewrap sandbox runs: the standard library only, nothing of the
+    host's packages (an answer-graded task has no repository whose dependencies it would need)."""
+    key = hashlib.sha256(sys.version.encode()).hexdigest()[:12]
+    return cached_venv(f"{BARE_ENV}-{key}", lambda env: None)

@@ -125,16 +125,17 @@ def test_a_whole_answer_to_the_request_is_scored():
     assert reward.total == 1.0 and reward.parts["on_task"] == 1.0, reward
 
 
-def test_the_default_spec_is_the_chat_harness_and_tools_are_refused():
-    [react] = parse_specs([{"harness": "react"}])
+def test_the_default_spec_is_the_chat_harness_and_react_must_be_able_to_answer():
+    [react, answering] = parse_specs(
+        [{"harness": "react"}, {"harness": "react", "tools": ["bash", "answer"]}]
+    )
     spec = spec_for(ROW, [], 0, 0, 1)
     assert spec.spec.harness is HarnessName.CHAT
     row = plan_row(ROW, spec, 0)
     assert (row.environment, row.reward_fn, row.repo) == ("instruction", FRACTION, "")
-    with pytest.raises(
-        ValueError, match=r"task 'if-1' \(instruction\) has no workspace .*use harness 'chat'"
-    ):
+    with pytest.raises(ValueError, match=r"task 'if-1' \(instruction\).*its `answer` tool: add 'answer'"):
         plan_row(ROW, react, 0)
+    assert plan_row(ROW, answering, 0).harness is HarnessName.REACT  # in a scratch workspace
 
 
 def test_a_reward_the_environment_does_not_offer_is_refused_by_task():

@@ -76,11 +76,11 @@ def test_task_sets_are_seeded_dealt_over_datasets_and_take_a_difficulty(
     )
 
 
-def test_the_default_spec_is_chat_and_tool_harnesses_are_refused(tasks: TaskSet) -> None:
+def test_the_default_spec_is_chat_and_react_must_be_able_to_answer(tasks: TaskSet) -> None:
     row = tasks.rows()[0]
     planned = plan_row(row, spec_for(row, [], 0, 0, 1), 0)
     assert (planned.harness, planned.reward_fn, planned.environment) == ("chat", EXACT, "procedural")
-    with pytest.raises(ValueError, match=rf"task '{row['instance_id']}' \(procedural\) has no workspace"):
+    with pytest.raises(ValueError, match=rf"task '{row['instance_id']}' \(procedural\).*add 'answer'"):
         plan_row(row, parse_specs({"harness": "react"})[0], 0)
 
 

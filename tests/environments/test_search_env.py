@@ -78,14 +78,10 @@ def test_bad_rows_and_specs_name_the_task(tasks: TaskSet) -> None:
         ["search", "read", "answer"],
     )
     assert plan_row(row, parse_specs({"harness": "chat"})[0], 0).harness == "chat"  # from memory alone
-    for spec, why in (
-        ({"harness": "react", "tools": ["bash", "answer"]}, r"tools \['bash'\]"),
-        ({"harness": "mini-swe-agent"}, "harness 'mini-swe-agent'"),
-    ):
-        with pytest.raises(
-            ValueError, match=rf"task '{row['instance_id']}' \(search\) has no workspace.*{why}"
-        ):
-            plan_row(row, parse_specs(spec)[0], 0)
+    with pytest.raises(ValueError, match=r"\['read', 'search'\] run on the host's corpus and \['bash'\]"):
+        parse_specs({"harness": "react", "tools": ["bash", "search", "read", "answer"]})
+    with pytest.raises(ValueError, match=rf"task '{row['instance_id']}' \(search\).*add 'answer'"):
+        plan_row(row, parse_specs({"harness": "react", "tools": ["search", "read"]})[0], 0)
 
 
 def test_the_tools_search_and_read_the_index_on_the_host(tasks: TaskSet) -> None:

@@ -103,7 +103,9 @@ def test_generate_refuses_container_specs_for_tasks_without_an_image(synth_tasks
     rows = [{k: v for k, v in r.items() if k != "image_name"} for r in read_jsonl(tasks / "tasks.jsonl")]
     write_jsonl(tasks / "tasks.jsonl", rows)
     specs = parse_specs({"sandbox": "kubernetes"})
-    with pytest.raises(ValueError, match=r"has no image_name, which spec .* \(sandbox kubernetes\) needs"):
+    with pytest.raises(
+        ValueError, match=r"spec .*: sandbox kubernetes runs the task's image_name, and it has none"
+    ):
         run_generate(tasks, tmp_path / "out", specs, config=GenerateConfig(group_size=1, max_tasks=1))
     assert not (tmp_path / "out").exists()
 

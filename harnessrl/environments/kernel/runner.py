@@ -24,13 +24,11 @@ Invariants:
 from __future__ import annotations
 
 import enum
-import fcntl
 import hashlib
 import json
 import logging
 import secrets
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,14 +39,14 @@ from harnessrl.environments.kernel.tasks import PRISTINE_FILES, KernelTask
 from harnessrl.sandbox import leftovers
 from harnessrl.sandbox.backends import make_sandbox
 from harnessrl.sandbox.base import WORKSPACE_MOUNT, Limits, Outcome
-from harnessrl.sandbox.workspace import cache_root
+from harnessrl.sandbox.bwrap import ENV_MANIFEST  # the paths it lists are bound read-only
+from harnessrl.sandbox.envs import cached_venv
 from harnessrl.schema import SandboxKind
 
 log = logging.getLogger(__name__)
 
 GRADE_SCRIPT = Path(__file__).with_name("grade.py")
 SEED_FILE = ".seed"
-ENV_MANIFEST = "harnessrl-env.json"  # the bubblewrap backend binds the paths it lists read-only
 # Generous on purpose: grade.py bounds every candidate call itself; this only catches a stopped grader.
 DEFAULT_TIMEOUT_S = 300.0
 GRADE_LIMITS = Limits(
@@ -91,30 +89,23 @@ class GradeReport:
 
 
 def kernel_env(cache: Path | None = None) -> Path:
-    """The venv the grader and candidate run with: stdlib + numpy, created once (file lock + `.ready`)."""
+    """The venv the grader and candidate run with: stdlib + numpy, created once (sandbox.envs.cached_venv;
+    `cache`: the folder it goes in, default `<cache>/envs`)."""
     import numpy  # the host's numpy is what the sandbox gets
 
     numpy_dir = Path(numpy.__file__).resolve().parent
     site = numpy_dir.parent
     key = hashlib.sha256(f"{sys.version}\0{numpy_dir}\0{numpy.__version__}".encode()).hexdigest()[:12]
-    env = (cache or cache_root() / "envs") / f"kernel-numpy-{key}"
-    if (env / ".ready").exists():
-        return env
-    env.parent.mkdir(parents=True, exist_ok=True)
-    with open(env.parent / f".{env.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (env / ".ready").exists():
-            return env
-        shutil.rmtree(env, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+
+    def fill(env: Path) -> None:
         env_site = next(env.glob("lib/python*/site-packages"))
         (env_site / "00-harnessrl-numpy.pth").write_text(f"{site}\n")
         bound = [p for p in site.iterdir() if p.name == "numpy.libs" or p.name.startswith("numpy-")]
         manifest = {"ro_paths": [str(numpy_dir), *(str(p) for p in sorted(bound))]}
         (env / ENV_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        (env / ".ready").write_text("")
-    log.info("kernel grading env at %s (numpy %s only)", env, numpy.__version__)
-    return env
+        log.info("kernel grading env at %s (numpy %s only)", env, numpy.__version__)
+
+    return cached_venv(f"kernel-numpy-{key}", fill, cache)
 
 
 def prepare_workspace(task: KernelTask, dest: Path) -> Path:
