@@ -72,6 +72,12 @@ def register(commands: argparse._SubParsersAction, stages: argparse._SubParsersA
     p.add_argument("--run-dir", default=None, help="default: runs/demo-<UTC time>")
     p.add_argument("--max-tasks", type=int, default=4)
     p.add_argument("--source", default=None, help="repo dir or sdist to use instead of parse==1.22.4")
+    p.add_argument(
+        "--harness",
+        default="chat",
+        help="the harness the RL step and the evaluation run through: chat (default), or claude-code / codex, "
+        "a production CLI in the sandbox (`make cli-agents` first)",
+    )
     p.set_defaults(func=cmd_demo)
 
 
@@ -178,6 +184,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             run_dir=args.run_dir,
             max_tasks=args.max_tasks,
             source=Path(args.source) if args.source else None,
+            harness=args.harness,
         )
     except KeyboardInterrupt as e:
         print(f"harnessrl: {e}", file=sys.stderr)

@@ -9,7 +9,8 @@ base requests the training tasks never use, half of them with constraint kinds n
 The loop (colocated async: rollouts through the chat harness and the recording gateway, verification, Dr. GRPO,
 in-place weight sync) runs 6 steps of 4 groups × 8 rollouts; the evaluation
 compares base vs trained on the 40 held-out tasks, 4 sampled rollouts each, with a paired interval; the run
-summary's first line says whether training helped.
+summary's first line says whether training helped, and through which harness. `--harness claude-code` (or
+`codex`) runs the RL step and the evaluation through that production CLI instead (CLI_FAMILY_SPECS).
 """
 
 from __future__ import annotations
@@ -101,11 +102,25 @@ DEMO_RL_CONFIG = (
 DEMO_FAMILY_KINDS = "placeholders"
 DEMO_FAMILY_MIN_WORDS = 12
 DEMO_FAMILY_SPECS = '[{"harness": "chat", "reward": "instruction_strict", "limits": {"tokens": 128}}]'
+# `harnessrl demo --harness claude-code | codex`: the same family, RL step and evaluation through the production
+# CLI, unchanged, in a bubblewrap sandbox (a scratch workspace: docs/environments.md), each model call held to
+# the same 128-token reply budget by the gateway. Claude Code runs `bare` with no tools (the request is answered
+# in its reply, its `result`); a CLI rollout costs seconds of CPU on top of its model time, so the CLI demos
+# evaluate 2 sampled rollouts per held-out task instead of 4.
+CLI_FAMILY_SPECS = {
+    "claude-code": '[{"harness": "claude-code", "reward": "instruction_strict", "options": {"bare": true, '
+    '"tools": []}, "limits": {"reply_tokens": 128, "turns": 2, "wall_s": 300}}]',
+    "codex": '[{"harness": "codex", "reward": "instruction_strict", "options": {"model": "gpt-5.1-codex-max"}, '
+    '"limits": {"reply_tokens": 128, "turns": 2, "wall_s": 300}}]',
+}
+CLI_EVAL_K = 2
+HARNESSES = ("chat", *CLI_FAMILY_SPECS)
 
 
-def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
+def demo_arguments(source: Path, max_tasks: int, harness: str = "chat") -> dict[str, object]:
     from harnessrl.tinymodel import tiny_model_dir
 
+    cli = harness in CLI_FAMILY_SPECS
     return {
         "source_uri": str(source),
         "base_model_uri": str(tiny_model_dir()),
@@ -121,24 +136,37 @@ def demo_arguments(source: Path, max_tasks: int) -> dict[str, object]:
         "family_held_out_tasks": 40,
         "family_kinds": DEMO_FAMILY_KINDS,
         "family_min_words": DEMO_FAMILY_MIN_WORDS,
-        "family_specs_json": DEMO_FAMILY_SPECS,
+        "family_specs_json": CLI_FAMILY_SPECS[harness] if cli else DEMO_FAMILY_SPECS,
         "mode": "colocated",
         "steps": 6,
         "batch_groups": 4,
         "group_size": 8,
         "config_json": DEMO_RL_CONFIG,
-        "eval_k": 4,
+        "eval_k": CLI_EVAL_K if cli else 4,
     }
 
 
-def run_demo(run_dir: str | Path | None = None, max_tasks: int = 4, source: Path | None = None) -> RunResult:
+def run_demo(
+    run_dir: str | Path | None = None,
+    max_tasks: int = 4,
+    source: Path | None = None,
+    harness: str = "chat",
+) -> RunResult:
+    """`harness`: the harness the RL step and the evaluation run through (chat, or a CLI that must be
+    installed: `make cli-agents`)."""
+    from harnessrl.harness.cli_agents import skip_reason
+
     console = Console(file=sys.stdout, soft_wrap=True)
+    if harness not in HARNESSES:
+        raise ValueError(f"--harness {harness!r}: one of {', '.join(HARNESSES)}")
     if source is not None and not source.exists():
         raise FileNotFoundError(f"--source {source}: no such file or directory")
+    if harness in CLI_FAMILY_SPECS and (why := skip_reason(harness)) is not None:
+        raise FileNotFoundError(f"--harness {harness}: {why}")
     source = source or demo_source(console)
     return run_local(
         "harnessrl-full",
-        demo_arguments(source, max_tasks),
-        run_dir or default_run_dir("demo"),
+        demo_arguments(source, max_tasks, harness),
+        run_dir or default_run_dir("demo" if harness == "chat" else f"demo-{harness}"),
         console=console,
     )

@@ -120,6 +120,11 @@ def family_name(family: StageRef) -> str | None:
     return next((FAMILY_NAMES[f] for f in FAMILY_NAMES if family.values.get(f"family_{f}")), None)
 
 
+def harness_names(family: StageRef) -> list[str]:
+    """The harnesses the family's rollouts ran through, from its one-hot metrics (`harness_<name>`)."""
+    return [k.removeprefix("harness_") for k, v in family.values.items() if k.startswith("harness_") and v]
+
+
 def verdict_line(compared: list[dict[str, Any]], family: StageRef | None) -> str:
     """The summary's first line: did training help, by the first paired comparison and its interval."""
     if not compared:
@@ -130,6 +135,8 @@ def verdict_line(compared: list[dict[str, Any]], family: StageRef | None) -> str
         where = f" on {family.values['test']:.0f} held-out {family_name(family) or ''} tasks".replace(
             "  ", " "
         )
+    if family is not None and (harnesses := harness_names(family)):
+        where += f", trained and evaluated through {' + '.join(harnesses)}"
     interval = f"[{_num(c['low'], '{:+.3f}')}, {_num(c['high'], '{:+.3f}')}]"
     change = (
         f"pass@1 {c['b']} − {c['a']} ({c['mode']}) {c['diff']:+.3f}, paired 95% interval {interval}{where}"

@@ -23,6 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from harnessrl.io import atomic_output, atomic_write_json, atomic_write_text, read_jsonl
+from harnessrl.schema import HarnessName
 
 
 class Family(StrEnum):
@@ -61,6 +62,7 @@ class FamilyChoice:
     test: int
     swe_mixed: int  # SWE tasks the policy sometimes solved (headroom)
     auto: bool = False  # chosen by `auto` (else named by the run's settings)
+    harnesses: tuple[str, ...] = ()  # the harnesses its rollouts run through (the specs', or the default's)
 
 
 def swe_headroom(selected: Path) -> int:
@@ -112,9 +114,10 @@ def run_task_family(
                 family, tmp / "test", n_held_out, seed, held_out=True, train=tmp / "train", **shape
             )
             specs = family_specs_json
-        train = sum(1 for _ in read_jsonl(tmp / "train" / "tasks.jsonl"))
+        rows = list(read_jsonl(tmp / "train" / "tasks.jsonl"))
+        train = len(rows)
         test = sum(1 for _ in read_jsonl(tmp / "test" / "tasks.jsonl"))
-        choice = FamilyChoice(family, reason, specs, train, test, mixed, auto)
+        choice = FamilyChoice(family, reason, specs, train, test, mixed, auto, harnesses_of(rows, specs))
         atomic_write_json(tmp / "family.json", asdict(choice))
         atomic_write_json(tmp / "metrics.json", metrics(choice))
         atomic_write_text(tmp / "report.md", report(choice, kinds))
@@ -160,9 +163,22 @@ def write_generated(
         raise ValueError(f"family {family} is not generated (generated: {', '.join(GENERATED)})")
 
 
+def harnesses_of(rows: list[dict], specs_json: str) -> tuple[str, ...]:
+    """The harnesses the family's rollouts run through: its specs', or its tasks' default spec's."""
+    from harnessrl.rollout.episode import spec_for
+    from harnessrl.rollout.specs import parse_specs
+
+    raw = json.loads(specs_json) if specs_json.strip() else []
+    named = parse_specs(raw, "the family's specs") if raw else []
+    if not named and rows:
+        named = [spec_for(rows[0], [], 0, 0, 1)]
+    return tuple(dict.fromkeys(str(s.spec.harness) for s in named))
+
+
 def metrics(choice: FamilyChoice) -> dict[str, float]:
     return {
         **{f"family_{f}": float(choice.family is f) for f in Family if f is not Family.AUTO},
+        **{f"harness_{h}": float(h in choice.harnesses) for h in HarnessName},
         "train": float(choice.train),
         "test": float(choice.test),
         "swe_mixed": float(choice.swe_mixed),
@@ -189,6 +205,7 @@ def report(choice: FamilyChoice, kinds: tuple[str, ...]) -> str:
 def read_choice(out: Path) -> FamilyChoice:
     raw = json.loads((out / "family.json").read_text())
     raw["family"] = Family(raw["family"])
+    raw["harnesses"] = tuple(raw.get("harnesses", ()))
     return FamilyChoice(**raw)
 
 

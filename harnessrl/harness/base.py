@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from harnessrl.harness.runtime import ToolRuntime
 from harnessrl.schema import RolloutStatus
@@ -92,3 +93,40 @@ class HarnessResult:
 
 class Harness(Protocol):
     def run(self, task: TaskPrompt, endpoint: Endpoint, runtime: ToolRuntime) -> HarnessResult: ...
+
+
+# A spec's harness limits and their types; each harness's config says which it honours (`SpecConfig.LIMITS`).
+# `reply_tokens` is every harness's: the gateway holds each model call to it (a CLI is also told it).
+LIMIT_TYPES: dict[str, type] = {
+    "turns": int,
+    "tokens": int,
+    "wall_s": float,
+    "tool_timeout_s": float,
+    "reply_tokens": int,
+}
+
+
+class SpecConfig(Protocol):
+    """A harness config made from a spec: `LIMITS` maps each limit key it honours to its field."""
+
+    LIMITS: ClassVar[dict[str, str]]
+
+
+def spec_kwargs(
+    config: type[SpecConfig], limits: Mapping[str, Any], options: Mapping[str, Any], harness: str
+) -> dict[str, Any]:
+    """A config's keyword arguments from a spec: its options (fields, except those a limit sets: set those in
+    `limits`), then the limits it honours, typed. ValueError naming an unknown option."""
+    names = {f.name for f in fields(config)} - set(config.LIMITS.values())  # type: ignore[arg-type]
+    unknown = sorted(set(options) - names)
+    if unknown:
+        set_by = sorted(k for k, f in config.LIMITS.items() if f in unknown)
+        raise ValueError(
+            f"unknown {harness} harness option(s) {unknown}; allowed: {sorted(names)}"
+            + (f" (set limits.{', limits.'.join(set_by)} instead)" if set_by else "")
+        )
+    kw = dict(options)
+    for key, name in config.LIMITS.items():
+        if key in limits:
+            kw[name] = LIMIT_TYPES[key](limits[key])
+    return kw

@@ -19,18 +19,29 @@ model's own answers make it — the workload of `benchmarks/ablation_rollout_lev
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
 
 import openai
 
-from harnessrl.harness.base import Endpoint, EpisodeEnd, HarnessResult, TaskPrompt, model_error_status
+from harnessrl.harness.base import (
+    Endpoint,
+    EpisodeEnd,
+    HarnessResult,
+    TaskPrompt,
+    model_error_status,
+    spec_kwargs,
+)
 from harnessrl.harness.runtime import ToolRuntime
 from harnessrl.schema import RolloutStatus
 
 
 @dataclass(frozen=True)
 class ChatConfig:
+    LIMITS: ClassVar[dict[str, str]] = {
+        "tokens": "max_tokens",
+        "wall_s": "wall_s",
+    }  # tokens: its reply budget
     system_prompt: str = ""
     temperature: float = 1.0
     max_tokens: int = 256
@@ -56,16 +67,7 @@ class ChatConfig:
 
     @classmethod
     def from_spec(cls, limits: dict[str, Any], options: dict[str, Any]) -> ChatConfig:
-        known = {f.name for f in fields(cls)} - {"max_tokens", "wall_s"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"chat harness: unknown option(s) {unknown}; allowed: {sorted(known)}")
-        kw: dict[str, Any] = dict(options)
-        if "tokens" in limits:
-            kw["max_tokens"] = int(limits["tokens"])
-        if "wall_s" in limits:
-            kw["wall_s"] = float(limits["wall_s"])
-        return cls(**kw)
+        return cls(**spec_kwargs(cls, limits, options, "chat"))
 
 
 class ChatHarness:

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from harnessrl.harness.base import Endpoint, EpisodeEnd, HarnessResult, TaskPrompt, model_error_status
+from harnessrl.harness.base import (
+    Endpoint,
+    EpisodeEnd,
+    HarnessResult,
+    TaskPrompt,
+    model_error_status,
+    spec_kwargs,
+)
 from harnessrl.harness.cli_agents import CliNotInstalled, require
 from harnessrl.harness.runtime import SandboxRuntime, ToolRuntime
 from harnessrl.sandbox.base import AgentSandbox, Limits, Outcome, RunResult
@@ -37,6 +44,11 @@ class CliConfig(ABC):
     """Per-sample settings every CLI has (HarnessSpec `limits.turns`, `limits.wall_s` and `options`), and what
     the episode needs to know of its CLI."""
 
+    LIMITS: ClassVar[dict[str, str]] = {
+        "turns": "max_turns",
+        "wall_s": "wall_s",
+        "reply_tokens": "reply_tokens",
+    }
     tool: ClassVar[str]  # its name in cli_agents
     mount: ClassVar[str]  # where its install prefix is bound
     own_env: ClassVar[tuple[str, ...]]  # variables the harness sets: an option may not
@@ -70,18 +82,7 @@ class CliConfig(ABC):
 
     @classmethod
     def from_spec(cls, limits: dict[str, Any], options: dict[str, Any]) -> Self:
-        names = {f.name for f in fields(cls)} - {"max_turns", "wall_s", "reply_tokens"}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            raise ValueError(f"unknown {cls.tool} harness option(s) {unknown}; allowed: {sorted(names)}")
-        kw: dict[str, Any] = dict(options)
-        if "turns" in limits:
-            kw["max_turns"] = int(limits["turns"])
-        if "wall_s" in limits:
-            kw["wall_s"] = float(limits["wall_s"])
-        if "reply_tokens" in limits:
-            kw["reply_tokens"] = int(limits["reply_tokens"])
-        return cls(**kw)
+        return cls(**spec_kwargs(cls, limits, options, cls.tool))
 
     @abstractmethod
     def command(self, executable: str, endpoint: Endpoint, socket: str) -> tuple[list[str], dict[str, str]]:

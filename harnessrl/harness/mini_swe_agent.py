@@ -13,10 +13,10 @@ import logging
 import os
 import platform
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from harnessrl.harness.base import (
     Endpoint,
@@ -25,6 +25,7 @@ from harnessrl.harness.base import (
     TaskPrompt,
     TurnError,
     model_error_status,
+    spec_kwargs,
 )
 from harnessrl.harness.runtime import TIMEOUT, SandboxFailure, ToolRuntime
 from harnessrl.schema import RolloutStatus
@@ -119,6 +120,11 @@ class SandboxEnvironment:
 
 @dataclass
 class MiniSweAgentConfig:
+    LIMITS: ClassVar[dict[str, str]] = {
+        "turns": "step_limit",
+        "wall_s": "wall_s",
+        "tool_timeout_s": "tool_timeout_s",
+    }
     step_limit: int = 20
     wall_s: float = 600.0
     tool_timeout_s: float = 60.0
@@ -130,16 +136,7 @@ class MiniSweAgentConfig:
 
     @classmethod
     def from_spec(cls, limits: dict[str, Any], options: dict[str, Any]) -> MiniSweAgentConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            raise ValueError(f"unknown mini-swe-agent harness option(s) {unknown}; allowed: {sorted(names)}")
-        kw = dict(options)
-        if "turns" in limits:
-            kw["step_limit"] = int(limits["turns"])
-        if "wall_s" in limits:
-            kw["wall_s"] = float(limits["wall_s"])
-        return cls(**kw)
+        return cls(**spec_kwargs(cls, limits, options, "mini-swe-agent"))
 
 
 class MiniSweAgentHarness:

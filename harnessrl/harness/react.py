@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import openai
 
@@ -22,6 +22,7 @@ from harnessrl.harness.base import (
     TaskPrompt,
     TurnError,
     model_error_status,
+    spec_kwargs,
 )
 from harnessrl.harness.runtime import SandboxFailure, ToolRuntime
 from harnessrl.harness.strategies import (
@@ -66,6 +67,12 @@ class _EndEpisode(Exception):
 
 @dataclass
 class ReActConfig:
+    LIMITS: ClassVar[dict[str, str]] = {
+        "turns": "max_turns",
+        "tokens": "max_context_tokens",
+        "wall_s": "wall_s",
+        "tool_timeout_s": "tool_timeout_s",
+    }
     tools: tuple[str, ...] = ("bash", "edit", "submit")
     max_turns: int = 20
     max_context_tokens: int = 8192  # prompt + completion of any one call
@@ -110,21 +117,9 @@ class ReActConfig:
 
     @classmethod
     def from_spec(cls, tools: list[str], limits: dict[str, Any], options: dict[str, Any]) -> ReActConfig:
-        """Builds the config from a HarnessSpec's tools, limits ({turns, tokens, wall_s}) and options."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            raise ValueError(
-                f"unknown react harness option(s) {unknown}; allowed: {sorted(names - {'tools'})}"
-            )
-        kw: dict[str, Any] = dict(options)
-        if "turns" in limits:
-            kw["max_turns"] = int(limits["turns"])
-        if "tokens" in limits:
-            kw["max_context_tokens"] = int(limits["tokens"])
-        if "wall_s" in limits:
-            kw["wall_s"] = float(limits["wall_s"])
-        return cls(tools=tuple(tools), **kw)
+        """Builds the config from a HarnessSpec's tools, limits (LIMITS) and options."""
+        options = {k: v for k, v in options.items() if k != "tools"}
+        return cls(tools=tuple(tools), **spec_kwargs(cls, limits, options, "react"))
 
     def context_strategy(self) -> ContextStrategy:
         return context_strategy(self.context, self.keep_last_observations, self.summarize_at_tokens)

@@ -38,21 +38,15 @@ from typing import Any
 
 from harnessrl.choices import parse_choice
 from harnessrl.gateway.enums import TrainChains
-from harnessrl.harness.base import Harness
+from harnessrl.harness.base import LIMIT_TYPES, Harness, SpecConfig
 from harnessrl.rollout.fit import check_spec
 from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind
 
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
-# The harness limits each harness uses (`reply_tokens` every one: the gateway holds its calls to it). A spec
-# that gives one its harness does not use is refused, with what the harness does instead.
-HONOURED_LIMITS: dict[HarnessName, frozenset[str]] = {
-    HarnessName.REACT: frozenset({"turns", "tokens", "reply_tokens", "wall_s", "tool_timeout_s"}),
-    HarnessName.MINI_SWE_AGENT: frozenset({"turns", "reply_tokens", "wall_s", "tool_timeout_s"}),
-    HarnessName.CHAT: frozenset({"tokens", "reply_tokens", "wall_s"}),
-    HarnessName.CLAUDE_CODE: frozenset({"turns", "reply_tokens", "wall_s"}),
-    HarnessName.CODEX: frozenset({"turns", "reply_tokens", "wall_s"}),
-}
-HARNESS_LIMITS = tuple(sorted(frozenset().union(*HONOURED_LIMITS.values())))
+# The harness limits: each harness's config says which it honours (its LIMITS), `reply_tokens` every one (the
+# gateway holds its calls to it). A spec that gives one its harness does not use is refused, with what the
+# harness does instead.
+HARNESS_LIMITS = tuple(sorted(LIMIT_TYPES))
 _INSTEAD = {
     "tokens": "its context is the gateway's max_model_len; a budget per model call is reply_tokens",
     "turns": "it answers in one model call",
@@ -113,11 +107,12 @@ def parse_specs(raw: Any, where: str = "harness spec") -> list[NamedSpec]:
         given = item.get("limits", {})
         if not isinstance(given, dict):
             raise ValueError(f"{here}.limits: expected an object of limit -> number, got {given!r}")
-        if unused := sorted(set(given) & set(HARNESS_LIMITS) - HONOURED_LIMITS[spec.harness]):
+        honoured = honoured_limits(spec.harness)
+        if unused := sorted(set(given) & set(HARNESS_LIMITS) - honoured):
             key = unused[0]
             raise ValueError(
                 f"{here}.limits.{key}: harness {spec.harness} does not use it ({_INSTEAD[key]}); it uses "
-                f"{', '.join(sorted(HONOURED_LIMITS[spec.harness]))}"
+                f"{', '.join(sorted(honoured))}"
             )
         # partial limits extend the harness's defaults
         spec.limits = {**DEFAULT_LIMITS.get(spec.harness, HarnessSpec().limits), **item.get("limits", {})}
@@ -185,42 +180,60 @@ def assign(specs: list[NamedSpec], task_index: int, sample_index: int, group_siz
     return specs[(task_index * group_size + sample_index) % len(specs)]
 
 
+def config_class(harness: HarnessName) -> type[SpecConfig]:
+    """The config a spec of `harness` builds (imported on first use: the harness libraries are heavy)."""
+    if harness is HarnessName.REACT:
+        from harnessrl.harness.react import ReActConfig
+
+        return ReActConfig
+    if harness is HarnessName.MINI_SWE_AGENT:
+        from harnessrl.harness.mini_swe_agent import MiniSweAgentConfig
+
+        return MiniSweAgentConfig
+    if harness is HarnessName.CHAT:
+        from harnessrl.harness.chat import ChatConfig
+
+        return ChatConfig
+    if harness is HarnessName.CLAUDE_CODE:
+        from harnessrl.harness.claude_code import ClaudeCodeConfig
+
+        return ClaudeCodeConfig
+    if harness is HarnessName.CODEX:
+        from harnessrl.harness.codex import CodexConfig
+
+        return CodexConfig
+    raise ValueError(f"unknown harness {harness!r}")
+
+
+def honoured_limits(harness: HarnessName) -> frozenset[str]:
+    return frozenset(config_class(harness).LIMITS) | {"reply_tokens"}
+
+
 def build_harness(spec: HarnessSpec, seed: int | None = None) -> Harness:
-    """`seed` (per rollout) applies unless the spec's options set one."""
-    limits = spec.limits
+    """`seed` (per rollout) applies unless the spec's options set one (the CLIs send none)."""
+    limits, options = spec.limits, dict(spec.options)
+    if seed is not None and spec.harness not in (HarnessName.CLAUDE_CODE, HarnessName.CODEX):
+        options.setdefault("seed", seed)
     if spec.harness is HarnessName.REACT:
         from harnessrl.harness.react import ReActConfig, ReActHarness
 
-        options = dict(spec.options)
-        if seed is not None:
-            options.setdefault("seed", seed)
-        if "tool_timeout_s" in limits:
-            options.setdefault("tool_timeout_s", float(limits["tool_timeout_s"]))
         return ReActHarness(ReActConfig.from_spec(spec.tools, limits, options))
     if spec.harness is HarnessName.MINI_SWE_AGENT:
         from harnessrl.harness.mini_swe_agent import MiniSweAgentConfig, MiniSweAgentHarness
 
-        options = dict(spec.options)
-        if seed is not None:
-            options.setdefault("seed", seed)
-        if "tool_timeout_s" in limits:
-            options.setdefault("tool_timeout_s", float(limits["tool_timeout_s"]))
         return MiniSweAgentHarness(MiniSweAgentConfig.from_spec(limits, options))
     if spec.harness is HarnessName.CHAT:
         from harnessrl.harness.chat import ChatConfig, ChatHarness
 
-        options = dict(spec.options)
-        if seed is not None:
-            options.setdefault("seed", seed)
         return ChatHarness(ChatConfig.from_spec(limits, options))
-    if spec.harness is HarnessName.CLAUDE_CODE:  # no seed: the CLI sends none
+    if spec.harness is HarnessName.CLAUDE_CODE:
         from harnessrl.harness.claude_code import ClaudeCodeConfig, ClaudeCodeHarness
 
-        return ClaudeCodeHarness(ClaudeCodeConfig.from_spec(limits, dict(spec.options)))
-    if spec.harness is HarnessName.CODEX:  # no seed: the CLI sends none
+        return ClaudeCodeHarness(ClaudeCodeConfig.from_spec(limits, options))
+    if spec.harness is HarnessName.CODEX:
         from harnessrl.harness.codex import CodexConfig, CodexHarness
 
-        return CodexHarness(CodexConfig.from_spec(limits, dict(spec.options)))
+        return CodexHarness(CodexConfig.from_spec(limits, options))
     raise ValueError(f"unknown harness {spec.harness!r}")
 
 

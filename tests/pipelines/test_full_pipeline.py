@@ -268,10 +268,12 @@ def test_full_pipeline_runs_locally_on_the_tiny_model(tmp_path):
     assert all(r["mean_reply_tokens"] > 0 for r in evaluation["results"])
     family = json.loads(Path(index["tasks"]["task-family"]["outputs"]["metrics"]["path"]).read_text())
     assert family["family_swe"] == 0.0 and family["test"] == 2.0  # no SWE headroom: the instruction family
+    assert family["harness_chat"] == 1.0 and family["harness_claude-code"] == 0.0
     summary = (result.run_dir / "reports" / "summarize-rl-run.md").read_text()  # kfp.local: component name
     assert (
         summary.startswith("# Run summary\n\n**Training")
         and "Held-out pass@1 after training vs before" in summary
     )
+    assert "trained and evaluated through chat" in summary.splitlines()[2]  # the verdict names the harness
     assert "SWE tasks gave the policy no headroom" in summary
     assert "## One held-out request, base and trained" in summary and "**trained** (reward" in summary

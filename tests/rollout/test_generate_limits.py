@@ -7,6 +7,9 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import cast
+
+import pytest
 
 from harnessrl.io import read_jsonl, write_jsonl
 from harnessrl.rollout.generate import GenerateConfig, run_generate
@@ -109,3 +112,24 @@ def test_each_harness_takes_the_limits_it_uses_and_refuses_the_rest_saying_what_
             assert instead in str(e) and "\n" not in str(e), e
         else:
             raise AssertionError(f"{harness} took limits.{key}")
+
+
+def test_a_limit_reaches_its_harness_typed_and_an_option_that_would_set_it_is_refused():
+    """One mapping per harness (its config's LIMITS): the spec's limit lands in the config field, as its type;
+    setting that field through `options` instead is refused naming the limit."""
+    from harnessrl.harness.chat import ChatHarness
+    from harnessrl.harness.mini_swe_agent import MiniSweAgentHarness
+    from harnessrl.harness.react import ReActHarness
+    from harnessrl.rollout.specs import build_harness
+
+    [react] = parse_specs({"harness": "react", "limits": {"turns": 3, "tokens": 2048, "tool_timeout_s": 7}})
+    config = cast(ReActHarness, build_harness(react.spec)).config
+    assert (config.max_turns, config.max_context_tokens, config.tool_timeout_s) == (3, 2048, 7.0)
+    assert isinstance(config.tool_timeout_s, float)
+    [mini] = parse_specs({"harness": "mini-swe-agent", "limits": {"turns": 2, "wall_s": 30}})
+    assert cast(MiniSweAgentHarness, build_harness(mini.spec)).config.step_limit == 2
+    [chat] = parse_specs({"harness": "chat", "limits": {"tokens": 77}})
+    assert cast(ChatHarness, build_harness(chat.spec)).config.max_tokens == 77
+    for harness, option, limit in (("react", "max_turns", "turns"), ("chat", "max_tokens", "tokens")):
+        with pytest.raises(ValueError, match=rf"\['{option}'\].*\(set limits\.{limit} instead\)"):
+            parse_specs({"harness": harness, "options": {option: 4}})
