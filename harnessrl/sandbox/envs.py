@@ -98,20 +98,8 @@ def ensure_env(taskset: TaskSet, repo: str) -> Path:
 
 def _ensure_env(cache: RepoCache, repo: str) -> Path:
     key, src_layout = env_key(cache, repo)
-    path = cache_root() / "envs" / key
-    if (path / ".ready").is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (path / ".ready").is_file():
-            return path
-        shutil.rmtree(path, ignore_errors=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(path)], capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            raise EnvError(f"creating venv {path} failed: {proc.stderr.strip()}")
+
+    def fill(path: Path) -> None:
         site = Path(
             subprocess.run(
                 [
@@ -140,8 +128,8 @@ def _ensure_env(cache: RepoCache, repo: str) -> Path:
                     f"env {path}: `import {mod}` fails ({check.stderr.strip().splitlines()[-1:]}); "
                     f"install {mod} in the environment harnessrl runs in"
                 )
-        (path / ".ready").write_text("ok\n")
-    return path
+
+    return cached_venv(key, fill)
 
 
 def cached_venv(name: str, fill: Callable[[Path], None], root: Path | None = None) -> Path:
@@ -157,9 +145,13 @@ def cached_venv(name: str, fill: Callable[[Path], None], root: Path | None = Non
         if (env / ".ready").exists():
             return env
         shutil.rmtree(env, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(env)], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise EnvError(f"creating venv {env} failed: {proc.stderr.strip()}")
         fill(env)
-        (env / ".ready").write_text("")
+        (env / ".ready").write_text("ok\n")
     return env
 
 
