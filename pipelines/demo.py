@@ -105,11 +105,16 @@ DEMO_FAMILY_SPECS = '[{"harness": "chat", "reward": "instruction_strict", "limit
 # `harnessrl demo --harness claude-code | codex`: the same family, RL step and evaluation through the production
 # CLI, unchanged, in a bubblewrap sandbox (a scratch workspace: docs/environments.md), each model call held to
 # the same 128-token reply budget by the gateway. Claude Code runs `bare` with no tools (the request is answered
-# in its reply, its `result`); a CLI rollout costs seconds of CPU on top of its model time, so the CLI demos
-# evaluate 2 sampled rollouts per held-out task instead of 4.
+# in its reply, its `result`) and the tiny model's own default system prompt in place of the CLI's (a CLI
+# option): under the CLI's, 51% of the base policy's replies ran into the budget at the first step (step 415 s),
+# and the CLI asks 3 times to continue a cut reply (4 calls); under the model's own, 2 of 16. A CLI rollout
+# costs seconds of CPU on top of its model time, so the CLI demos evaluate 2 sampled rollouts per held-out task
+# instead of 4.
+SMOLLM_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 CLI_FAMILY_SPECS = {
     "claude-code": '[{"harness": "claude-code", "reward": "instruction_strict", "options": {"bare": true, '
-    '"tools": []}, "limits": {"reply_tokens": 128, "turns": 2, "wall_s": 300}}]',
+    f'"tools": [], "system_prompt": "{SMOLLM_SYSTEM_PROMPT}"}}, "limits": {{"reply_tokens": 128, "turns": 2, '
+    '"wall_s": 300}}]',
     "codex": '[{"harness": "codex", "reward": "instruction_strict", "options": {"model": "gpt-5.1-codex-max"}, '
     '"limits": {"reply_tokens": 128, "turns": 2, "wall_s": 300}}]',
 }

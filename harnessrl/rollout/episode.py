@@ -249,7 +249,8 @@ def run_rollout(
             runtime = sandboxes.runtime(
                 spec, row.repo, workspace, task.get("image_name"), lambda: hooks.sandbox_env(task, taskset)
             )
-            if tool_socket is not None and isinstance(runtime.sandbox, AgentSandbox):
+            if tool_socket is not None:  # fit admits bubblewrap only here
+                assert isinstance(runtime, SandboxRuntime) and isinstance(runtime.sandbox, AgentSandbox)
                 runtime.sandbox.bind_read_only(tool_socket.dir, TOOLS_MOUNT)
             # a CLI agent runs its own tools, out of our sight: its product is taken when it ends
             if episode.snapshots and harness_needs(spec.spec) is not Need.AGENT_HOST:

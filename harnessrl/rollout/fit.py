@@ -54,10 +54,9 @@ class Room(StrEnum):
 
 WORKSPACE_TOOLS = frozenset({"bash", "edit", "str_replace_editor"})
 CORPUS_TOOLS = frozenset({"search", "read"})
-ENDING_TOOLS = frozenset({"answer", "submit"})
-CONTAINERS = frozenset(
-    {SandboxKind.PODMAN, SandboxKind.KUBERNETES}
-)  # they run the task's image  # an agent with its own loop ends with its final message
+ENDING_TOOLS = frozenset({"answer", "submit"})  # an agent with its own loop ends with its final message
+CONTAINERS = frozenset({SandboxKind.PODMAN, SandboxKind.KUBERNETES})  # they run the task's image
+BUBBLEWRAP = frozenset({SandboxKind.BUBBLEWRAP, SandboxKind.BUBBLEWRAP_STRICT})
 # harnesses that run inside the rollout's sandbox -> the backends that can host a whole agent
 # (sandbox.base.AgentSandbox)
 AGENT_HOSTS = frozenset(
@@ -104,18 +103,18 @@ def fit(env: Environment, task: Mapping[str, Any], spec: HarnessSpec, spec_name:
     """The room spec `spec_name` runs `task` of `env` in; Unfit in one line when it cannot."""
     what = f"task {task.get('instance_id')!r} ({env.name}), spec {spec_name!r} (harness {spec.harness})"
     room = _room(env, env.episode(task), spec, what)
-    if room in (Room.TASK_WORKSPACE, Room.SCRATCH_WORKSPACE) and spec.sandbox in CONTAINERS:
-        if not task.get("image_name"):
-            raise Unfit(
-                f"{what}: sandbox {spec.sandbox} runs the task's image_name, and it has none: give the task one "
-                "(the build-environments stage) or use sandbox bubblewrap"
-            )
-        if room is Room.SCRATCH_WORKSPACE and isinstance(env, HostTools):
-            raise Unfit(
-                f"{what}: the task's tools reach an agent's sandbox as commands over a socket bound in from this "
-                f"host, which bubblewrap takes and {spec.sandbox} does not yet: use sandbox bubblewrap, or react "
-                "with the task's tools"
-            )
+    needs_image = room in (Room.TASK_WORKSPACE, Room.SCRATCH_WORKSPACE) and spec.sandbox in CONTAINERS
+    if needs_image and not task.get("image_name"):
+        raise Unfit(
+            f"{what}: sandbox {spec.sandbox} runs the task's image_name, and it has none: give the task one "
+            "(the build-environments stage) or use sandbox bubblewrap"
+        )
+    if room is Room.SCRATCH_WORKSPACE and isinstance(env, HostTools) and spec.sandbox not in BUBBLEWRAP:
+        raise Unfit(
+            f"{what}: the task's tools reach an agent's sandbox as commands over a socket bound in from this "
+            f"host, which bubblewrap takes and {spec.sandbox} does not yet: use sandbox bubblewrap, or react "
+            "with the task's tools"
+        )
     return room
 
 

@@ -88,6 +88,11 @@ def test_each_harness_gets_the_room_it_needs(row: dict, spec: dict, expected: Ro
             {"harness": "codex", "sandbox": "podman"},
             r"commands over a socket bound in from this host, which bubblewrap takes and podman does not yet",
         ),
+        (
+            SEARCH_ROW,
+            {"harness": "mini-swe-agent", "sandbox": "local"},
+            r"which bubblewrap takes and local does not yet",
+        ),
     ],
 )
 def test_a_pairing_that_cannot_run_is_one_line_saying_what_to_run(row: dict, spec: dict, why: str) -> None:
