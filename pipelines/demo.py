@@ -15,6 +15,7 @@ summary's first line says whether training helped, and through which harness. `-
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -106,17 +107,25 @@ DEMO_FAMILY_SPECS = '[{"harness": "chat", "reward": "instruction_strict", "limit
 # CLI, unchanged, in a bubblewrap sandbox (a scratch workspace: docs/environments.md), each model call held to
 # the same 128-token reply budget by the gateway. Claude Code runs `bare` with no tools (the request is answered
 # in its reply, its `result`) and the tiny model's own default system prompt in place of the CLI's (a CLI
-# option): under the CLI's, 51% of the base policy's replies ran into the budget at the first step (step 415 s),
-# and the CLI asks 3 times to continue a cut reply (4 calls); under the model's own, 2 of 16. A CLI rollout
-# costs seconds of CPU on top of its model time, so the CLI demos evaluate 2 sampled rollouts per held-out task
-# instead of 4.
+# option): the CLI asks 3 times to continue a reply cut at the budget (4 calls for nothing), and under its own
+# prompt more replies run into it (the first RL step: 51% of calls vs 42%; 16 probe rollouts: 3 vs 2). A CLI
+# rollout costs seconds of CPU on top of its model time, so the CLI demos evaluate 2 sampled rollouts per
+# held-out task instead of 4.
 SMOLLM_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def _cli_spec(harness: str, options: dict[str, object]) -> str:
+    limits = {"reply_tokens": 128, "turns": 2, "wall_s": 300}
+    return json.dumps(
+        [{"harness": harness, "reward": "instruction_strict", "options": options, "limits": limits}]
+    )
+
+
 CLI_FAMILY_SPECS = {
-    "claude-code": '[{"harness": "claude-code", "reward": "instruction_strict", "options": {"bare": true, '
-    f'"tools": [], "system_prompt": "{SMOLLM_SYSTEM_PROMPT}"}}, "limits": {{"reply_tokens": 128, "turns": 2, '
-    '"wall_s": 300}}]',
-    "codex": '[{"harness": "codex", "reward": "instruction_strict", "options": {"model": "gpt-5.1-codex-max"}, '
-    '"limits": {"reply_tokens": 128, "turns": 2, "wall_s": 300}}]',
+    "claude-code": _cli_spec(
+        "claude-code", {"bare": True, "tools": [], "system_prompt": SMOLLM_SYSTEM_PROMPT}
+    ),
+    "codex": _cli_spec("codex", {"model": "gpt-5.1-codex-max"}),
 }
 CLI_EVAL_K = 2
 HARNESSES = ("chat", *CLI_FAMILY_SPECS)
