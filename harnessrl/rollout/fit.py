@@ -15,8 +15,9 @@ in, or refuses in one line saying what to run instead:
     agent host (claude-    TASK_WORKSPACE             SCRATCH_WORKSPACE           SCRATCH_WORKSPACE + its
       code, codex)                                                                  tools as commands
 
-A scratch workspace holds the task as `TASK.md` and nothing else; the environment grades the harness's final
-answer (environments.scratch). Host tools reach an agent in a sandbox as commands over a socket of the rollout's
+React on an answer-graded task needs its `answer` tool (its final answer); without it, refused. A scratch
+workspace holds the task as `TASK.md` and nothing else; the environment grades the harness's final answer
+(environments.scratch). Host tools reach an agent in a sandbox as commands over a socket of the rollout's
 own (sandbox.host_tools; bubblewrap only, for now). A container sandbox (podman, kubernetes) needs the task's
 `image_name`. `check_spec` holds what a spec alone decides (a harness that runs whole inside
 its sandbox needs a backend that can host it), used when specs are parsed; `fit` is used when rows are
