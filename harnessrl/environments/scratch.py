@@ -5,7 +5,7 @@ works in a workspace (react with bash/edit, mini-swe-agent) or runs whole inside
 Codex) still gets one: the task statement as `TASK.md` and nothing else, in the spec's sandbox, whose Python is
 the standard library only (sandbox.envs.bare_env). What the agent leaves there is not graded (`produced` is
 ""): its final answer is — Claude Code's `result`, Codex's last agent message, mini-swe-agent's submission,
-ReAct's `submit`/`answer`.
+ReAct's `answer` tool (its `submit` carries no answer: rollout.fit refuses react without `answer` here).
 """
 
 from __future__ import annotations
