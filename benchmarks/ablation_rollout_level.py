@@ -135,17 +135,18 @@ SETTING_FLAGS = (
 )  # fmt: skip
 
 
-def same_settings_as_before(root: Path, args: argparse.Namespace) -> None:
-    """A rerun into a run folder keeps its finished runs only under the same settings: others are refused."""
-    mine = {flag: getattr(args, flag) for flag in SETTING_FLAGS}
+def same_settings_as_before(root: Path, args: argparse.Namespace, flags: tuple[str, ...]) -> None:
+    """A rerun into a run folder keeps its finished runs only under the same settings (`flags`, the args that
+    shape the runs): others are refused."""
+    mine = {flag: getattr(args, flag) for flag in flags}
     record = root / "settings.json"
     if record.is_file():
         before = json.loads(record.read_text())
         changed = sorted(flag for flag in mine if before.get(flag) != mine[flag])
         if changed:
-            flags = ", ".join("--" + flag.replace("_", "-") for flag in changed)
+            named = ", ".join("--" + flag.replace("_", "-") for flag in changed)
             raise SystemExit(
-                f"{root} holds runs made with other settings ({flags}): give another --out, or the same "
+                f"{root} holds runs made with other settings ({named}): give another --out, or the same "
                 "settings to finish those runs"
             )
     root.mkdir(parents=True, exist_ok=True)
@@ -286,7 +287,7 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ablation-") as scratch:
         root = args.out or Path(scratch)
-        same_settings_as_before(root, args)
+        same_settings_as_before(root, args, SETTING_FLAGS)
         per_seed = []
         for seed in list(args.seeds):
             per_seed.append(run_seed(seed, args, root / f"seed-{seed}"))
