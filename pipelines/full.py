@@ -75,6 +75,7 @@ def build_full(cold_start: bool = False):
         max_staleness: int = 1,
         save_every: int = 0,
         config_json: str = "{}",
+        lora_rank: int = 0,  # > 0: the RL loop trains LoRA adapters of this rank (docs/train.md)
         rl_gpus: int = 1,  # the rl-loop step's GPUs and trainer ranks, set per run
         eval_k: int = 4,
         rl_family: str = "auto",  # the RL loop's tasks: auto | swe | instruction | procedural | search | kernel
@@ -149,6 +150,7 @@ def build_full(cold_start: bool = False):
             config_json=config_json,
             seed=seed,
             nproc=rl_gpus,
+            lora_rank=lora_rank,
         )
         gpu_step(trained, gpus=rl_gpus)
         use_s3_credentials(trained)

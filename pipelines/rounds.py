@@ -55,6 +55,7 @@ def harnessrl_rounds(
     k_all_fail: int = 1000,
     test_fraction: float = 0.1,
     config_json: str = "{}",
+    lora_rank: int = 0,  # > 0: each round trains LoRA adapters of this rank on the last round's merged model
 ):
     prep = add_data_prep(
         source_uri,
@@ -99,6 +100,7 @@ def harnessrl_rounds(
             policy=policy,
             config_json=config_json,
             seed=seed,
+            lora_rank=lora_rank,
         )
         for task, stage in ((rollouts, "generate-rollouts"), (verified, "verify"), (trained, "train-grpo")):
             task.set_display_name(f"{stage}-round-{round_index}")

@@ -69,6 +69,11 @@ def register(commands, stages) -> None:
         help="local engine weights' format (auto: what this host multiplies faster); default float32",
     )
     p.add_argument("--lr", type=float)
+    p.add_argument(
+        "--lora-rank",
+        type=int,
+        help="train LoRA adapters of this rank instead of every weight (train.lora; docs/train.md)",
+    )
     p.add_argument("--estimator", choices=list(Estimator), help="advantage estimator (default: grpo)")
     p.add_argument(
         "--env",
@@ -89,7 +94,7 @@ def build_config(args: argparse.Namespace) -> RLConfig:
     config = json.loads(Path(args.config).read_text()) if args.config else {}
     overrides = {key: getattr(args, key) for key in FLAGS}
     overrides["allow_unsandboxed"] = True if args.allow_unsandboxed else None
-    return settings(config, overrides, lr=args.lr)
+    return settings(config, overrides, lr=args.lr, lora_rank=args.lora_rank)
 
 
 # RLConfig fields with a flag of the same name (--batch-groups: batch_groups)

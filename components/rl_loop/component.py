@@ -33,12 +33,14 @@ def rl_loop(
     resume: bool = True,
     upload_to: str = "",
     nproc: int = 1,
+    lora_rank: int = 0,
 ):
     """The RL loop (sync | colocated | separate): generate → verify → train → sync weights, for `steps` steps.
 
     engine_url: remote engines, comma-separated (several: behind the router); "" = in-process engine.
     upload_to: s3:// prefix that checkpoints and the final model are streamed to ("" = none).
     nproc: trainer ranks (one GPU each; rank 0 also runs the engine, gateway and rollouts).
+    lora_rank: > 0 trains LoRA adapters of this rank instead of every weight (0: as config_json says).
     """
     import json
     import os
@@ -63,7 +65,7 @@ def rl_loop(
         seed=seed,
         nproc=nproc,
     )
-    cfg = build_config(json.loads(config_json or "{}"), settings)
+    cfg = build_config(json.loads(config_json or "{}"), settings, lora_rank=lora_rank)
     cfg.train.seed = seed
     specs = parse_specs(json.loads(specs_json), "specs_json") if specs_json.strip() else None
     work = Path(model.path).parent / (Path(model.path).name + ".work")

@@ -14,12 +14,15 @@ from harnessrl.rl.config import RLConfig, RLInputs
 from harnessrl.rl.records import RLSummary
 
 
-def build_config(config: dict[str, Any], overrides: dict[str, Any], lr: float | None = None) -> RLConfig:
-    """`config` (the `--config` file or `config_json`) with `overrides` (top-level fields; None: not given)
-    and the learning rate laid over it."""
+def build_config(
+    config: dict[str, Any], overrides: dict[str, Any], lr: float | None = None, lora_rank: int | None = None
+) -> RLConfig:
+    """`config` (the `--config` file or `config_json`) with `overrides` (top-level fields; None: not given),
+    the learning rate and the LoRA rank laid over it."""
     from harnessrl.rl.config import current_layout
+    from harnessrl.train.lora import with_lora_rank
 
-    base = current_layout(config)
+    base = with_lora_rank(current_layout(config), lora_rank)
     base.update({k: v for k, v in overrides.items() if v is not None})
     if lr is not None:
         train = dict(base.get("train") or {})

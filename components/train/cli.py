@@ -35,6 +35,11 @@ def register(commands, stages) -> None:
         "--nonok", choices=list(NonOkHandling), help="what to do with rollouts whose status is not ok"
     )
     p.add_argument("--lr", type=float)
+    p.add_argument(
+        "--lora-rank",
+        type=int,
+        help="train LoRA adapters of this rank instead of every weight (train.lora; docs/train.md)",
+    )
     p.add_argument("--groups-per-step", type=int)
     p.add_argument("--epochs", type=int)
     p.add_argument("--max-steps", type=int)
@@ -54,6 +59,7 @@ def register(commands, stages) -> None:
 
 
 def build_config(args):
+    from harnessrl.train.lora import with_lora_rank
     from harnessrl.train.round import TrainConfig
 
     base = config_with_flags(
@@ -75,7 +81,7 @@ def build_config(args):
     if args.no_packing:
         base["train"]["packing"] = False
     try:
-        return TrainConfig.from_dict(base)
+        return TrainConfig.from_dict(with_lora_rank(base, args.lora_rank))
     except TypeError as e:
         raise ValueError(f"{args.config or 'config'}: {e}") from None
 

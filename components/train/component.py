@@ -20,8 +20,10 @@ def train_grpo(
     config_json: str = "{}",
     seed: int = 0,
     resume: bool = True,
+    lora_rank: int = 0,
 ):
-    """GRPO update with rollout-level advantages: samples + verify rewards + policy → new policy."""
+    """GRPO update with rollout-level advantages: samples + verify rewards + policy → new policy (with
+    `lora_rank` > 0: LoRA adapters of that rank are trained, the model written merged)."""
     import json
     from pathlib import Path
 
@@ -34,7 +36,9 @@ def train_grpo(
 
     configure_logging()
 
-    cfg_d = json.loads(config_json or "{}")
+    from harnessrl.train.lora import with_lora_rank
+
+    cfg_d = with_lora_rank(json.loads(config_json or "{}"), lora_rank)
     cfg_d.setdefault("train", {})["seed"] = seed
     cfg = TrainConfig.from_dict(cfg_d)
     # Work (checkpoints for --resume) lives beside the output artifact so a retried step on the same

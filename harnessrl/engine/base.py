@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from harnessrl.engine.vllm_worker import BroadcastInit
+    from harnessrl.train.lora import Adapter
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator accepts
 
@@ -237,6 +238,11 @@ class InProcessEngine(WeightLoadingEngine, Protocol):
 
     def load_state_sync(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Blocks until applied; `state` is read, never kept (the caller may change it afterwards)."""
+        ...
+
+    def load_adapter_sync(self, adapter: Adapter, version: int) -> None:
+        """A LoRA run's adapter as the weights of `version` (every adapted weight: the base's + scale · B @ A);
+        blocks until applied. The base is the weights the engine served before its first adapter."""
         ...
 
     def release_until_sync(self) -> None:

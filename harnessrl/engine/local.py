@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +49,9 @@ from harnessrl.engine.sampling import RowSampling
 from harnessrl.engine.speculative import DraftRecord
 from harnessrl.engine.threads import AdaptiveThreads, engine_cores
 from harnessrl.engine.weights import check_state, read_tensors
+
+if TYPE_CHECKING:
+    from harnessrl.train.lora import Adapter
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +156,7 @@ class LocalEngine(SchedulerLoop, StreamingEngine, InProcessEngine):
         self._waiting: deque[LocalRequest] = deque()
         self._prefilling: deque[LocalRequest] = deque()
         self._syncs: deque[WeightSync] = deque()
+        self._adapter_base: dict[str, torch.Tensor] | None = None  # load_adapter_sync's base weights
         self._release = False  # asked: free what the next sync makes again (release_until_sync)
         self._released = False  # freed, and no sync since
         self._abort_ids: set[str] = set()
@@ -296,6 +300,38 @@ class LocalEngine(SchedulerLoop, StreamingEngine, InProcessEngine):
         """The same swap from tensors in memory (checked against the model: `weights.check_state`), e.g.
         received by broadcast (`harnessrl engine serve`'s `/receive_weights`)."""
         check_state(self.model, state, f"weights of version {version}")
+        self._adapter_base = None  # new base weights
+        self._sync(state, version)
+
+    def load_adapter_sync(self, adapter: Adapter, version: int) -> None:
+        """Merged per version: each adapted weight is computed once here (from a copy of its base weight, kept
+        at the first adapter) and copied in like any weight sync, so decoding costs what it costs without
+        LoRA; the copy holds the adapted weights once more in the engine's format."""
+        params = dict(self.model.named_parameters())
+        unknown = sorted(set(adapter.pairs) - set(params))
+        if unknown:
+            raise EngineError(
+                f"adapter of version {version}: {len(unknown)} weights the served model does not have, e.g. "
+                f"{unknown[:3]}"
+            )
+        if self._adapter_base is None:
+            self._adapter_base = {name: params[name].detach().clone() for name in adapter.pairs}
+        if set(adapter.pairs) != set(self._adapter_base):
+            raise EngineError(
+                f"adapter of version {version} adapts other weights than the first adapter this engine took"
+            )
+        state = {}
+        for name, base in self._adapter_base.items():
+            delta = adapter.delta(name)
+            if delta.shape != base.shape:
+                raise EngineError(
+                    f"adapter of version {version}: {name} gets a {tuple(delta.shape)} update, the served "
+                    f"weight is {tuple(base.shape)}"
+                )
+            state[name] = (base.float() + delta).to(base.dtype)
+        self._sync(state, version)
+
+    def _sync(self, state: dict[str, torch.Tensor], version: int) -> None:
         sync = WeightSync(state, int(version), Future())
         with self._lock:
             if self._closed:

@@ -13,6 +13,7 @@ import faulthandler
 import logging
 import time
 from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +21,11 @@ import torch
 
 from harnessrl.rl.config import RLConfig
 from harnessrl.rl.groups import Group
-from harnessrl.rl.publish import WeightPublisher, make_publisher
+from harnessrl.rl.publish import AdapterPublisher, WeightPublisher, make_publisher
 from harnessrl.rl.ranks import Command, TrainerRanks, gather_weights, trainer_threads
 from harnessrl.rl.records import Update
 from harnessrl.train.checkpoint import save_checkpoint, save_model, upload_dir
+from harnessrl.train.lora import FINAL_ADAPTER, adapter_of, adapter_writer, is_adapter_tensor, merged_weights
 from harnessrl.train.plan import plan_round, step_items
 from harnessrl.train.summary import stats
 
@@ -33,6 +35,15 @@ if TYPE_CHECKING:
     from harnessrl.train.trainer import Trainer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Synced:
+    """One weight sync: its seconds and the tensor bytes it sent (a LoRA run: the adapter's, when the engines
+    take adapters)."""
+
+    seconds: float
+    nbytes: int
 
 
 def run_on(
@@ -116,18 +127,22 @@ class Learner:
         )
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's full (unsharded) tensors, one at a time, on the trainer's device. A collective with
-        several trainer ranks: on rank 0 it first tells the other ranks (waiting in ranks.follow) to join, so a
-        caller just consumes it here, once and to the end."""
+        """The policy's full (unsharded) tensors, one at a time, on the trainer's device (a LoRA run's: the
+        base layers and adapter halves apart). A collective with several trainer ranks: on rank 0 it first
+        tells the other ranks (waiting in ranks.follow) to join, so a caller just consumes it here, once and to
+        the end."""
         with self.ranks.collective(Command.WEIGHTS):
             yield from gather_weights(self.model)
 
-    def _cpu_weights(self) -> dict[str, torch.Tensor]:
-        return {name: t.cpu() for name, t in self.full_weights()}
+    def policy_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy as plain weights of the base model (a LoRA run's adapters merged in)."""
+        lora = self.cfg.train.lora
+        return merged_weights(self.full_weights(), lora) if lora.enabled else self.full_weights()
 
-    def sync_weights(self, version: int) -> float:
-        """Publishes the weights to every engine as `version` (`cfg.weight_sync`: a checkpoint path the engines
-        load, or a broadcast to them; harnessrl.rl.publish); returns its seconds."""
+    def sync_weights(self, version: int) -> Synced:
+        """Publishes the policy to every engine as `version` (`cfg.weight_sync`: a checkpoint path the engines
+        load, or a broadcast to them; harnessrl.rl.publish): a LoRA run's adapter alone where the publisher
+        takes adapters, else the merged weights."""
         if self.publisher is None:
             self.publisher = make_publisher(
                 self.cfg.weight_sync,
@@ -137,7 +152,19 @@ class Learner:
                 sync_root=self.out / "work" / "sync",
                 fingerprint=self.identity.digest,
             )
-        return self.publisher.publish(version, self.full_weights())
+        lora = self.cfg.train.lora
+        if lora.enabled and isinstance(self.publisher, AdapterPublisher):
+            adapter = adapter_of(self.full_weights(), lora)
+            return Synced(self.publisher.publish_adapter(version, adapter), adapter.nbytes)
+        sent = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal sent
+            for name, tensor in self.policy_weights():
+                sent += tensor.nbytes
+                yield name, tensor
+
+        return Synced(self.publisher.publish(version, counted()), sent)
 
     def close(self) -> None:
         """Releases what the weight publisher holds (a broadcast group with the engines, its event loop)."""
@@ -146,8 +173,13 @@ class Learner:
             self.publisher = None
 
     def checkpoint(self, step: int, meta: dict[str, Any]) -> Path:
+        lora = self.cfg.train.lora
         with self.ranks.collective(Command.CHECKPOINT):  # the same two collectives on every rank, in order
-            weights = {name: t.cpu() for name, t in gather_weights(self.model)}
+            weights = {
+                name: t.cpu()
+                for name, t in gather_weights(self.model)
+                if not lora.enabled or is_adapter_tensor(name)
+            }
             trainer_state = self.trainer.state_dict()
         ckpt = save_checkpoint(
             self.out / "checkpoints",
@@ -158,21 +190,26 @@ class Learner:
             {**self.identity.to_meta(), **meta, "config": self.cfg.to_dict()},
             keep=self.cfg.keep_checkpoints,
             state_dict=weights,
+            write_weights=adapter_writer(weights, lora, self.identity.policy),
         )
         if self.upload_to:
             upload_dir(ckpt, f"{self.upload_to.rstrip('/')}/checkpoints/{ckpt.name}")
         return ckpt
 
     def save_final(self, model_out: Path, meta: dict[str, Any]) -> Path:
+        """The trained policy as a Hugging Face model (a LoRA run's merged, and its adapter in `adapter/`)."""
+        lora = self.cfg.train.lora
+        state = {name: t.cpu() for name, t in self.full_weights()}
         path = save_model(
             self.model,
             self.tokenizer,
             model_out,
             self.identity.digest,
-            state_dict=self._cpu_weights(),
+            state_dict=dict(merged_weights(state.items(), lora)) if lora.enabled else state,
             extra_json={
                 "harnessrl_rl.json": {**self.identity.to_meta(), **meta, "config": self.cfg.to_dict()}
             },
+            write_extra=adapter_writer(state, lora, self.identity.policy, FINAL_ADAPTER),
         )
         if self.upload_to:
             upload_dir(path, f"{self.upload_to.rstrip('/')}/model")

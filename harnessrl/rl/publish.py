@@ -13,7 +13,8 @@
   disk, so remote engines need no shared volume.
 
 `publish(version, named_tensors)` runs on trainer rank 0 and returns its seconds; `named_tensors` is consumed
-once, in order (a generator of gathered tensors is fine).
+once, in order (a generator of gathered tensors is fine). A publisher that can send a LoRA run's adapter alone
+(`AdapterPublisher`: the in-process engine) has `publish_adapter`; the others get the merged weights.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import threading
 import time
 from collections.abc import Coroutine, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from harnessrl.engine.base import (
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from harnessrl.engine.broadcast import WeightGroup
+    from harnessrl.train.lora import Adapter
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,11 @@ class WeightPublisher(Protocol):
     def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class AdapterPublisher(WeightPublisher, Protocol):
+    def publish_adapter(self, version: int, adapter: Adapter) -> float: ...
 
 
 class _Runner:
@@ -83,6 +90,11 @@ class InProcessPublisher:
     def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
         t0 = time.perf_counter()
         self.engine.load_state_sync({name: tensor.detach() for name, tensor in named_tensors}, version)
+        return time.perf_counter() - t0
+
+    def publish_adapter(self, version: int, adapter: Adapter) -> float:
+        t0 = time.perf_counter()
+        self.engine.load_adapter_sync(adapter, version)
         return time.perf_counter() - t0
 
     def close(self) -> None:

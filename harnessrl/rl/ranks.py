@@ -56,8 +56,8 @@ class Command(StrEnum):
 
 @dataclass(frozen=True)
 class Setup:
-    model_dir: str  # starting weights: the policy or the checkpoint resumed from
-    checkpoint: str | None  # trainer state to load (a resume)
+    policy_dir: str  # the run's starting policy
+    checkpoint: str | None  # a resume: its weights (a LoRA run's: its adapter) and trainer state
     pad_id: int
 
 
@@ -181,12 +181,13 @@ def gather_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
 def build_trainer(cfg: RLConfig, ctx: DistContext, setup: Setup) -> tuple[Any, Trainer]:
     """The policy model on this rank's device (sharded with FSDP2 when there are several ranks) and its
     Trainer, as the train stage builds them."""
-    from harnessrl.tinymodel import load_model
     from harnessrl.train.checkpoint import load_checkpoint_state
+    from harnessrl.train.lora import load_trainable
     from harnessrl.train.trainer import Trainer, seed_everything
 
     seed_everything(cfg.train.seed)
-    model = load_model(Path(setup.model_dir))
+    checkpoint = None if setup.checkpoint is None else Path(setup.checkpoint)
+    model = load_trainable(Path(setup.policy_dir), checkpoint, cfg.train.lora)
     torch.nn.Module.to(model, ctx.device)
     if ctx.enabled:
         dist_mod.wrap_fsdp(model)

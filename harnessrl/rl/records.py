@@ -148,6 +148,7 @@ class StepRecord:
     wall_s: float  # since the run started, resumed attempts included
     # the replies of every rollout of the groups the step finished (trained or discarded: rollouts/step-N)
     replies: ReplyFigures = field(default_factory=ReplyFigures)
+    weight_sync_bytes: int = 0  # what the sync sent: every weight, or a LoRA run's adapter alone
 
     @property
     def loss(self) -> float | None:
@@ -166,6 +167,7 @@ class StepRecord:
             outcome=str(self.outcome),
             version=self.version,
             weight_sync_s=self.weight_sync_s,
+            weight_sync_bytes=self.weight_sync_bytes,
             engine_idle_frac=self.engine_idle_frac,
             gen_tokens_per_s=self.gen_tokens_per_s,
             step_s=self.step_s,
@@ -189,6 +191,7 @@ class StepRecord:
             step_s=float(row.get("step_s") or 0.0),
             wall_s=float(row.get("wall_s") or 0.0),
             replies=ReplyFigures.from_row(row),
+            weight_sync_bytes=int(row.get("weight_sync_bytes") or 0),
         )
 
 
@@ -240,6 +243,8 @@ class RLSummary:
     length_finish_share_last: float | None = None
     distinct_2_first: float | None = None
     distinct_2_last: float | None = None
+    lora_rank: int = 0  # 0: every weight trained; else the rank of the LoRA adapters trained
+    weight_sync_bytes: float | None = None  # per sync: every weight, or the adapter alone
 
     def to_dict(self) -> dict[str, Any]:
         return strict_json(asdict(self))
@@ -257,6 +262,7 @@ def summarize(
     attempt_s: float,
     rates: EngineRates,
     trainer_ranks: int,
+    lora_rank: int = 0,
 ) -> RLSummary:
     trained = [r for r in records if r.update is not None]
     updates = [r.update for r in trained if r.update is not None]
@@ -314,4 +320,6 @@ def summarize(
         length_finish_share_last=cut[1],
         distinct_2_first=distinct[0],
         distinct_2_last=distinct[1],
+        lora_rank=lora_rank,
+        weight_sync_bytes=mean([r.weight_sync_bytes for r in trained]),
     )

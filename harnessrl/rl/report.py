@@ -83,7 +83,13 @@ def render(
         "",
         f"Mode {code(cfg.mode)}: {summary.steps} steps ({summary.steps_trained} trained), "
         f"{cfg.batch_groups} groups × {cfg.group_size} rollouts per step, max staleness {cfg.max_staleness}, "
-        f"final policy version {summary.version}, {_fmt(summary.wall_s)} s.",
+        f"final policy version {summary.version}, {_fmt(summary.wall_s)} s. "
+        + (
+            f"LoRA adapters of rank {summary.lora_rank} trained (the model written merged, its adapter in "
+            "`model/adapter/`)."
+            if summary.lora_rank
+            else "Every weight trained."
+        ),
         "",
         "| metric | value |",
         "|---|---|",

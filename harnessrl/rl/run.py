@@ -177,6 +177,7 @@ class StepClock:
     started: float = field(default_factory=time.perf_counter)
     collected: Collected = field(default_factory=Collected)
     weight_sync_s: float = 0.0
+    weight_sync_bytes: int = 0
 
 
 class RLRun:
@@ -217,8 +218,10 @@ class RLRun:
         (self.work / "workspaces").mkdir(parents=True)
         workload = make_workload(self.inputs, self.cfg, self.work / "workspaces")
         earlier, checkpoint = self._start(workload)
-        self._serve(checkpoint)
+        self._serve(None if self.cfg.train.lora.enabled else checkpoint)
         self._build_learner(checkpoint)
+        if checkpoint is not None and self.cfg.train.lora.enabled:  # the engines serve the base until now
+            self.learner.sync_weights(self.version)
         self.sink = MetricsSink(self.out, earlier, self.echo)
         self._stack.callback(self.sink.close)
         self._start_rollouts(workload)
@@ -289,8 +292,7 @@ class RLRun:
         """The trainer on every trainer rank, and rank 0's Learner around it."""
         tokenizer = self.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        weights = checkpoint or self.policy_dir
-        setup = Setup(str(weights), None if checkpoint is None else str(checkpoint), pad_id or 0)
+        setup = Setup(str(self.policy_dir), None if checkpoint is None else str(checkpoint), pad_id or 0)
         with self.ranks.collective(Command.SETUP, setup):  # every trainer rank builds its part of the model
             model, trainer = build_trainer(self.cfg, self.ranks.ctx, setup)
         self.learner = Learner(
@@ -390,7 +392,8 @@ class RLRun:
         """New weights into every engine (when the step changed them), then rollouts resume."""
         if update is not None:
             self.version += 1
-            clock.weight_sync_s = self.learner.sync_weights(self.version)
+            synced = self.learner.sync_weights(self.version)
+            clock.weight_sync_s, clock.weight_sync_bytes = synced.seconds, synced.nbytes
         self.driver.after_sync(self.version)
         for g in groups:
             self.order.consume(g.group_index)
@@ -414,6 +417,7 @@ class RLRun:
             collected=clock.collected,
             update=update,
             weight_sync_s=clock.weight_sync_s,
+            weight_sync_bytes=clock.weight_sync_bytes,
             engine_idle_frac=idle,
             gen_tokens_per_s=clock.collected.tokens_generated / step_s,
             step_s=step_s,
@@ -449,6 +453,7 @@ class RLRun:
             time.perf_counter() - self.started,
             engine_rates(self._engine_stats()),
             self.ranks.ctx.world_size,
+            self.cfg.train.lora.rank,
         )
         model_out = self.inputs.final_model
         self.learner.save_final(model_out, {"steps": self.step, "version": self.version})

@@ -80,9 +80,10 @@ def save_model(
     fingerprint: str,
     extra_json: dict | None = None,
     state_dict: dict | None = None,
+    write_extra: Callable[[Path], object] | None = None,
 ) -> Path:
     """Writes an HF model directory atomically; returns its path. `state_dict`: the gathered weights of a
-    sharded (FSDP) model."""
+    sharded (FSDP) model; `write_extra` writes more into the directory before it appears (a LoRA adapter)."""
     dest = Path(dest)
     with _atomic_dir(dest, fingerprint) as tmp:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
@@ -90,6 +91,8 @@ def save_model(
             tokenizer.save_pretrained(tmp)
         for name, obj in (extra_json or {}).items():
             atomic_write_json(tmp / name, obj)
+        if write_extra is not None:
+            write_extra(tmp)
     return dest
 
 
@@ -102,14 +105,19 @@ def save_checkpoint(
     meta: dict,
     keep: int = 2,
     state_dict: dict | None = None,
+    write_weights: Callable[[Path], object] | None = None,
 ) -> Path:
     """Writes `<root>/step-NNNNNN`; `meta` must hold the run's "fingerprint". With `keep` > 0 only the newest
-    `keep` checkpoints *of this run* stay."""
+    `keep` checkpoints *of this run* stay. `write_weights` writes the weights instead of the model's
+    `save_pretrained` (a LoRA run: its adapter)."""
     root = Path(root)
     fingerprint = meta["fingerprint"]
     dest = root / f"step-{step:06d}"
     with _atomic_dir(dest, fingerprint) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        if write_weights is not None:
+            write_weights(tmp)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, tmp / STATE_PT)

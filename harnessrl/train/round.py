@@ -31,6 +31,7 @@ from harnessrl.train.checkpoint import (
 from harnessrl.train.config import UpdateConfig
 from harnessrl.train.data import Prepared, load_rewards, load_samples
 from harnessrl.train.fingerprint import run_identity
+from harnessrl.train.lora import FINAL_ADAPTER, adapter_writer, load_trainable, merged_weights
 from harnessrl.train.plan import Plan, plan_round, step_items
 from harnessrl.train.report import write_report
 from harnessrl.train.summary import stats, strict_json, summarize
@@ -132,9 +133,9 @@ def run_train(
         seed_everything(cfg.train.seed)
         start_step = 0
         history: list[dict] = []
-        source = ckpt if ckpt is not None else policy
+        lora = cfg.train.lora
         tokenizer = load_tokenizer(policy)
-        model: PreTrainedModel = load_model(source)
+        model: PreTrainedModel = load_trainable(policy, ckpt, lora)
         # PreTrainedModel.to is decorated with functools.wraps(nn.Module.to), which pyright misreads
         model.to(device)  # pyright: ignore[reportArgumentType]
         if ctx.enabled:
@@ -181,6 +182,7 @@ def run_train(
                     weights = dist_mod.full_state_dict(model) if ctx.enabled else None  # collective
                     tstate = trainer.state_dict()  # collective under FSDP
                     if main:
+                        state = weights if weights is not None else model.state_dict()
                         save_checkpoint(
                             ckpt_root,
                             done,
@@ -190,6 +192,7 @@ def run_train(
                             {**identity.to_meta(), "history": history, "config": cfg.to_dict()},
                             keep=cfg.keep_checkpoints,
                             state_dict=weights,
+                            write_weights=adapter_writer(state, lora, given),
                         )
                     dist_mod.barrier()
                 if main:
@@ -202,12 +205,14 @@ def run_train(
         summary["precision"] = str(trainer.precision)  # what `auto` picked on this host
         weights = dist_mod.full_state_dict(model) if ctx.enabled else None
         if main:
+            state = weights if weights is not None else model.state_dict()
             save_model(
                 model,
                 tokenizer,
                 model_out,
                 fp,
-                state_dict=weights,
+                state_dict=dict(merged_weights(state.items(), lora)) if lora.enabled else weights,
+                write_extra=adapter_writer(state, lora, given, FINAL_ADAPTER),
                 extra_json={
                     "harnessrl_train.json": {
                         **identity.to_meta(),

@@ -23,6 +23,7 @@ from harnessrl import memory
 from harnessrl.choices import parse_choice
 from harnessrl.train import distributed as dist_mod
 from harnessrl.train.batching import MicroBatch, SeqItem, pack, packed_kwargs, pad
+from harnessrl.train.lora import LoraSettings
 from harnessrl.train.losses import (
     PolicyLossConfig,
     entropy_from_logits,
@@ -82,8 +83,11 @@ class TrainerConfig:
     ppo_epochs: int = 1  # optimizer steps per batch; >1 recomputes π_old once before the first
     seed: int = 0
     objective: Objective = Objective.PPO  # SFT: NLL of the trained tokens (the sft stage)
+    lora: LoraSettings = field(default_factory=LoraSettings)  # rank 0: every weight trains
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):
+            self.lora = LoraSettings(**self.lora)
         self.loss_mode = parse_choice(LossMode, self.loss_mode, "train.loss_mode")
         self.objective = parse_choice(Objective, self.objective, "train.objective")
         self.precision = parse_choice(Precision, self.precision, "train.precision")

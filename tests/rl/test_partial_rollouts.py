@@ -110,7 +110,7 @@ def test_weight_sync_moves_the_engine_to_the_trainers_weights(rl_policy: Path, t
         with torch.no_grad():  # what a (large) optimizer step would do to the policy
             for p in model.model.layers[-1].parameters():
                 p.add_(torch.randn_like(p) * 0.05)
-        seconds = learner.sync_weights(1)
+        seconds = learner.sync_weights(1).seconds
         after = asyncio.run(engine.generate(prompt, greedy, 12))
     finally:
         engine.close()

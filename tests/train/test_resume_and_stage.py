@@ -161,3 +161,43 @@ def test_no_usable_rewards_writes_strict_json_with_null_and_a_reason(tmp_path, t
     assert "no rollout has a usable reward (excluded missing_reward: 4)" in metrics["note"]
     assert "input policy unchanged" in metrics["note"]
     assert (out / "model" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_lora_stage_checkpoints_adapters_and_a_resume_finishes_bit_identical(
+    tmp_path, tokenizer, tiny_policy_dir, caplog
+):
+    """A LoRA round: checkpoints hold the adapter alone (PEFT's layout) and its trainer state; a rerun resumed
+    from the newest one (the final model and its step rows removed, as if killed in the last step) ends with the
+    same weights, bit for bit; the final model is the merged weights with the adapter beside them."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    sp, rp, _ = write_round(tmp_path, tokenizer, groups=3, per_group=3)
+    cfg = TrainConfig.from_dict({**CONFIG, "train": {**CONFIG["train"], "lora": {"rank": 4, "alpha": 8}}})
+    torch.set_num_threads(1)
+    full = run_train(sp, rp, tiny_policy_dir, tmp_path / "full", cfg)
+    steps = full["steps"]
+    assert steps >= 4
+    ckpts = sorted((tmp_path / "full" / "checkpoints").iterdir())
+    assert [c.name for c in ckpts] == [f"step-{steps - 2:06d}", f"step-{steps - 1:06d}"]
+    names = {p.name for p in ckpts[-1].iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "trainer_state.pt"} <= names
+    assert "model.safetensors" not in names
+
+    killed = tmp_path / "killed"
+    shutil.copytree(tmp_path / "full", killed)
+    shutil.rmtree(killed / "model")
+    (killed / "steps.jsonl").unlink()
+    with caplog.at_level("INFO", logger="harnessrl.train.round"):
+        resumed = run_train(sp, rp, tiny_policy_dir, killed, cfg, resume=True)
+    assert f"resuming from {killed / 'checkpoints' / ckpts[-1].name}: step {steps - 1}" in caplog.text
+    assert resumed["loss"] == full["loss"]
+    for part in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        a, b = load_file(str(tmp_path / "full" / "model" / part)), load_file(str(killed / "model" / part))
+        assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a), part
+    base = load_file(str(tiny_policy_dir / "model.safetensors"))
+    merged = load_file(str(killed / "model" / "model.safetensors"))
+    assert merged.keys() == base.keys() and not all(merged[k].equal(base[k]) for k in base)

@@ -1,0 +1,139 @@
+"""LoRA adapters (harnessrl/train/lora.py) on a small random Llama: what trains, the merged weights, PEFT's
+layout read back by PEFT itself, and the refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harnessrl.train.batching import SeqItem
+from harnessrl.train.lora import (
+    LoraSettings,
+    adapter_of,
+    add_adapters,
+    is_adapter_tensor,
+    load_adapter_weights,
+    merged_weights,
+    save_adapter,
+)
+from harnessrl.train.trainer import OptimConfig, Trainer, TrainerConfig
+
+SETTINGS = LoraSettings(rank=4, alpha=8)
+
+
+def small_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def trained_adapter(seed: int = 0):
+    """A small Llama with adapters whose B is no longer zero (as after some optimizer steps)."""
+    model = small_llama()
+    add_adapters(model, SETTINGS)
+    torch.manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if is_adapter_tensor(name):
+                p.copy_(torch.randn_like(p) * 0.3)
+    return model
+
+
+IDS = [5, 17, 3, 44, 9, 81, 2]
+
+
+def test_adapters_train_alone_and_start_as_the_base_model():
+    base = small_llama()
+    model = small_llama()
+    add_adapters(model, SETTINGS)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(is_adapter_tensor(n) for n in trainable)
+    # every linear projection of both layers: 7 targets x (A, B) x 2 layers
+    assert len(trainable) == 7 * 2 * 2
+    assert torch.equal(logits(model, IDS), logits(base, IDS))  # B starts at zero
+
+
+def test_a_step_changes_only_the_adapters_and_keeps_optimizer_state_for_them_only():
+    model = small_llama()
+    add_adapters(model, SETTINGS)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = Trainer(model, TrainerConfig(optim=OptimConfig(lr=1e-2)))
+    ids = IDS * 3
+    trainer.step([SeqItem(ids, [0] * 4 + [1] * (len(ids) - 4), [0.0] * len(ids), 1.0, 1.0, "r")])
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(is_adapter_tensor(n) for n in changed)
+    state = trainer.optimizer.state
+    adapter_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert sum(s["exp_avg"].numel() for s in state.values()) == adapter_numel
+    assert adapter_numel < 0.2 * sum(p.numel() for p in model.parameters())
+
+
+def test_merged_weights_are_the_adapted_model_as_plain_weights():
+    model = trained_adapter()
+    merged = dict(merged_weights(model.state_dict().items(), SETTINGS))
+    plain = small_llama(seed=7)  # other weights: the merged state must set every one
+    assert set(merged) == set(plain.state_dict())
+    plain.load_state_dict(merged)
+    assert torch.allclose(logits(plain, IDS), logits(model, IDS), atol=1e-5)
+
+
+def test_saved_adapter_is_peft_layout_that_peft_loads_and_we_load_back(tmp_path: Path):
+    from peft import PeftModel
+
+    model = trained_adapter()
+    dest = save_adapter(model.state_dict().items(), SETTINGS, tmp_path / "adapter", "base-model")
+    assert {p.name for p in dest.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+    with_peft = PeftModel.from_pretrained(small_llama(), str(dest))  # the library itself reads it
+    assert torch.allclose(logits(with_peft, IDS), logits(model, IDS), atol=1e-5)
+    ours = small_llama()
+    add_adapters(ours, SETTINGS, dest)
+    assert torch.equal(logits(ours, IDS), logits(model, IDS))
+
+
+def test_an_adapter_of_other_settings_or_targets_that_match_nothing_are_refused(tmp_path: Path):
+    dest = save_adapter(trained_adapter().state_dict().items(), SETTINGS, tmp_path / "a", "base")
+    other = small_llama()
+    add_adapters(other, LoraSettings(rank=2, alpha=8))
+    with pytest.raises(ValueError, match="rank 4 .* the run trains rank 2"):
+        load_adapter_weights(other, dest, LoraSettings(rank=2, alpha=8))
+    with pytest.raises(ValueError, match="match no linear layer"):
+        add_adapters(small_llama(), LoraSettings(rank=2, target_modules=("qkv",)))
+
+
+def test_settings_from_a_config_dict_and_their_checks():
+    cfg = TrainerConfig.from_dict({"lora": {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}})
+    assert cfg.lora == LoraSettings(rank=8, alpha=16, target_modules=("q_proj", "v_proj"))
+    assert cfg.lora.scale == 2.0 and not TrainerConfig().lora.enabled
+    assert TrainerConfig.from_dict(cfg.to_dict()).lora == cfg.lora
+    with pytest.raises(ValueError, match="rank must be >= 0"):
+        LoraSettings(rank=-1)
+    with pytest.raises(ValueError, match="dropout"):
+        LoraSettings(rank=4, dropout=1.5)
+
+
+def test_adapter_of_pairs_each_adapted_weight_with_its_delta():
+    model = trained_adapter()
+    adapter = adapter_of(model.state_dict().items(), SETTINGS)
+    assert len(adapter.pairs) == 7 * 2 and adapter.scale == 2.0
+    name = "model.layers.0.self_attn.q_proj.weight"
+    merged = dict(merged_weights(model.state_dict().items(), SETTINGS))
+    base = small_llama().state_dict()[name]
+    assert torch.allclose(base + adapter.delta(name), merged[name], atol=1e-6)
+    assert adapter.nbytes == sum(t.nbytes for n, t in model.state_dict().items() if is_adapter_tensor(n))
