@@ -25,6 +25,7 @@ import pytest
 
 from benchmarks.demo_steps import BASELINE_REV
 from benchmarks.gpu_check import skip_reason
+from harnessrl.harness.cli_agents import skip_reason as cli_skip_reason
 from harnessrl.sandbox.images import podman_problem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,10 +41,17 @@ class Headline:
     slow: bool = False
     bwrap: bool = False  # rollouts or verification run in bubblewrap sandboxes
     git_rev: str | None = None  # a commit of this repository's history the script checks out
+    clis: tuple[str, ...] = ()  # the CLI agents it runs (make cli-agents)
 
 
-def headline(*keys: str, slow: bool = False, bwrap: bool = False, git_rev: str | None = None) -> Headline:
-    return Headline(frozenset(keys), slow, bwrap, git_rev)
+def headline(
+    *keys: str,
+    slow: bool = False,
+    bwrap: bool = False,
+    git_rev: str | None = None,
+    clis: tuple[str, ...] = (),
+) -> Headline:
+    return Headline(frozenset(keys), slow, bwrap, git_rev, clis)
 
 
 HEADLINES: dict[str, Headline] = {
@@ -140,6 +148,18 @@ HEADLINES: dict[str, Headline] = {
     ),  # without a GPU: one skip line instead
     "grading.py": headline("grading_agreement", "swebench_reward_agreement", "cases", "agreement_by_finding"),
     "learning_check.py": headline("heldout_reward_base", "heldout_reward_trained", "heldout_gain"),
+    "learning_harness.py": headline(  # --smoke: trained through mixed only, evaluated through every harness
+        *(
+            f"mixed__{h}_{key}"
+            for h in ("chat", "react", "claude-code", "codex")
+            for key in ("diff", "ci_low")
+        ),
+        "rollout_stats",
+        "minutes",
+        slow=True,
+        bwrap=True,
+        clis=("claude-code", "codex"),
+    ),
     "learning_envs.py": headline(
         *(
             f"{env}_{key}"
@@ -162,6 +182,18 @@ HEADLINES: dict[str, Headline] = {
         "heldout_pass1_rl",
         slow=True,
         bwrap=True,
+    ),
+    "lora.py": headline(
+        "full_diff",
+        "full_ci_low",
+        "lora_diff",
+        "lora_ci_low",
+        "trainer_peak_rss_ratio",
+        "sync_bytes_ratio",
+        "sync_seconds_ratio",
+        "step_time_ratio",
+        "minutes",
+        slow=True,
     ),
     "make_swesmith_rows.py": headline("rows", "repos", "expected_rejections", "expected_rejected_rows"),
     "rl_modes.py": headline(
@@ -227,7 +259,7 @@ def _skip_reason(row: Headline) -> str | None:
         return "bubblewrap (bwrap) not installed"
     if row.git_rev is not None and not _has_commit(row.git_rev):
         return f"commit {row.git_rev} is not in this clone's history (a shallow clone: git fetch --unshallow)"
-    return None
+    return next((why for cli in row.clis if (why := cli_skip_reason(cli)) is not None), None)
 
 
 def test_every_table_row_names_a_script():
