@@ -230,6 +230,13 @@ class WeightLoadingEngine(Engine, Protocol):
 
     async def load_weights(self, checkpoint_dir: str, version: int) -> None: ...
 
+    async def load_adapter(self, adapter_dir: str, version: int) -> None:
+        """A LoRA adapter (PEFT's layout, harnessrl.train.lora) as the weights of `version`: every adapted
+        weight becomes the base's + scale · B @ A, the base being what the engine served before its first
+        adapter (each version replaces the last). Only the adapter travels; raises on any failure, and a
+        refused adapter changes nothing."""
+        ...
+
 
 @runtime_checkable
 class InProcessEngine(WeightLoadingEngine, Protocol):

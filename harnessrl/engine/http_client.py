@@ -55,6 +55,7 @@ from harnessrl.engine.vllm_worker import (
     INFO,
     INIT_BROADCAST,
     LOAD,
+    LOAD_ADAPTER,
     PROTOCOL,
     RECEIVE,
     BroadcastInit,
@@ -410,6 +411,17 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
             return
         request = LoadRequest(str(checkpoint_dir), int(version)).to_json()
         await self._vllm_update(LOAD, request, int(version))
+
+    async def load_adapter(self, adapter_dir: str, version: int) -> None:
+        """A LoRA adapter directory (local path or s3:// URI the server can read) merged onto the served base
+        (base.WeightLoadingEngine.load_adapter); vLLM merges it in the worker extension and reloads in place."""
+        if await self.weight_sync_protocol() is WeightSyncProtocol.HARNESSRL:
+            await self._call("POST", "/load_adapter", {"path": str(adapter_dir), "version": int(version)})
+            self.policy_version = int(version)
+            return
+        await self._vllm_update(
+            LOAD_ADAPTER, LoadRequest(str(adapter_dir), int(version)).to_json(), int(version)
+        )
 
     async def init_weight_broadcast(self, init: BroadcastInit) -> list[Any]:
         """The server's workers join the trainer's broadcast group (ranks `init.rank_offset` on; `self.workers`

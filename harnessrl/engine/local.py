@@ -353,6 +353,15 @@ class LocalEngine(SchedulerLoop, StreamingEngine, InProcessEngine):
                 "extension) and pass --engine-url"
             )
 
+    async def load_adapter(self, adapter_dir: str, version: int) -> None:
+        from harnessrl.train.lora import Adapter
+
+        try:
+            adapter = Adapter.load(Path(adapter_dir))
+        except ValueError as e:
+            raise EngineError(f"adapter of version {version}: {e}") from None
+        await asyncio.get_running_loop().run_in_executor(None, self.load_adapter_sync, adapter, version)
+
     async def load_weights(self, checkpoint_dir: str | Path, version: int) -> None:
         await asyncio.get_running_loop().run_in_executor(
             None, self.load_weights_sync, checkpoint_dir, version

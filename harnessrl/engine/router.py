@@ -274,6 +274,15 @@ class Router(BroadcastEngine):
         finally:
             self.reset_residency()
 
+    async def load_adapter(self, adapter_dir: str, version: int) -> None:
+        loaders = self._loaders()
+        if len(loaders) != len(self.engines):
+            raise WeightSyncUnsupported(f"{len(self.engines) - len(loaders)} replica(s) cannot load weights")
+        try:
+            await asyncio.gather(*(e.load_adapter(adapter_dir, version) for e in loaders))
+        finally:
+            self.reset_residency()
+
     @property
     def workers(self) -> int:
         """Ranks the replicas bring to a weight broadcast (known once check_weight_sync asked them)."""

@@ -10,6 +10,7 @@ Endpoints
 - `POST /load_weights {"path", "version"}` (ours; vLLM: `/collective_rpc` + harnessrl's worker extension);
   `GET /load_weights` says the server takes weights (`{"policy_version", "receives"}`; asked by
   ensure_weight_sync)
+- `POST /load_adapter {"path", "version"}` (ours): a LoRA adapter (PEFT's layout) merged onto the base weights
 - `POST /init_broadcast {"master_address", "master_port", "rank_offset", "world_size", "backend"}` (ours): join
   the trainer's weight broadcast group (rank `rank_offset`); answers once every rank has joined
 - `POST /receive_weights {"version"}` (ours): receive one update by broadcast, apply it between two decode steps
@@ -241,6 +242,19 @@ async def load_weights(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "policy_version": engine.policy_version})
 
 
+async def load_adapter(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _json(request)
+    path, version = body.get("path"), body.get("version")
+    if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
+        return _error('body must be {"path": "<PEFT adapter dir>", "version": <int>}', 400)
+    try:
+        await engine.load_adapter(path, version)
+    except EngineError as e:
+        return _error(str(e), 400)
+    return web.json_response({"status": "ok", "policy_version": engine.policy_version})
+
+
 async def weight_sync_info(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     return web.json_response({"policy_version": engine.policy_version, "receives": list(RECEIVES)})
@@ -317,6 +331,7 @@ def build_app(engine: LocalEngine, model_name: str | None = None) -> web.Applica
     app.router.add_get("/v1/models", models)
     app.router.add_post("/load_weights", load_weights)
     app.router.add_get("/load_weights", weight_sync_info)
+    app.router.add_post("/load_adapter", load_adapter)
     app.router.add_post("/init_broadcast", init_broadcast)
     app.router.add_post("/receive_weights", receive_weights)
     app.router.add_post("/abort", abort)

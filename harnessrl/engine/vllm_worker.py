@@ -60,11 +60,12 @@ logger = logging.getLogger(__name__)
 PROTOCOL = 2  # bumped when a method's arguments or answer change (2: broadcast with in-band headers)
 INFO = "harnessrl_weight_sync_info"
 LOAD = "harnessrl_load_weights"
+LOAD_ADAPTER = "harnessrl_load_adapter"
 INIT_BROADCAST = "harnessrl_init_broadcast"
 RECEIVE = "harnessrl_receive_weights"
 CLOSE_BROADCAST = "harnessrl_close_broadcast"
 EXTENSION = "harnessrl.WeightSyncExtension"  # what `INFO` answers in "extension"
-RECEIVES = ("checkpoint", "broadcast")  # listed by `INFO` and our server's `GET /load_weights`
+RECEIVES = ("checkpoint", "broadcast", "adapter")  # listed by `INFO` and our server's `GET /load_weights`
 FAILED_UPDATE = "failed_update"  # in `INFO`'s answer only while a half-applied update is loaded
 
 # safetensors' dtype codes -> torch dtype names
@@ -369,6 +370,42 @@ class WeightSyncExtension:
                 shutil.rmtree(staging, ignore_errors=True)
         return {"policy_version": req.version, "tensors": count}
 
+    def harnessrl_load_adapter(self, request: str) -> dict[str, Any]:
+        """A LoRA adapter merged onto the served checkpoint's own weights (read again from its files, so each
+        version replaces the last): only the adapter travels from the trainer; vLLM reloads every weight in
+        place, the adapted ones merged, as for a checkpoint update. Checked before anything changes."""
+        from harnessrl.train.lora import Adapter
+
+        req = LoadRequest.from_json(request)
+        source = f"adapter {req.path}"
+        try:
+            adapter = Adapter.load(Path(req.path))
+        except (ValueError, OSError) as e:
+            raise UpdateRejected(f"{e}; the engine still serves version {self._harnessrl_version}") from e
+        reference = self._harnessrl_schema()
+        problems = [
+            f"{name}: not a weight of the served checkpoint"
+            if name not in reference
+            else f"{name}: {tuple(b.shape[:1] + a.shape[1:])} update for {reference[name].shape}"
+            for name, (a, b) in adapter.pairs.items()
+            if name not in reference or tuple(b.shape[:1] + a.shape[1:]) != tuple(reference[name].shape)
+        ]
+        if problems:
+            raise UpdateRejected(
+                f"{source}: update to version {req.version} refused before any weight changed: "
+                f"{'; '.join(problems[:3])}; the engine still serves version {self._harnessrl_version}"
+            )
+        files = checkpoint_files(self._harnessrl_served_dir())
+
+        def merged() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in iter_safetensors(files):
+                if name in adapter.pairs:
+                    tensor = (tensor.float() + adapter.delta(name)).to(tensor.dtype)
+                yield name, tensor
+
+        count = self._harnessrl_apply(merged(), req.version, source)
+        return {"policy_version": req.version, "tensors": count, "adapted": len(adapter.pairs)}
+
     def harnessrl_init_broadcast(self, request: str) -> dict[str, Any]:
         from harnessrl.engine.broadcast import WeightGroup
 
@@ -417,13 +454,16 @@ class WeightSyncExtension:
     def _harnessrl_tied(self) -> bool:
         return bool(getattr(self.model_config.hf_text_config, "tie_word_embeddings", False))
 
+    def _harnessrl_served_dir(self) -> Path:
+        config = self.model_config
+        return served_checkpoint(
+            str(config.model), config.revision, self.vllm_config.load_config.download_dir
+        )
+
     def _harnessrl_schema(self) -> Schema:
         """What an update must match: the tensors of the checkpoint vLLM serves (headers read once)."""
         if self._harnessrl_reference is None:
-            config = self.model_config
-            directory = served_checkpoint(
-                str(config.model), config.revision, self.vllm_config.load_config.download_dir
-            )
+            directory = self._harnessrl_served_dir()
             try:
                 files = checkpoint_files(directory)
             except FileNotFoundError as e:

@@ -14,7 +14,8 @@
 
 `publish(version, named_tensors)` runs on trainer rank 0 and returns its seconds; `named_tensors` is consumed
 once, in order (a generator of gathered tensors is fine). A publisher that can send a LoRA run's adapter alone
-(`AdapterPublisher`: the in-process engine) has `publish_adapter`; the others get the merged weights.
+(`AdapterPublisher`: the in-process engine, and the checkpoint path to a served engine or vLLM) has
+`publish_adapter`; the broadcast gets the merged weights.
 """
 
 from __future__ import annotations
@@ -124,10 +125,21 @@ class CheckpointPublisher:
         state = {name: tensor.detach().cpu() for name, tensor in named_tensors}
         save_model(self.model, None, dest, self.fingerprint, state_dict=state)
         self._runner.run(self.engine.load_weights(str(dest), version))
+        self._replace_last(dest)
+        return time.perf_counter() - t0
+
+    def publish_adapter(self, version: int, adapter: Adapter) -> float:
+        """The adapter alone, in PEFT's layout, merged by every engine onto its base."""
+        t0 = time.perf_counter()
+        dest = adapter.save(self.root / f"v{version:06d}", str(self.model.config.name_or_path))
+        self._runner.run(self.engine.load_adapter(str(dest), version))
+        self._replace_last(dest)
+        return time.perf_counter() - t0
+
+    def _replace_last(self, dest: Path) -> None:
         if self._last is not None:
             shutil.rmtree(self._last, ignore_errors=True)
         self._last = dest
-        return time.perf_counter() - t0
 
     def close(self) -> None:
         self._runner.close()

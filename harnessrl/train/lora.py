@@ -43,7 +43,7 @@ class LoraSettings:
     )
 
     def __post_init__(self) -> None:
-        self.target_modules = tuple(self.target_modules)
+        self.target_modules = tuple(sorted(set(self.target_modules)))  # a set: PEFT's config keeps no order
         if self.rank < 0:
             raise ValueError(f"train.lora.rank must be >= 0 (0: full fine-tuning), got {self.rank}")
         if self.rank and (self.alpha <= 0 or not 0 <= self.dropout < 1 or not self.target_modules):
@@ -116,30 +116,12 @@ def is_adapter_tensor(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
-def save_adapter(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], settings: LoraSettings, dest: Path, base_model: str
-) -> Path:
-    """Writes the adapter tensors of `named_tensors` (a model's full state, e.g. gathered from its ranks) into
-    `dest` in PEFT's layout."""
-    from safetensors.torch import save_file
-
-    state = {
-        PEFT_PREFIX + name.replace(f".{ADAPTER_NAME}.", "."): t.detach().cpu().contiguous()
-        for name, t in named_tensors
-        if is_adapter_tensor(name)
-    }
-    dest.mkdir(parents=True, exist_ok=True)
-    save_file(state, dest / ADAPTER_WEIGHTS)
-    settings.peft_config(base_model).save_pretrained(str(dest))
-    return dest
-
-
 @dataclass
 class Adapter:
-    """One adapter version for an engine: per adapted weight (its name in the base model), the pair (A, B)
-    with `scale`; the weight it serves is W + scale · B @ A."""
+    """One adapter version: per adapted weight (its name in the base model), the pair (A, B); the weight it
+    serves is W + settings.scale · B @ A. On disk: PEFT's layout (`save`, `load`)."""
 
-    scale: float
+    settings: LoraSettings
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @property
@@ -148,7 +130,50 @@ class Adapter:
 
     def delta(self, name: str) -> torch.Tensor:
         a, b = self.pairs[name]
-        return self.scale * (b.float() @ a.float())
+        return self.settings.scale * (b.float() @ a.float())
+
+    def save(self, dest: Path, base_model: str) -> Path:
+        from safetensors.torch import save_file
+
+        state = {}
+        for weight, (a, b) in self.pairs.items():
+            module = PEFT_PREFIX + weight.removesuffix(".weight")
+            state[f"{module}.lora_A.weight"], state[f"{module}.lora_B.weight"] = (
+                a.contiguous(),
+                b.contiguous(),
+            )
+        dest.mkdir(parents=True, exist_ok=True)
+        save_file(state, dest / ADAPTER_WEIGHTS)
+        self.settings.peft_config(base_model).save_pretrained(str(dest))
+        return dest
+
+    @classmethod
+    def load(cls, directory: Path) -> Adapter:
+        """A PEFT adapter directory; ValueError naming the directory when it is not one."""
+        from safetensors.torch import load_file
+
+        config_file, weights_file = directory / ADAPTER_CONFIG, directory / ADAPTER_WEIGHTS
+        if not (config_file.is_file() and weights_file.is_file()):
+            raise ValueError(
+                f"{directory}: not a PEFT adapter directory ({ADAPTER_CONFIG}, {ADAPTER_WEIGHTS})"
+            )
+        config = json.loads(config_file.read_text())
+        settings = LoraSettings(
+            rank=int(config["r"]),
+            alpha=int(config["lora_alpha"]),
+            target_modules=tuple(config.get("target_modules") or ()),
+        )
+        halves: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in load_file(weights_file).items():
+            for part in ("A", "B"):
+                marker = f".lora_{part}.weight"
+                if name.endswith(marker):
+                    weight = name.removeprefix(PEFT_PREFIX).removesuffix(marker) + ".weight"
+                    halves.setdefault(weight, {})[part] = tensor
+        lonely = sorted(w for w, h in halves.items() if len(h) != 2)
+        if lonely or not halves:
+            raise ValueError(f"{directory}: adapter tensors without their other half, e.g. {lonely[:2]}")
+        return cls(settings, {w: (h["A"], h["B"]) for w, h in halves.items()})
 
 
 def _target(name: str) -> tuple[str, str] | None:
@@ -166,7 +191,7 @@ def adapter_of(named_tensors: Iterable[tuple[str, torch.Tensor]], settings: Lora
     for name, tensor in named_tensors:
         if (target := _target(name)) is not None:
             halves.setdefault(target[0], {})[target[1]] = tensor.detach().cpu()
-    return Adapter(settings.scale, {w: (h["A"], h["B"]) for w, h in halves.items()})
+    return Adapter(settings, {w: (h["A"], h["B"]) for w, h in halves.items()})
 
 
 def merged_weights(
@@ -216,8 +241,8 @@ def adapter_writer(
     without LoRA."""
     if not settings.enabled:
         return None
-    adapter = {name: t for name, t in state.items() if is_adapter_tensor(name)}
-    return lambda directory: save_adapter(adapter.items(), settings, directory / folder, base_model)
+    adapter = adapter_of(state.items(), settings)
+    return lambda directory: adapter.save(directory / folder, base_model)
 
 
 def with_lora_rank(config: Mapping[str, Any], rank: int | None) -> dict[str, Any]:

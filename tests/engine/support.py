@@ -172,6 +172,7 @@ class RecordedServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/load_weights", self.ok)
+        app.router.add_post("/load_adapter", self.ok)
         app.router.add_post("/abort", self.ok)
         self.runner = web.AppRunner(app)
         await self.runner.setup()

@@ -126,6 +126,9 @@ def test_router_over_real_servers_sticks_then_resets_at_weight_sync():
             assert all(s.requests[-1] == {"path": "/ckpt/step-1", "version": 1} for s in servers)
             assert all(not r.residency for r in router.replicas)
             assert all(e.policy_version == 1 for e in engines)
+            await router.load_adapter("/ckpt/adapter-2", 2)  # a LoRA run's sync: every replica, like weights
+            assert all(s.requests[-1] == {"path": "/ckpt/adapter-2", "version": 2} for s in servers)
+            assert all(e.policy_version == 2 for e in engines)
             return router.dispatched
         finally:
             for e in engines:

@@ -125,6 +125,47 @@ def test_load_weights_and_abort_over_http(url, chat):
     assert health["status"] == "ok" and health["policy_version"] == 3
 
 
+def test_load_adapter_over_http_merges_onto_the_base_and_a_bad_one_changes_nothing(url, chat, tmp_path):
+    """A LoRA adapter (PEFT's layout) through `POST /load_adapter`: the engine then samples the adapted model;
+    a directory that is no adapter is refused, the version and weights as they were."""
+    import torch
+
+    from harnessrl.tinymodel import load_model, tiny_model_dir
+    from harnessrl.train.lora import LoraSettings, adapter_of, add_adapters, is_adapter_tensor
+    from tests.support.weight_sync import teacher_forced
+
+    settings = LoraSettings(rank=4, alpha=8)
+    model = load_model(tiny_model_dir()).eval()
+    add_adapters(model, settings)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if is_adapter_tensor(name):
+                p.copy_(torch.randn_like(p) * 0.02)
+    adapter_dir = adapter_of(model.state_dict().items(), settings).save(tmp_path / "adapter", "tiny")
+    prompt = chat("Name a fruit.")
+
+    async def go():
+        client = HTTPEngine(url)
+        try:
+            await client.load_adapter(str(adapter_dir), 5)
+            after = await client.generate(prompt, GREEDY, 6)
+            with pytest.raises(EngineError, match="not a PEFT adapter directory"):
+                await client.load_adapter(str(tmp_path), 6)
+            still = await client.generate(prompt, GREEDY, 6)
+            return after, still
+        finally:
+            await client.load_weights(str(tiny_model_dir()), 0)  # the module's other tests: the base model
+            await client.release()
+
+    after, still = run(go())
+    assert after.token_policy_versions == [5] * len(after.token_ids)
+    with torch.no_grad():
+        expected = teacher_forced(model, prompt, after.token_ids)
+    assert max(abs(a - b) for a, b in zip(after.logprobs, expected, strict=True)) < 2e-3
+    assert still.token_ids == after.token_ids and still.token_policy_versions == [5] * len(still.token_ids)
+
+
 SERVE_WITHOUT_VLLM = r"""
 import importlib, pkgutil, sys
 

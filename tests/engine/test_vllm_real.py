@@ -304,6 +304,61 @@ def test_checkpoint_sync_after_a_trainer_step_and_an_incomplete_checkpoint_chang
     assert still.token_ids == after.token_ids and max_diff(still.logprobs, after.logprobs) < TOL
 
 
+def test_adapter_sync_after_lora_steps_replaces_the_last_and_a_bad_adapter_changes_nothing(
+    vllm, base_weights, policy, prompts, background_loop, tmp_path
+):
+    """LoRA: one real trainer step of the adapters, the adapter alone synced (PEFT's layout; the worker
+    extension merges it onto the served checkpoint), vLLM's logprobs then equal the adapted trainer's; a second
+    step's adapter replaces the first (merged onto the base, not onto the first); an adapter for weights the
+    model does not have is refused with nothing changed."""
+    from benchmarks.gpu_check import reinforce_step
+    from harnessrl.train.lora import LoraSettings, adapter_of, add_adapters
+    from harnessrl.train.trainer import OptimConfig, Trainer, TrainerConfig
+
+    settings = LoraSettings(rank=8, alpha=16)
+    model = load_model(policy)
+    add_adapters(model, settings)
+    trainer = Trainer(model, TrainerConfig(optim=OptimConfig(lr=2e-2, max_grad_norm=1e9)), pad_id=0)
+    prompt = prompts["short"]
+    target = load_tokenizer(policy).encode(" Durian. Durian is the king of fruits.", add_special_tokens=False)
+    client = HTTPEngine(vllm.url)
+    publisher = CheckpointPublisher(client, model, tmp_path / "sync", "test", background_loop)
+    served = []
+    try:
+        for version in (1, 2):
+            model.eval()
+            with torch.no_grad():
+                behavior = teacher_forced(model, prompt, target)
+            reinforce_step(trainer, prompt, target, behavior)
+            model.eval()
+            adapter = adapter_of(model.state_dict().items(), settings)
+            publisher.publish_adapter(version, adapter)
+            after = on(background_loop, client.generate(prompt, GREEDY, 8))
+            with torch.no_grad():
+                served.append((after, teacher_forced(model, prompt, after.token_ids), adapter))
+        bad = served[-1][2]
+        (a, b) = bad.pairs.pop("model.layers.0.self_attn.q_proj.weight")
+        bad.pairs["model.layers.0.self_attn.q_norm.weight"] = (a, b)
+        bad.save(tmp_path / "bad", "test")
+        with pytest.raises(
+            EngineError, match="refused .*q_norm.weight: not a weight.*still serves version 2"
+        ):
+            on(background_loop, client.load_adapter(str(tmp_path / "bad"), 3))
+        still = on(background_loop, client.generate(prompt, GREEDY, 8))
+    finally:
+        publisher.close()
+        on(background_loop, client.release())
+    for version, (after, trainer_lp, _) in enumerate(served, 1):
+        assert after.token_policy_versions == [version] * len(after.token_ids)
+        assert max_diff(after.logprobs, trainer_lp) < TOL
+    assert not close(served[0][0].logprobs, served[1][1], tol=1e-3)  # the second adapter changed the policy
+    assert still.token_ids == served[1][0].token_ids and max_diff(still.logprobs, served[1][0].logprobs) < TOL
+    assert (
+        sum(p.stat().st_size for p in (tmp_path / "sync").rglob("*"))
+        < 0.05 * (policy / "model.safetensors").stat().st_size
+    )  # what the trainer wrote for the engine: the adapter
+
+
 def test_broadcast_sync_after_a_trainer_step_and_failures_that_never_block_the_trainer(
     vllm, base_weights, trained, prompts, background_loop
 ):
@@ -379,13 +434,17 @@ def test_a_vllm_without_the_extension_is_refused_in_one_line(vllm, policy, monke
 # ---- the RL stage against vLLM --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("mode", "sync"), [("colocated", "checkpoint"), ("separate", "broadcast")])
-def test_stage_rl_trains_against_vllm(mode, sync, vllm, base_weights, policy, tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "sync", "lora_rank"),
+    [("colocated", "checkpoint", 0), ("separate", "broadcast", 0), ("colocated", "checkpoint", 8)],
+)
+def test_stage_rl_trains_against_vllm(mode, sync, lora_rank, vllm, base_weights, policy, tmp_path):
+    """(With `lora_rank`: adapters trained, each sync the adapter alone, merged by the worker extension.)"""
     tasks = write_prompt_tasks(tmp_path / "tasks.jsonl")
     out = tmp_path / "out"
     cmd = rl_command(
         tasks, policy, out, "--mode", mode, "--steps", "2", "--engine-url", vllm.url, "--weight-sync", sync,
-        "--config", _config(tmp_path),
+        "--config", _config(tmp_path), "--lora-rank", str(lora_rank),
     )  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -394,6 +453,10 @@ def test_stage_rl_trains_against_vllm(mode, sync, vllm, base_weights, policy, tm
     trained = [r for r in rows if r["outcome"] == "trained"]
     assert [r["step"] for r in rows] == [1, 2] and trained, rows
     assert summary["version"] == len(trained) and all(r["weight_sync_s"] > 0 for r in trained)
+    full_bytes = (policy / "model.safetensors").stat().st_size
+    assert all(
+        (0 < r["weight_sync_bytes"] < 0.05 * full_bytes) == bool(lora_rank) for r in trained
+    )  # LoRA: the adapter alone
     # vLLM's figures (its /metrics) reach every step
     idle = [r["engine_idle_frac"] for r in rows]
     assert all(x is not None and 0 <= x <= 1 for x in idle), (idle, done.stderr[-3000:])

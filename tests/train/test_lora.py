@@ -10,13 +10,13 @@ import torch
 
 from harnessrl.train.batching import SeqItem
 from harnessrl.train.lora import (
+    Adapter,
     LoraSettings,
     adapter_of,
     add_adapters,
     is_adapter_tensor,
     load_adapter_weights,
     merged_weights,
-    save_adapter,
 )
 from harnessrl.train.trainer import OptimConfig, Trainer, TrainerConfig
 
@@ -98,17 +98,23 @@ def test_saved_adapter_is_peft_layout_that_peft_loads_and_we_load_back(tmp_path:
     from peft import PeftModel
 
     model = trained_adapter()
-    dest = save_adapter(model.state_dict().items(), SETTINGS, tmp_path / "adapter", "base-model")
+    dest = adapter_of(model.state_dict().items(), SETTINGS).save(tmp_path / "adapter", "base-model")
     assert {p.name for p in dest.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
     with_peft = PeftModel.from_pretrained(small_llama(), str(dest))  # the library itself reads it
     assert torch.allclose(logits(with_peft, IDS), logits(model, IDS), atol=1e-5)
     ours = small_llama()
     add_adapters(ours, SETTINGS, dest)
     assert torch.equal(logits(ours, IDS), logits(model, IDS))
+    read = Adapter.load(dest)  # what an engine reads
+    written = adapter_of(model.state_dict().items(), SETTINGS)
+    assert read.settings == SETTINGS and read.pairs.keys() == written.pairs.keys()
+    assert all(torch.equal(read.delta(w), written.delta(w)) for w in read.pairs)
+    with pytest.raises(ValueError, match="not a PEFT adapter directory"):
+        Adapter.load(tmp_path)
 
 
 def test_an_adapter_of_other_settings_or_targets_that_match_nothing_are_refused(tmp_path: Path):
-    dest = save_adapter(trained_adapter().state_dict().items(), SETTINGS, tmp_path / "a", "base")
+    dest = adapter_of(trained_adapter().state_dict().items(), SETTINGS).save(tmp_path / "a", "base")
     other = small_llama()
     add_adapters(other, LoraSettings(rank=2, alpha=8))
     with pytest.raises(ValueError, match="rank 4 .* the run trains rank 2"):
@@ -119,7 +125,7 @@ def test_an_adapter_of_other_settings_or_targets_that_match_nothing_are_refused(
 
 def test_settings_from_a_config_dict_and_their_checks():
     cfg = TrainerConfig.from_dict({"lora": {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}})
-    assert cfg.lora == LoraSettings(rank=8, alpha=16, target_modules=("q_proj", "v_proj"))
+    assert cfg.lora == LoraSettings(rank=8, alpha=16, target_modules=("v_proj", "q_proj"))
     assert cfg.lora.scale == 2.0 and not TrainerConfig().lora.enabled
     assert TrainerConfig.from_dict(cfg.to_dict()).lora == cfg.lora
     with pytest.raises(ValueError, match="rank must be >= 0"):
@@ -131,7 +137,7 @@ def test_settings_from_a_config_dict_and_their_checks():
 def test_adapter_of_pairs_each_adapted_weight_with_its_delta():
     model = trained_adapter()
     adapter = adapter_of(model.state_dict().items(), SETTINGS)
-    assert len(adapter.pairs) == 7 * 2 and adapter.scale == 2.0
+    assert len(adapter.pairs) == 7 * 2 and adapter.settings.scale == 2.0
     name = "model.layers.0.self_attn.q_proj.weight"
     merged = dict(merged_weights(model.state_dict().items(), SETTINGS))
     base = small_llama().state_dict()[name]
