@@ -74,6 +74,38 @@ def harnessrl(*args: str, timeout_s: float = 7200) -> str:
     return done.stdout
 
 
+def add_family_arguments(p: argparse.ArgumentParser, k: int) -> None:
+    """The settings of a benchmark that trains on the demo's family (`instruction_tasks`) with the demo's loop
+    and evaluates on its held-out requests (`k` rollouts per task by default)."""
+    p.add_argument("--kinds", nargs="+", default=["placeholders"], help="the trained constraint kinds")
+    p.add_argument("--train-tasks", type=int, default=64)
+    p.add_argument("--heldout-tasks", type=int, default=40, help="half of them of kinds never trained")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch-groups", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-5, help="the demo's learning rate")
+    p.add_argument("--reply-tokens", type=int, default=128, help="every model call's reply budget")
+    p.add_argument("--min-words", type=int, default=12)
+    p.add_argument("--k", type=int, default=k, help="evaluation rollouts per held-out task")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def paired_figures(base: dict[str, Any], trained: dict[str, Any], key: str, seed: int) -> dict[str, float]:
+    """`<key>_pass_at_1`, `<key>_diff`, `<key>_ci_low`, `<key>_ci_high`: trained − base in held-out pass@1 over
+    the tasks both scored (the paired bootstrap), and `base_pass_at_1`."""
+    from harnessrl.evaluate.results import compare
+
+    c = compare(base, trained, seed=seed)
+    return {
+        "base_pass_at_1": c["a_pass_at_1"],
+        f"{key}_pass_at_1": c["b_pass_at_1"],
+        f"{key}_diff": c["diff"],
+        f"{key}_ci_low": c["low"],
+        f"{key}_ci_high": c["high"],
+    }
+
+
 def instruction_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, str]:
     """Whole one-sentence replies (`--whole-reply`); held out: half of the trained kinds, half of the
     one-sentence kinds never trained, each tagged with its eval group."""

@@ -48,8 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ablation_rollout_level import same_settings_as_before
-from benchmarks.learning_envs import harnessrl, instruction_tasks
-from harnessrl.evaluate.results import compare
+from benchmarks.learning_envs import add_family_arguments, harnessrl, instruction_tasks, paired_figures
 from harnessrl.io import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -186,17 +185,10 @@ def matrix(
     and `base__<eval>_pass_at_1`."""
     out: dict[str, float | None] = {}
     for through, by_policy in results.items():
-        base = by_policy["base"]
         for name in trained:
-            paired = compare(base, by_policy[name], seed=seed)
-            out[f"base__{through}_pass_at_1"] = paired["a_pass_at_1"]
-            key = f"{name}__{through}"
-            out[f"{key}_pass_at_1"] = paired["b_pass_at_1"]
-            out[f"{key}_diff"], out[f"{key}_ci_low"], out[f"{key}_ci_high"] = (
-                paired["diff"],
-                paired["low"],
-                paired["high"],
-            )
+            figures = paired_figures(by_policy["base"], by_policy[name], f"{name}__{through}", seed)
+            out[f"base__{through}_pass_at_1"] = figures.pop("base_pass_at_1")
+            out.update(figures)
     return out
 
 
@@ -232,18 +224,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train-through", nargs="+", choices=[*HARNESSES, MIXED], default=[*HARNESSES, MIXED])
     p.add_argument("--eval-through", nargs="+", choices=HARNESSES, default=list(HARNESSES))
-    p.add_argument("--kinds", nargs="+", default=["placeholders"], help="the trained constraint kinds")
-    p.add_argument("--train-tasks", type=int, default=64)
-    p.add_argument("--heldout-tasks", type=int, default=40, help="half of them of kinds never trained")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--batch-groups", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--reply-tokens", type=int, default=128, help="every model call's reply budget")
-    p.add_argument("--min-words", type=int, default=12)
-    p.add_argument("--k", type=int, default=2, help="evaluation rollouts per held-out task")
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    add_family_arguments(p, k=2)
     p.add_argument(
         "--out", type=Path, help="run folder (default: a temporary one); a rerun into it keeps what is done"
     )

@@ -38,8 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning_envs import REPO, harnessrl, instruction_tasks
-from harnessrl.evaluate.results import compare
+from benchmarks.learning_envs import REPO, add_family_arguments, harnessrl, instruction_tasks, paired_figures
 from harnessrl.io import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -132,21 +131,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", nargs="+", default=["placeholders"], help="the trained constraint kinds")
-    p.add_argument("--train-tasks", type=int, default=64)
-    p.add_argument("--heldout-tasks", type=int, default=40, help="half of them of kinds never trained")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--batch-groups", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=3e-5, help="full fine-tuning's learning rate (the demo's)")
+    add_family_arguments(p, k=4)
     p.add_argument("--lora-lr", type=float, default=3e-4, help="LoRA's learning rate")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
-    p.add_argument("--reply-tokens", type=int, default=128)
-    p.add_argument("--min-words", type=int, default=12)
-    p.add_argument("--k", type=int, default=4, help="evaluation rollouts per held-out task")
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--out", type=Path, help="run folder (default: a temporary one); a rerun keeps what is done"
     )
@@ -174,14 +162,7 @@ def main() -> None:
         results = {r["policy"]: r for r in json.loads((eval_out / "evaluation.json").read_text())["results"]}
     out: dict[str, Any] = {}
     for name in RUNS:
-        paired = compare(results["base"], results[name], seed=args.seed)
-        out["base_pass_at_1"] = paired["a_pass_at_1"]
-        out[f"{name}_pass_at_1"] = paired["b_pass_at_1"]
-        out[f"{name}_diff"], out[f"{name}_ci_low"], out[f"{name}_ci_high"] = (
-            paired["diff"],
-            paired["low"],
-            paired["high"],
-        )
+        out.update(paired_figures(results["base"], results[name], name, args.seed))
     full, lora = runs["full"], runs["lora"]
     out.update(
         trainer_peak_rss_ratio=ratio(lora["peak_rss_bytes"], full["peak_rss_bytes"]),
