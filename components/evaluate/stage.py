@@ -51,7 +51,7 @@ class Policy:
     remote engine serving several policies in turn); without it a remote engine serves what it has."""
 
     name: str
-    checkpoint: str | None = None  # HF model dir; None: the tiny embedded base model
+    checkpoint: str | None = None  # HF model dir, or a LoRA adapter dir over its base; None: the tiny model
     engine_url: str | None = None
     push_weights: bool = False
 
@@ -112,9 +112,14 @@ def _push_weights(policy: Policy, version: int) -> None:
         raise ValueError(f"policy {policy.name!r}: pushing weights needs both an engine URL and a checkpoint")
 
     async def push() -> None:
+        from harnessrl.train.lora import is_adapter_dir
+
         engine = HTTPEngine(url)
         try:
-            await engine.load_weights(checkpoint, version)
+            if is_adapter_dir(Path(checkpoint)):  # a LoRA adapter: the engine merges it onto its base
+                await engine.load_adapter(checkpoint, version)
+            else:
+                await engine.load_weights(checkpoint, version)
         finally:
             await engine.release()
 

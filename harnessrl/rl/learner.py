@@ -25,7 +25,14 @@ from harnessrl.rl.publish import AdapterPublisher, WeightPublisher, make_publish
 from harnessrl.rl.ranks import Command, TrainerRanks, gather_weights, trainer_threads
 from harnessrl.rl.records import Update
 from harnessrl.train.checkpoint import save_checkpoint, save_model, upload_dir
-from harnessrl.train.lora import FINAL_ADAPTER, adapter_of, adapter_writer, is_adapter_tensor, merged_weights
+from harnessrl.train.lora import (
+    FINAL_ADAPTER,
+    adapter_of,
+    adapter_writer,
+    base_name,
+    is_adapter_tensor,
+    merged_weights,
+)
 from harnessrl.train.plan import plan_round, step_items
 from harnessrl.train.summary import stats
 
@@ -190,7 +197,7 @@ class Learner:
             {**self.identity.to_meta(), **meta, "config": self.cfg.to_dict()},
             keep=self.cfg.keep_checkpoints,
             state_dict=weights,
-            write_weights=adapter_writer(weights, lora, self.identity.policy),
+            write_weights=adapter_writer(weights, lora, base_name(self.identity.policy)),
         )
         if self.upload_to:
             upload_dir(ckpt, f"{self.upload_to.rstrip('/')}/checkpoints/{ckpt.name}")
@@ -209,7 +216,7 @@ class Learner:
             extra_json={
                 "harnessrl_rl.json": {**self.identity.to_meta(), **meta, "config": self.cfg.to_dict()}
             },
-            write_extra=adapter_writer(state, lora, self.identity.policy, FINAL_ADAPTER),
+            write_extra=adapter_writer(state, lora, base_name(self.identity.policy), FINAL_ADAPTER),
         )
         if self.upload_to:
             upload_dir(path, f"{self.upload_to.rstrip('/')}/model")

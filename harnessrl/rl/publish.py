@@ -130,8 +130,10 @@ class CheckpointPublisher:
 
     def publish_adapter(self, version: int, adapter: Adapter) -> float:
         """The adapter alone, in PEFT's layout, merged by every engine onto its base."""
+        from harnessrl.train.lora import base_name
+
         t0 = time.perf_counter()
-        dest = adapter.save(self.root / f"v{version:06d}", str(self.model.config.name_or_path))
+        dest = adapter.save(self.root / f"v{version:06d}", base_name(self.model.config.name_or_path))
         self._runner.run(self.engine.load_adapter(str(dest), version))
         self._replace_last(dest)
         return time.perf_counter() - t0

@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 class ModelSource:
     """Which model a generate run samples from: a checkpoint served in-process, or a remote engine."""
 
-    checkpoint: str | None = None  # HF model dir (the policy being trained); None = the tiny base model
+    # HF model dir (the policy being trained), or a LoRA adapter dir (served over its base); None = the tiny model
+    checkpoint: str | None = None
     engine_url: str | None = None  # remote token-level engine; None = in-process LocalEngine
     max_batch: int = 16
     max_model_len: int | None = None  # prompt + completion cap at the gateway (default: the model's context)
@@ -74,8 +75,12 @@ class ModelServer:
     def __enter__(self) -> ModelServer:
         from harnessrl.gateway import GatewayAdmin, GatewayConfig, GatewayServer
         from harnessrl.tinymodel import load_tokenizer, tiny_model_dir
+        from harnessrl.train.lora import Adapter, adapter_base, is_adapter_dir
 
         model_dir = Path(self.source.checkpoint) if self.source.checkpoint else tiny_model_dir()
+        adapter_dir = None
+        if is_adapter_dir(model_dir):  # a LoRA adapter: its base served, the adapter merged in (version 0)
+            adapter_dir, model_dir = model_dir, adapter_base(model_dir)
         if self.source.engine_url:
             from harnessrl.engine.http_client import HTTPEngine  # vLLM-compatible token API client
 
@@ -93,6 +98,8 @@ class ModelServer:
             )
             tokenizer = self._local.tokenizer
             max_len = self.source.max_model_len or self._local.max_context
+            if adapter_dir is not None:
+                self._local.load_adapter_sync(Adapter.load(adapter_dir), self._local.policy_version)
         self.tool_parser = resolve_tool_parser(self.source.tool_parser, tokenizer, model_dir)
         self.gateway = GatewayServer(
             self.engine,

@@ -223,9 +223,10 @@ def resolve_policy(
     policy: str | Path | None, out: Path, *, main: bool = True, barrier: Callable[[], None] = lambda: None
 ) -> Path:
     """The starting weights as a local Hugging Face directory: `policy` itself, an `s3://` URI fetched into
-    OUT/policy_in (by the main rank), or the tiny model when None; FileNotFoundError unless it holds a
-    config.json."""
+    OUT/policy_in (by the main rank), or the tiny model when None; a LoRA adapter directory (PEFT's layout) is
+    merged onto its base into OUT/policy_merged. FileNotFoundError unless it holds a config.json."""
     from harnessrl.tinymodel import tiny_model_dir
+    from harnessrl.train.lora import is_adapter_dir, merge_adapter
 
     policy_dir = Path(policy) if policy else tiny_model_dir()
     if str(policy).startswith("s3://"):
@@ -233,6 +234,11 @@ def resolve_policy(
             fetch_policy(str(policy), out / "policy_in")
         barrier()
         policy_dir = out / "policy_in"
+    if is_adapter_dir(policy_dir) and not (policy_dir / "config.json").is_file():
+        if main:
+            merge_adapter(policy_dir, out / "policy_merged")
+        barrier()
+        policy_dir = out / "policy_merged"
     if not (policy_dir / "config.json").is_file():
         raise FileNotFoundError(f"{policy_dir}: not a Hugging Face model directory (no config.json)")
     return policy_dir

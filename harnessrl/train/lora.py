@@ -254,3 +254,49 @@ def with_lora_rank(config: Mapping[str, Any], rank: int | None) -> dict[str, Any
         train["lora"] = {**dict(train.get("lora") or {}), "rank": rank}
         out["train"] = train
     return out
+
+
+def adapter_base(adapter_dir: Path) -> Path:
+    """The base model directory an adapter was trained on (its `adapter_config.json`'s
+    `base_model_name_or_path`); FileNotFoundError naming the field when it is not a model directory here."""
+    base = str(json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or "")
+    if not (Path(base) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{adapter_dir}: its base model {base!r} ({ADAPTER_CONFIG}: base_model_name_or_path) is not a Hugging "
+            "Face model directory here: set that field to the base model's directory"
+        )
+    return Path(base)
+
+
+def merge_adapter(adapter_dir: Path, dest: Path) -> Path:
+    """A Hugging Face model directory at `dest`: the adapter's base with the adapter merged in (a policy given
+    as an adapter, for a stage that trains it further); written whole or not at all."""
+    import shutil
+    import tempfile
+
+    from harnessrl.tinymodel import load_model, load_tokenizer
+
+    base = adapter_base(adapter_dir)
+    adapter = Adapter.load(adapter_dir)
+    model = load_model(base)
+    params = dict(model.named_parameters())
+    unknown = sorted(set(adapter.pairs) - set(params))
+    if unknown:
+        raise ValueError(f"{adapter_dir}: adapts weights its base {base} does not have, e.g. {unknown[:3]}")
+    with torch.no_grad():
+        for name in adapter.pairs:
+            params[name].add_(adapter.delta(name).to(params[name].dtype))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    load_tokenizer(base).save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def base_name(policy: str | Path) -> str:
+    """How an adapter names its base (`base_model_name_or_path`): an object-store URI as given, a path made
+    absolute (a later stage may run elsewhere in the tree)."""
+    text = str(policy)
+    return text if "://" in text else str(Path(text).resolve())

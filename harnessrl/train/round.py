@@ -31,7 +31,7 @@ from harnessrl.train.checkpoint import (
 from harnessrl.train.config import UpdateConfig
 from harnessrl.train.data import Prepared, load_rewards, load_samples
 from harnessrl.train.fingerprint import run_identity
-from harnessrl.train.lora import FINAL_ADAPTER, adapter_writer, load_trainable, merged_weights
+from harnessrl.train.lora import FINAL_ADAPTER, adapter_writer, base_name, load_trainable, merged_weights
 from harnessrl.train.plan import Plan, plan_round, step_items
 from harnessrl.train.report import write_report
 from harnessrl.train.summary import stats, strict_json, summarize
@@ -192,7 +192,7 @@ def run_train(
                             {**identity.to_meta(), "history": history, "config": cfg.to_dict()},
                             keep=cfg.keep_checkpoints,
                             state_dict=weights,
-                            write_weights=adapter_writer(state, lora, given),
+                            write_weights=adapter_writer(state, lora, base_name(given)),
                         )
                     dist_mod.barrier()
                 if main:
@@ -212,7 +212,7 @@ def run_train(
                 model_out,
                 fp,
                 state_dict=dict(merged_weights(state.items(), lora)) if lora.enabled else weights,
-                write_extra=adapter_writer(state, lora, given, FINAL_ADAPTER),
+                write_extra=adapter_writer(state, lora, base_name(given), FINAL_ADAPTER),
                 extra_json={
                     "harnessrl_train.json": {
                         **identity.to_meta(),

@@ -118,6 +118,22 @@ def test_stage_rl_with_lora_checkpoints_adapters_exports_merged_and_resumes(
         assert torch.allclose(merged(ids).logits, with_peft(ids).logits, atol=1e-4)
         assert not torch.allclose(merged(ids).logits, load_model(rl_policy)(ids).logits, atol=1e-4)
 
+    # the adapter directory is a policy too: served as its base with the adapter merged in, the same model
+    from harnessrl.rollout.model_server import ModelServer, ModelSource
+
+    prompt = [1, 2, 3, 4, 5, 6]
+    greedy = SamplingParams(temperature=0.0)
+    with ModelServer(ModelSource(checkpoint=str(model / "adapter"), max_batch=1), tmp_path / "j") as served:
+        assert served.engine is not None
+        via_adapter = asyncio.run(served.engine.generate(prompt, greedy, 8))
+    engine = LocalEngine(model, max_batch=1, threads=1)
+    try:
+        via_merged = asyncio.run(engine.generate(prompt, greedy, 8))
+    finally:
+        engine.close()
+    assert via_adapter.token_ids == via_merged.token_ids
+    assert via_adapter.logprobs == pytest.approx(via_merged.logprobs, abs=1e-5)
+
     resumed = subprocess.run(
         [*cmd, "--steps", "3", "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600
     )

@@ -143,3 +143,26 @@ def test_adapter_of_pairs_each_adapted_weight_with_its_delta():
     base = small_llama().state_dict()[name]
     assert torch.allclose(base + adapter.delta(name), merged[name], atol=1e-6)
     assert adapter.nbytes == sum(t.nbytes for n, t in model.state_dict().items() if is_adapter_tensor(n))
+
+
+def test_a_policy_given_as_an_adapter_is_merged_onto_its_base(tmp_path: Path):
+    """`--policy <adapter dir>` for a stage that trains: the adapter's base (its adapter_config.json) with the
+    adapter merged in, as a model directory in OUT; a base that is not here is named with the field to fix."""
+    from harnessrl.tinymodel import load_model, tiny_model_dir
+    from harnessrl.train.checkpoint import resolve_policy
+    from harnessrl.train.lora import base_name
+
+    base = tmp_path / "base"
+    small_llama().save_pretrained(base)
+    from harnessrl.tinymodel import load_tokenizer
+
+    load_tokenizer(tiny_model_dir()).save_pretrained(base)
+    model = trained_adapter()
+    adapter = adapter_of(model.state_dict().items(), SETTINGS).save(tmp_path / "adapter", base_name(base))
+    merged = resolve_policy(str(adapter), tmp_path / "out")
+    assert merged == tmp_path / "out" / "policy_merged"
+    assert torch.allclose(logits(load_model(merged).eval(), IDS), logits(model, IDS), atol=1e-5)
+
+    moved = adapter_of(model.state_dict().items(), SETTINGS).save(tmp_path / "moved", str(tmp_path / "gone"))
+    with pytest.raises(FileNotFoundError, match="base_model_name_or_path"):
+        resolve_policy(str(moved), tmp_path / "out2")
