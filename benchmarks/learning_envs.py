@@ -106,6 +106,29 @@ def paired_figures(base: dict[str, Any], trained: dict[str, Any], key: str, seed
     }
 
 
+def evaluated(folder: Path) -> dict[str, dict[str, Any]]:
+    """Policy -> its result, from every evaluation already written under `folder`."""
+    results: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("*/evaluation.json")):
+        results.update({r["policy"]: r for r in json.loads(path.read_text())["results"]})
+    return results
+
+
+def evaluate_policies(
+    policies: dict[str, Path | None], specs: str, args: argparse.Namespace, tasks: Path, folder: Path
+) -> dict[str, dict[str, Any]]:
+    """Each policy's held-out result under `specs` (None: the base model), from `harnessrl stage evaluate`
+    into `folder`: only the policies no earlier run into it evaluated run now (`--k`, `--seed` as given)."""
+    missing = [name for name in policies if name not in evaluated(folder)]
+    if missing:
+        flags = [f"--policy={name}={policies[name] or 'base'}" for name in missing]
+        harnessrl(
+            "stage", "evaluate", "--tasks", str(tasks), "--out", str(folder / "+".join(missing)), *flags,
+            "--k", str(args.k), "--specs", specs, "--concurrency", str(args.concurrency), "--seed", str(args.seed),
+        )  # fmt: skip
+    return evaluated(folder)
+
+
 def instruction_tasks(args: argparse.Namespace, root: Path) -> tuple[Path, Path, str]:
     """Whole one-sentence replies (`--whole-reply`); held out: half of the trained kinds, half of the
     one-sentence kinds never trained, each tagged with its eval group."""

@@ -48,7 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ablation_rollout_level import same_settings_as_before
-from benchmarks.learning_envs import add_family_arguments, harnessrl, instruction_tasks, paired_figures
+from benchmarks.learning_envs import (
+    add_family_arguments,
+    evaluate_policies,
+    harnessrl,
+    instruction_tasks,
+    paired_figures,
+)
 from harnessrl.io import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -108,30 +114,6 @@ def train(through: str, args: argparse.Namespace, tasks: Path, root: Path) -> Pa
     )  # fmt: skip
     (out / "minutes.json").write_text(json.dumps(round((time.perf_counter() - started) / 60, 2)))
     return out
-
-
-def evaluated(folder: Path) -> dict[str, dict[str, Any]]:
-    """Policy -> its result, from every evaluation already written under `folder`."""
-    results: dict[str, dict[str, Any]] = {}
-    for path in sorted(folder.glob("*/evaluation.json")):
-        results.update({r["policy"]: r for r in json.loads(path.read_text())["results"]})
-    return results
-
-
-def evaluate(
-    through: str, policies: dict[str, Path | None], args: argparse.Namespace, tasks: Path, root: Path
-) -> dict[str, dict[str, Any]]:
-    """Each policy's held-out result through `through`; only the policies no earlier run evaluated run now."""
-    folder = root / f"eval-{through}"
-    missing = [name for name in policies if name not in evaluated(folder)]
-    if missing:
-        flags = [f"--policy={name}={policies[name] or 'base'}" for name in missing]
-        harnessrl(
-            "stage", "evaluate", "--tasks", str(tasks), "--out", str(folder / "+".join(missing)), *flags,
-            "--k", str(args.k), "--specs", specs_of(through, args.reply_tokens),
-            "--concurrency", str(args.concurrency), "--seed", str(args.seed),
-        )  # fmt: skip
-    return evaluated(folder)
 
 
 @dataclass(frozen=True)
@@ -252,7 +234,12 @@ def main() -> None:
         train_tasks, test_tasks, _ = instruction_tasks(args, root / "tasks")
         runs = {through: train(through, args, train_tasks, root) for through in args.train_through}
         policies: dict[str, Path | None] = {"base": None, **{t: run / "model" for t, run in runs.items()}}
-        results = {e: evaluate(e, policies, args, test_tasks, root) for e in args.eval_through}
+        results = {
+            e: evaluate_policies(
+                policies, specs_of(e, args.reply_tokens), args, test_tasks, root / f"eval-{e}"
+            )
+            for e in args.eval_through
+        }
         figures: dict[str, Any] = matrix(results, list(runs), args.seed)
         stats = rollout_stats(list(runs.values()))
         figure = args.plot or root / "learning_harness.png"

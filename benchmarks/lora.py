@@ -16,7 +16,8 @@ adapter alone for LoRA: the engine merges it, harnessrl/engine/local.py) and eac
 and the trainer's `train_s`), from the run's steps.jsonl. Ratios are LoRA / full. Adapter sync into vLLM is
 measured by the vLLM tests, not here: the local engine is the one this machine's loop runs.
 
-    .venv/bin/python benchmarks/lora.py                 # 6 steps each, ~25 min on 2 quiet cores
+    .venv/bin/python benchmarks/lora.py --out runs/lora                  # 6 steps each, ~25 min on 2 quiet cores
+    .venv/bin/python benchmarks/lora.py --out runs/lora --lora-lr 1e-3   # LoRA again at another rate (the rest kept)
     .venv/bin/python benchmarks/lora.py --smoke         # 1 step each, 1 held-out task (~2 min)
 
 Last line: JSON with `full_diff`, `full_ci_low`, `lora_diff`, `lora_ci_low` (and `_ci_high`, `_pass_at_1`,
@@ -38,7 +39,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning_envs import REPO, add_family_arguments, harnessrl, instruction_tasks, paired_figures
+from benchmarks.ablation_rollout_level import same_settings_as_before
+from benchmarks.learning_envs import (
+    REPO,
+    add_family_arguments,
+    evaluate_policies,
+    instruction_tasks,
+    paired_figures,
+)
 from harnessrl.io import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -84,14 +92,21 @@ def optimizer_state_bytes(args: argparse.Namespace, lora: bool) -> int:
     return 2 * 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def run_folder(name: str, args: argparse.Namespace, root: Path) -> Path:
+    """A run's folder, named by what it trains with: a rerun with another LoRA rate trains only LoRA again."""
+    if name == "lora":
+        return root / f"rl-lora-r{args.rank}-a{args.alpha}-lr{args.lora_lr:g}"
+    return root / f"rl-full-lr{args.lr:g}"
+
+
 def train(name: str, args: argparse.Namespace, tasks: Path, root: Path) -> dict[str, Any]:
     """One RL run; its figures (kept in the run folder: a rerun into it does not train again)."""
-    out = root / f"rl-{name}"
+    out = run_folder(name, args, root)
     figures_file = out / "lora_benchmark.json"
     if figures_file.is_file():
         logger.info("%s: trained already", out)
         return json.loads(figures_file.read_text())
-    config = root / f"rl-{name}.json"
+    config = root / f"{out.name}.json"
     config.write_text(json.dumps(rl_config(args, name == "lora")))
     started = time.perf_counter()
     peak = peak_rss_run(
@@ -113,6 +128,13 @@ def train(name: str, args: argparse.Namespace, tasks: Path, root: Path) -> dict[
     }
     figures_file.write_text(json.dumps(figures))
     return figures
+
+
+# the settings the tasks, the base and each run's evaluation depend on (the learning rates and rank name the runs)
+SETTING_FLAGS = (
+    "kinds", "train_tasks", "heldout_tasks", "steps", "batch_groups", "group_size", "reply_tokens", "min_words",
+    "k", "seed",
+)  # fmt: skip
 
 
 def mean(values: list[float]) -> float | None:
@@ -149,17 +171,18 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lora-") as scratch:
         root = args.out or Path(scratch)
-        root.mkdir(parents=True, exist_ok=True)
+        same_settings_as_before(root, args, SETTING_FLAGS)
         train_tasks, test_tasks, _ = instruction_tasks(args, root / "tasks")
         runs = {name: train(name, args, train_tasks, root) for name in RUNS}
-        eval_out = root / "eval"
-        if not (eval_out / "evaluation.json").is_file():
-            harnessrl(
-                "stage", "evaluate", "--tasks", str(test_tasks), "--out", str(eval_out), "--policy", "base=base",
-                *(f"--policy={name}={root / f'rl-{name}' / 'model'}" for name in RUNS), "--k", str(args.k),
-                "--specs", specs(args), "--concurrency", str(args.concurrency), "--seed", str(args.seed),
-            )  # fmt: skip
-        results = {r["policy"]: r for r in json.loads((eval_out / "evaluation.json").read_text())["results"]}
+        policies: dict[str, Path | None] = {"base": None}
+        policies.update(
+            {run_folder(name, args, root).name: run_folder(name, args, root) / "model" for name in RUNS}
+        )
+        by_folder = evaluate_policies(policies, specs(args), args, test_tasks, root / "eval")
+        results = {
+            "base": by_folder["base"],
+            **{name: by_folder[run_folder(name, args, root).name] for name in RUNS},
+        }
     out: dict[str, Any] = {}
     for name in RUNS:
         out.update(paired_figures(results["base"], results[name], name, args.seed))
