@@ -320,16 +320,14 @@ class LocalEngine(SchedulerLoop, StreamingEngine, InProcessEngine):
             raise EngineError(
                 f"adapter of version {version} adapts other weights than the first adapter this engine took"
             )
-        state = {}
         for name, base in self._adapter_base.items():
-            delta = adapter.delta(name)
-            if delta.shape != base.shape:
+            a, b = adapter.pairs[name]
+            if (b.shape[0], a.shape[1]) != tuple(base.shape):
                 raise EngineError(
-                    f"adapter of version {version}: {name} gets a {tuple(delta.shape)} update, the served "
+                    f"adapter of version {version}: {name} gets a {(b.shape[0], a.shape[1])} update, the served "
                     f"weight is {tuple(base.shape)}"
                 )
-            state[name] = (base.float() + delta).to(base.dtype)
-        self._sync(state, version)
+        self._sync({name: adapter.merge(name, base) for name, base in self._adapter_base.items()}, version)
 
     def _sync(self, state: dict[str, torch.Tensor], version: int) -> None:
         sync = WeightSync(state, int(version), Future())

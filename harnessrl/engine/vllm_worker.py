@@ -399,9 +399,7 @@ class WeightSyncExtension:
 
         def merged() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in iter_safetensors(files):
-                if name in adapter.pairs:
-                    tensor = (tensor.float() + adapter.delta(name)).to(tensor.dtype)
-                yield name, tensor
+                yield name, adapter.merge(name, tensor) if name in adapter.pairs else tensor
 
         count = self._harnessrl_apply(merged(), req.version, source)
         return {"policy_version": req.version, "tensors": count, "adapted": len(adapter.pairs)}

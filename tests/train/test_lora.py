@@ -108,7 +108,7 @@ def test_saved_adapter_is_peft_layout_that_peft_loads_and_we_load_back(tmp_path:
     read = Adapter.load(dest)  # what an engine reads
     written = adapter_of(model.state_dict().items(), SETTINGS)
     assert read.settings == SETTINGS and read.pairs.keys() == written.pairs.keys()
-    assert all(torch.equal(read.delta(w), written.delta(w)) for w in read.pairs)
+    assert all(torch.equal(read.pairs[w][i], written.pairs[w][i]) for w in read.pairs for i in (0, 1))
     with pytest.raises(ValueError, match="not a PEFT adapter directory"):
         Adapter.load(tmp_path)
 
@@ -134,14 +134,14 @@ def test_settings_from_a_config_dict_and_their_checks():
         LoraSettings(rank=4, dropout=1.5)
 
 
-def test_adapter_of_pairs_each_adapted_weight_with_its_delta():
+def test_adapter_of_pairs_each_adapted_weight_and_merges_it_as_merged_weights_do():
     model = trained_adapter()
     adapter = adapter_of(model.state_dict().items(), SETTINGS)
     assert len(adapter.pairs) == 7 * 2 and adapter.settings.scale == 2.0
     name = "model.layers.0.self_attn.q_proj.weight"
     merged = dict(merged_weights(model.state_dict().items(), SETTINGS))
     base = small_llama().state_dict()[name]
-    assert torch.allclose(base + adapter.delta(name), merged[name], atol=1e-6)
+    assert torch.equal(adapter.merge(name, base), merged[name])
     assert adapter.nbytes == sum(t.nbytes for n, t in model.state_dict().items() if is_adapter_tensor(n))
 
 
