@@ -31,7 +31,8 @@ are refused), so the matrix can be filled a part at a time. The CLIs come from `
 CLI is missing is refused in one line.
 
 Last line: JSON with `<train>__<eval>_diff`, `<train>__<eval>_ci_low` (and `_ci_high`, `_pass_at_1`) for every
-pair measured, `base__<eval>_pass_at_1`, `rollout_stats` (per harness), `train_minutes` (per training run),
+pair measured, `base__<eval>_pass_at_1`, `rollout_stats` (per harness), `train_minutes` (each RL loop's own wall
+time),
 `minutes`. `--smoke` figures mean nothing.
 """
 
@@ -105,15 +106,19 @@ def train(through: str, args: argparse.Namespace, tasks: Path, root: Path) -> Pa
         return out
     config = root / f"rl-{through}.json"
     config.write_text(json.dumps(rl_config(args.reply_tokens, args.lr)))
-    started = time.perf_counter()
     harnessrl(
         "stage", "rl", "--tasks", str(tasks), "--out", str(out), "--mode", "colocated",
         "--steps", str(args.steps), "--batch-groups", str(args.batch_groups), "--group-size", str(args.group_size),
         "--specs", specs_of(through, args.reply_tokens), "--config", str(config), "--seed", str(args.seed),
         "--concurrency", str(args.concurrency),
     )  # fmt: skip
-    (out / "minutes.json").write_text(json.dumps(round((time.perf_counter() - started) / 60, 2)))
     return out
+
+
+def loop_minutes(run: Path) -> float:
+    """The RL loop's own wall time (its last step's `wall_s`, resumed attempts included)."""
+    rows = list(read_jsonl(run / "steps.jsonl"))
+    return round(rows[-1]["wall_s"] / 60, 2) if rows else 0.0
 
 
 @dataclass(frozen=True)
@@ -244,7 +249,7 @@ def main() -> None:
         stats = rollout_stats(list(runs.values()))
         figure = args.plot or root / "learning_harness.png"
         plot(figures, list(runs), list(args.eval_through), figure)
-        minutes = {t: json.loads((run / "minutes.json").read_text()) for t, run in runs.items()}
+        minutes = {t: loop_minutes(run) for t, run in runs.items()}
     for t in runs:
         cells = ", ".join(
             f"{e} {figures[f'{t}__{e}_diff']:+.3f} [{figures[f'{t}__{e}_ci_low']:+.3f}, {figures[f'{t}__{e}_ci_high']:+.3f}]"
