@@ -4,8 +4,9 @@ The adapters are injected into the transformers model itself (`peft.inject_adapt
 activation checkpointing, FSDP2 and the packed-sequence attention see the same model class as in full
 fine-tuning; only the adapter tensors have gradients and AdamW state. On disk an adapter is PEFT's layout
 (`adapter_config.json`, `adapter_model.safetensors`: what `peft.PeftModel.from_pretrained` and vLLM's
-`--enable-lora` load). Engines get either the adapter alone (`Adapter`: an engine that takes one merges
-`W + scale · B @ A` per version, harnessrl.engine.local) or the merged weights (`merged_weights`, every engine).
+`--enable-lora` load). Engines get the adapter alone (`Adapter`; every engine here merges `W + scale · B @ A`
+once per version: the in-process engine, ours over HTTP, vLLM's worker extension), or by broadcast the merged
+weights (`merged_weights`); the final model is written merged, with its adapter beside it.
 """
 
 from __future__ import annotations
