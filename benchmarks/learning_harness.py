@@ -110,7 +110,6 @@ def train(through: str, args: argparse.Namespace, tasks: Path, root: Path) -> Pa
         "stage", "rl", "--tasks", str(tasks), "--out", str(out), "--mode", "colocated",
         "--steps", str(args.steps), "--batch-groups", str(args.batch_groups), "--group-size", str(args.group_size),
         "--specs", specs_of(through, args.reply_tokens), "--config", str(config), "--seed", str(args.seed),
-        "--concurrency", str(args.concurrency),
     )  # fmt: skip
     return out
 
