@@ -20,7 +20,7 @@ import hashlib
 import itertools
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -266,20 +266,18 @@ class Router(BroadcastEngine):
         return [e for e in self.engines if isinstance(e, BroadcastEngine)]
 
     async def load_weights(self, checkpoint_dir: str, version: int) -> None:
-        loaders = self._loaders()
-        if len(loaders) != len(self.engines):
-            raise WeightSyncUnsupported(f"{len(self.engines) - len(loaders)} replica(s) cannot load weights")
-        try:
-            await asyncio.gather(*(e.load_weights(checkpoint_dir, version) for e in loaders))
-        finally:
-            self.reset_residency()
+        await self._on_every_replica(lambda e: e.load_weights(checkpoint_dir, version))
 
     async def load_adapter(self, adapter_dir: str, version: int) -> None:
+        await self._on_every_replica(lambda e: e.load_adapter(adapter_dir, version))
+
+    async def _on_every_replica(self, load: Callable[[WeightLoadingEngine], Awaitable[None]]) -> None:
+        """New weights into every replica at once; no replica keeps a session's cache residency after."""
         loaders = self._loaders()
         if len(loaders) != len(self.engines):
             raise WeightSyncUnsupported(f"{len(self.engines) - len(loaders)} replica(s) cannot load weights")
         try:
-            await asyncio.gather(*(e.load_adapter(adapter_dir, version) for e in loaders))
+            await asyncio.gather(*(load(e) for e in loaders))
         finally:
             self.reset_residency()
 

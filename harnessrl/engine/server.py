@@ -26,6 +26,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,26 +231,24 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def load_weights(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
-    body = await _json(request)
-    path, version = body.get("path"), body.get("version")
-    if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
-        return _error('body must be {"path": "<checkpoint dir>", "version": <int>}', 400)
-    try:
-        await engine.load_weights(path, version)
-    except EngineError as e:
-        return _error(str(e), 400)
-    return web.json_response({"status": "ok", "policy_version": engine.policy_version})
+    return await _load(request, "checkpoint dir", lambda engine: engine.load_weights)
 
 
 async def load_adapter(request: web.Request) -> web.Response:
+    return await _load(request, "PEFT adapter dir", lambda engine: engine.load_adapter)
+
+
+async def _load(
+    request: web.Request, what: str, method: Callable[[LocalEngine], Callable[[str, int], Awaitable[None]]]
+) -> web.Response:
+    """`{"path", "version"}` into the engine by `method` (its weights, or a LoRA adapter over them)."""
     engine = request.app[ENGINE_KEY]
     body = await _json(request)
     path, version = body.get("path"), body.get("version")
     if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
-        return _error('body must be {"path": "<PEFT adapter dir>", "version": <int>}', 400)
+        return _error(f'body must be {{"path": "<{what}>", "version": <int>}}', 400)
     try:
-        await engine.load_adapter(path, version)
+        await method(engine)(path, version)
     except EngineError as e:
         return _error(str(e), 400)
     return web.json_response({"status": "ok", "policy_version": engine.policy_version})

@@ -19,24 +19,13 @@ from harnessrl.train.lora import (
     merged_weights,
 )
 from harnessrl.train.trainer import OptimConfig, Trainer, TrainerConfig
+from tests.train.support import tiny_llama
 
 SETTINGS = LoraSettings(rank=4, alpha=8)
 
 
 def small_llama(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(seed, vocab=96).eval()
 
 
 def logits(model, ids: list[int]) -> torch.Tensor:
