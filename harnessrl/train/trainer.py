@@ -109,13 +109,16 @@ class TrainerConfig:
     @staticmethod
     def hashed(settings: dict) -> dict:
         """A run identity's view of these settings (`to_dict()`'s layout): the memory-only ones at their hashed
-        values (None: not hashed)."""
+        values (None: not hashed); `lora` only where adapters are trained, so that a full fine-tuning run keeps
+        the identity it had before LoRA existed (its checkpoints still resume)."""
         out = dict(settings)
         for name, hashed in MEMORY_SETTINGS_AS_HASHED.items():
             if hashed is None:
                 out.pop(name, None)
             else:
                 out[name] = hashed
+        if not (out.get("lora") or {}).get("rank"):
+            out.pop("lora", None)
         return out
 
     @classmethod

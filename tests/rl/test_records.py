@@ -41,6 +41,8 @@ def test_a_changed_update_setting_changes_the_identity():
     base = RLConfig().hashed_settings()
     assert RLConfig.from_dict({"estimator": "rloo"}).hashed_settings() != base
     assert RLConfig.from_dict({"train": {"optim": {"lr": 3e-6}}}).hashed_settings() != base
+    lora = RLConfig.from_dict({"train": {"lora": {"rank": 8}}}).hashed_settings()
+    assert lora != base  # adapters: another run
     assert RLConfig.from_dict({"steps": 99, "save_every": 3}).hashed_settings() == base  # unhashed
 
 
