@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from harnessrl.engine.vllm_worker import BroadcastInit
-    from harnessrl.train.lora import Adapter
+    from harnessrl.train.lora import Adapter, LoraSettings
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator accepts
 
@@ -276,7 +276,10 @@ class BroadcastEngine(WeightLoadingEngine, Protocol):
 
     async def init_weight_broadcast(self, init: BroadcastInit) -> list[Any]: ...
 
-    async def receive_weights_broadcast(self, version: int) -> None: ...
+    async def receive_weights_broadcast(self, version: int, adapter: LoraSettings | None = None) -> None:
+        """One update by broadcast, tagged `version`: every weight, or (with `adapter`) a LoRA adapter of those
+        settings, merged onto the base weights."""
+        ...
 
 
 async def generate_stream(

@@ -26,7 +26,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -63,6 +63,9 @@ from harnessrl.engine.vllm_worker import (
     ReceiveRequest,
 )
 from harnessrl.engine.weight_sync import VLLM_FIX, VLLM_VERSION, WeightSyncProtocol
+
+if TYPE_CHECKING:
+    from harnessrl.train.lora import LoraSettings
 
 KEEPALIVE_S = 3.0  # below uvicorn's 5 s (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default)
 
@@ -436,19 +439,21 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         )
         return _rpc_results(reply, self.base_url)
 
-    async def receive_weights_broadcast(self, version: int) -> None:
+    async def receive_weights_broadcast(self, version: int, adapter: LoraSettings | None = None) -> None:
         """Receives one update by broadcast (the trainer sends it meanwhile, `broadcast.send_weights`) and
-        tags later tokens `version`. Ours applies it between two decode steps and flushes its prefix cache;
-        vLLM is paused around it as for `load_weights`."""
+        tags later tokens `version`; with `adapter`, the update is a LoRA adapter of those settings, merged onto
+        the base. Ours applies it between two decode steps and flushes its prefix cache; vLLM is paused around
+        it as for `load_weights`."""
+        request = ReceiveRequest(int(version), *((adapter.rank, adapter.alpha) if adapter else (0, 0)))
         if self._protocol is WeightSyncProtocol.HARNESSRL:
-            reply = await self._call("POST", "/receive_weights", {"version": int(version)})
+            reply = await self._call("POST", "/receive_weights", json.loads(request.to_json()))
             if not (isinstance(reply, dict) and reply.get("policy_version") == int(version)):
                 raise EngineError(
                     f"{self.base_url}/receive_weights answered {reply!r:.200}, not version {version}"
                 )
             self.policy_version = int(version)
             return
-        await self._vllm_update(RECEIVE, ReceiveRequest(int(version)).to_json(), int(version))
+        await self._vllm_update(RECEIVE, request.to_json(), int(version))
 
     async def _vllm_update(self, method: str, request: str, version: int) -> None:
         """Pause (requests in flight freeze) → the extension's `method` on every worker → prefix cache flush

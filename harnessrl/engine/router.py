@@ -38,6 +38,7 @@ from harnessrl.engine.base import (
 
 if TYPE_CHECKING:
     from harnessrl.engine.vllm_worker import BroadcastInit
+    from harnessrl.train.lora import LoraSettings
 
 
 class RoutingStrategyName(StrEnum):
@@ -297,10 +298,10 @@ class Router(BroadcastEngine):
             offset += engine.workers
         return [answer for answers in await asyncio.gather(*calls) for answer in answers]
 
-    async def receive_weights_broadcast(self, version: int) -> None:
+    async def receive_weights_broadcast(self, version: int, adapter: LoraSettings | None = None) -> None:
         """Every replica receives the same broadcast (one update: the trainer sends it once)."""
         try:
-            await asyncio.gather(*(e.receive_weights_broadcast(version) for e in self._receivers()))
+            await asyncio.gather(*(e.receive_weights_broadcast(version, adapter) for e in self._receivers()))
         finally:
             self.reset_residency()
 

@@ -13,8 +13,9 @@ Endpoints
 - `POST /load_adapter {"path", "version"}` (ours): a LoRA adapter (PEFT's layout) merged onto the base weights
 - `POST /init_broadcast {"master_address", "master_port", "rank_offset", "world_size", "backend"}` (ours): join
   the trainer's weight broadcast group (rank `rank_offset`); answers once every rank has joined
-- `POST /receive_weights {"version"}` (ours): receive one update by broadcast, apply it between two decode steps
-  (prefix cache flushed); answers once applied (`{"policy_version", "tensors"}`)
+- `POST /receive_weights {"version"[, "lora_rank", "lora_alpha"]}` (ours): receive one update by broadcast (with
+  the LoRA fields: an adapter's tensors, merged onto the base weights), apply it between two decode steps (prefix
+  cache flushed); answers once applied (`{"policy_version", "tensors"}`)
 - `POST /abort {"request_ids": [...]}` or `{}` for all (ours; vLLM aborts when the client disconnects)
 """
 
@@ -291,18 +292,23 @@ async def receive_weights(request: web.Request) -> web.Response:
     from harnessrl.engine.broadcast import receive_weights as receive
 
     try:
-        version = ReceiveRequest.from_json(json.dumps(await _json(request))).version
+        req = ReceiveRequest.from_json(json.dumps(await _json(request)))
     except WeightSyncRequestError as e:
         return _error(str(e), 400)
+    version = req.version
     group = request.app[GROUP_KEY].get("group")
     if group is None:
         return _error("no weight broadcast group: POST /init_broadcast first", 409)
     engine = request.app[ENGINE_KEY]
     try:  # the whole update is received before it is checked, so the sender never blocks on this engine
         state = await asyncio.to_thread(lambda: dict(receive(group, str(version))))
-        check_state(engine.model, state, "broadcast")
-        await asyncio.to_thread(engine.load_state_sync, state, version)
-    except EngineError as e:
+        if req.adapter:
+            adapter = req.received_adapter(state.items(), f"broadcast adapter of version {version}")
+            await asyncio.to_thread(engine.load_adapter_sync, adapter, version)
+        else:
+            check_state(engine.model, state, "broadcast")
+            await asyncio.to_thread(engine.load_state_sync, state, version)
+    except (EngineError, ValueError) as e:
         return _error(str(e), 400)
     except (BroadcastError, RuntimeError) as e:
         return _error(f"weight broadcast failed: {e}", 500)

@@ -13,8 +13,11 @@ Two ways in: `harnessrl_load_weights` reads a checkpoint directory of safetensor
 fetched with harnessrl.store: every replica pulls what the trainer wrote), and the broadcast path
 (`harnessrl_init_broadcast` once: joins a process group with the trainer as rank 0, nccl on GPUs or gloo,
 `harnessrl.engine.broadcast.WeightGroup`; then `harnessrl_receive_weights` per sync: the worker receives the
-buckets the trainer broadcasts, each announced by a header of names, dtypes and shapes). The caller pauses
-generation around the update and resets the prefix cache after it (engine-level, not worker, operations).
+buckets the trainer broadcasts, each announced by a header of names, dtypes and shapes). A LoRA run's adapter
+comes either way alone: `harnessrl_load_adapter` reads a PEFT directory, a broadcast whose request names the
+adapter's rank and alpha carries its tensors; the worker merges it onto the served checkpoint's own weights. The
+caller pauses generation around the update and resets the prefix cache after it (engine-level, not worker,
+operations).
 
 An update is all or nothing from the sampler's view:
 1. the whole update is in hand before any parameter changes: a checkpoint's safetensors headers are read (which
@@ -55,9 +58,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from harnessrl.train.lora import Adapter
+
 logger = logging.getLogger(__name__)
 
-PROTOCOL = 2  # bumped when a method's arguments or answer change (2: broadcast with in-band headers)
+PROTOCOL = (
+    3  # bumped when a method's arguments or answer change (2: broadcast with in-band headers; 3: adapters)
+)
 INFO = "harnessrl_weight_sync_info"
 LOAD = "harnessrl_load_weights"
 LOAD_ADAPTER = "harnessrl_load_adapter"
@@ -166,13 +173,30 @@ class BroadcastInit:
 @dataclass(frozen=True)
 class ReceiveRequest:
     version: int  # the tensors themselves are announced in band, bucket by bucket (engine/broadcast.py)
+    lora_rank: int = 0  # > 0: the tensors are a LoRA adapter (PEFT's names), merged onto the served weights
+    lora_alpha: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, request: str) -> ReceiveRequest:
-        return cls(_int(_fields(request, ("version",)), "version"))
+        body = _fields(request, ("version",))
+        rank, alpha = (_int(body, n) if n in body else 0 for n in ("lora_rank", "lora_alpha"))
+        if rank < 0 or (rank > 0) != (alpha > 0):
+            raise WeightSyncRequestError(
+                f"lora_rank and lora_alpha must both be > 0 (an adapter) or both 0, got {rank} and {alpha}"
+            )
+        return cls(_int(body, "version"), rank, alpha)
+
+    @property
+    def adapter(self) -> bool:
+        return self.lora_rank > 0
+
+    def received_adapter(self, named: Iterable[tuple[str, torch.Tensor]], source: str) -> Adapter:
+        from harnessrl.train.lora import Adapter, LoraSettings
+
+        return Adapter.from_named(named, LoraSettings(self.lora_rank, self.lora_alpha), source)
 
 
 @dataclass(frozen=True)
@@ -371,38 +395,15 @@ class WeightSyncExtension:
         return {"policy_version": req.version, "tensors": count}
 
     def harnessrl_load_adapter(self, request: str) -> dict[str, Any]:
-        """A LoRA adapter merged onto the served checkpoint's own weights (read again from its files, so each
-        version replaces the last): only the adapter travels from the trainer; vLLM reloads every weight in
-        place, the adapted ones merged, as for a checkpoint update. Checked before anything changes."""
+        """A LoRA adapter directory (PEFT's layout) merged onto the served checkpoint (`_harnessrl_merge`)."""
         from harnessrl.train.lora import Adapter
 
         req = LoadRequest.from_json(request)
-        source = f"adapter {req.path}"
         try:
             adapter = Adapter.load(Path(req.path))
         except (ValueError, OSError) as e:
             raise UpdateRejected(f"{e}; the engine still serves version {self._harnessrl_version}") from e
-        reference = self._harnessrl_schema()
-        problems = [
-            f"{name}: not a weight of the served checkpoint"
-            if name not in reference
-            else f"{name}: {tuple(b.shape[:1] + a.shape[1:])} update for {reference[name].shape}"
-            for name, (a, b) in adapter.pairs.items()
-            if name not in reference or tuple(b.shape[:1] + a.shape[1:]) != tuple(reference[name].shape)
-        ]
-        if problems:
-            raise UpdateRejected(
-                f"{source}: update to version {req.version} refused before any weight changed: "
-                f"{'; '.join(problems[:3])}; the engine still serves version {self._harnessrl_version}"
-            )
-        files = checkpoint_files(self._harnessrl_served_dir())
-
-        def merged() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in iter_safetensors(files):
-                yield name, adapter.merge(name, tensor) if name in adapter.pairs else tensor
-
-        count = self._harnessrl_apply(merged(), req.version, source)
-        return {"policy_version": req.version, "tensors": count, "adapted": len(adapter.pairs)}
+        return self._harnessrl_merge(adapter, req.version, f"adapter {req.path}")
 
     def harnessrl_init_broadcast(self, request: str) -> dict[str, Any]:
         from harnessrl.engine.broadcast import WeightGroup
@@ -437,6 +438,12 @@ class WeightSyncExtension:
                 f"broadcast group is closed: join it again ({INIT_BROADCAST}; BroadcastPublisher does at its "
                 "next publish)"
             ) from e
+        if req.adapter:
+            try:
+                adapter = req.received_adapter(staged, source)
+            except ValueError as e:
+                raise UpdateRejected(f"{e}; the engine still serves version {self._harnessrl_version}") from e
+            return self._harnessrl_merge(adapter, req.version, source)
         self._harnessrl_check(tensors_schema(staged), req.version, source)
         count = self._harnessrl_apply(staged, req.version, source)
         return {"policy_version": req.version, "tensors": count}
@@ -448,6 +455,32 @@ class WeightSyncExtension:
         return {"closed": True}
 
     # ---- helpers (prefixed: they become attributes of vLLM's worker) ------------------------------------
+
+    def _harnessrl_merge(self, adapter: Adapter, version: int, source: str) -> dict[str, Any]:
+        """An adapter merged onto the served checkpoint's own weights (read again from its files, so each
+        version replaces the last): only the adapter travels from the trainer; vLLM reloads every weight in
+        place, the adapted ones merged, as for a checkpoint update. Checked before anything changes."""
+        reference = self._harnessrl_schema()
+        problems = [
+            f"{name}: not a weight of the served checkpoint"
+            if name not in reference
+            else f"{name}: {tuple(b.shape[:1] + a.shape[1:])} update for {reference[name].shape}"
+            for name, (a, b) in adapter.pairs.items()
+            if name not in reference or tuple(b.shape[:1] + a.shape[1:]) != tuple(reference[name].shape)
+        ]
+        if problems:
+            raise UpdateRejected(
+                f"{source}: update to version {version} refused before any weight changed: "
+                f"{'; '.join(problems[:3])}; the engine still serves version {self._harnessrl_version}"
+            )
+        files = checkpoint_files(self._harnessrl_served_dir())
+
+        def merged() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in iter_safetensors(files):
+                yield name, adapter.merge(name, tensor) if name in adapter.pairs else tensor
+
+        count = self._harnessrl_apply(merged(), version, source)
+        return {"policy_version": version, "tensors": count, "adapted": len(adapter.pairs)}
 
     def _harnessrl_tied(self) -> bool:
         return bool(getattr(self.model_config.hf_text_config, "tie_word_embeddings", False))

@@ -21,7 +21,7 @@ import torch
 
 from harnessrl.rl.config import RLConfig
 from harnessrl.rl.groups import Group
-from harnessrl.rl.publish import AdapterPublisher, WeightPublisher, make_publisher
+from harnessrl.rl.publish import WeightPublisher, make_publisher
 from harnessrl.rl.ranks import Command, TrainerRanks, gather_weights, trainer_threads
 from harnessrl.rl.records import Update
 from harnessrl.train.checkpoint import save_checkpoint, save_model, upload_dir
@@ -141,15 +141,9 @@ class Learner:
         with self.ranks.collective(Command.WEIGHTS):
             yield from gather_weights(self.model)
 
-    def policy_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy as plain weights of the base model (a LoRA run's adapters merged in)."""
-        lora = self.cfg.train.lora
-        return merged_weights(self.full_weights(), lora) if lora.enabled else self.full_weights()
-
     def sync_weights(self, version: int) -> Synced:
         """Publishes the policy to every engine as `version` (`cfg.weight_sync`: a checkpoint path the engines
-        load, or a broadcast to them; harnessrl.rl.publish): a LoRA run's adapter alone where the publisher
-        takes adapters, else the merged weights."""
+        load, or a broadcast to them; harnessrl.rl.publish); a LoRA run's adapter alone."""
         if self.publisher is None:
             self.publisher = make_publisher(
                 self.cfg.weight_sync,
@@ -160,14 +154,14 @@ class Learner:
                 fingerprint=self.identity.digest,
             )
         lora = self.cfg.train.lora
-        if lora.enabled and isinstance(self.publisher, AdapterPublisher):
+        if lora.enabled:
             adapter = adapter_of(self.full_weights(), lora)
             return Synced(self.publisher.publish_adapter(version, adapter), adapter.nbytes)
         sent = 0
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal sent
-            for name, tensor in self.policy_weights():
+            for name, tensor in self.full_weights():
                 sent += tensor.nbytes
                 yield name, tensor
 

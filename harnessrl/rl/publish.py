@@ -13,9 +13,9 @@
   disk, so remote engines need no shared volume.
 
 `publish(version, named_tensors)` runs on trainer rank 0 and returns its seconds; `named_tensors` is consumed
-once, in order (a generator of gathered tensors is fine). A publisher that can send a LoRA run's adapter alone
-(`AdapterPublisher`: the in-process engine, and the checkpoint path to a served engine or vLLM) has
-`publish_adapter`; the broadcast gets the merged weights.
+once, in order (a generator of gathered tensors is fine). Each also has `publish_adapter(version, adapter)`
+a LoRA run's adapter alone — in memory, as a PEFT directory, or broadcast — merged by
+every engine onto its base weights.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Coroutine, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from harnessrl.engine.base import (
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     import torch
 
     from harnessrl.engine.broadcast import WeightGroup
-    from harnessrl.train.lora import Adapter
+    from harnessrl.train.lora import Adapter, LoraSettings
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,9 @@ logger = logging.getLogger(__name__)
 class WeightPublisher(Protocol):
     def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float: ...
 
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class AdapterPublisher(WeightPublisher, Protocol):
     def publish_adapter(self, version: int, adapter: Adapter) -> float: ...
+
+    def close(self) -> None: ...
 
 
 class _Runner:
@@ -214,11 +211,20 @@ class BroadcastPublisher:
         return group
 
     def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
+        return self._broadcast(version, named_tensors, None)
+
+    def publish_adapter(self, version: int, adapter: Adapter) -> float:
+        """The adapter's tensors alone (PEFT's names); every engine merges them onto its base."""
+        return self._broadcast(version, adapter.named_tensors(), adapter.settings)
+
+    def _broadcast(
+        self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter: LoraSettings | None
+    ) -> float:
         from harnessrl.engine.broadcast import send_weights
 
         t0 = time.perf_counter()
         group = self.group or self.join()
-        receiving = self._runner.submit(self.engine.receive_weights_broadcast(version))
+        receiving = self._runner.submit(self.engine.receive_weights_broadcast(version, adapter))
 
         def failed() -> BaseException | None:
             return receiving.exception() if receiving.done() else None

@@ -5,8 +5,8 @@ activation checkpointing, FSDP2 and the packed-sequence attention see the same m
 fine-tuning; only the adapter tensors have gradients and AdamW state. On disk an adapter is PEFT's layout
 (`adapter_config.json`, `adapter_model.safetensors`: what `peft.PeftModel.from_pretrained` and vLLM's
 `--enable-lora` load). Engines get the adapter alone (`Adapter`; every engine here merges `W + scale · B @ A`
-once per version: the in-process engine, ours over HTTP, vLLM's worker extension), or by broadcast the merged
-weights (`merged_weights`); the final model is written merged, with its adapter beside it.
+once per version: the in-process engine, ours over HTTP, vLLM's worker extension; as a directory or by
+broadcast); the final model is written merged (`merged_weights`), with its adapter beside it.
 """
 
 from __future__ import annotations
@@ -139,18 +139,39 @@ class Adapter:
         a, b = self.pairs[name]
         return merged_weight(base, a, b, self.settings.scale)
 
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The adapter under PEFT's tensor names (its safetensors file, and a broadcast's wire)."""
+        for weight, (a, b) in self.pairs.items():
+            module = PEFT_PREFIX + weight.removesuffix(".weight")
+            yield f"{module}.lora_A.weight", a.contiguous()
+            yield f"{module}.lora_B.weight", b.contiguous()
+
+    @classmethod
+    def from_named(
+        cls, named: Iterable[tuple[str, torch.Tensor]], settings: LoraSettings, source: str
+    ) -> Adapter:
+        """An adapter of `settings` from tensors under PEFT's names; ValueError naming `source` when they are not
+        one (a half without the other, or A of another rank)."""
+        halves: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in named:
+            for part in ("A", "B"):
+                marker = f".lora_{part}.weight"
+                if name.endswith(marker):
+                    weight = name.removeprefix(PEFT_PREFIX).removesuffix(marker) + ".weight"
+                    halves.setdefault(weight, {})[part] = tensor
+        lonely = sorted(w for w, h in halves.items() if len(h) != 2)
+        if lonely or not halves:
+            raise ValueError(f"{source}: adapter tensors without their other half, e.g. {lonely[:2]}")
+        other_rank = sorted(w for w, h in halves.items() if h["A"].shape[0] != settings.rank)
+        if other_rank:
+            raise ValueError(f"{source}: adapters not of rank {settings.rank}, e.g. {other_rank[:2]}")
+        return cls(settings, {w: (h["A"], h["B"]) for w, h in halves.items()})
+
     def save(self, dest: Path, base_model: str) -> Path:
         from safetensors.torch import save_file
 
-        state = {}
-        for weight, (a, b) in self.pairs.items():
-            module = PEFT_PREFIX + weight.removesuffix(".weight")
-            state[f"{module}.lora_A.weight"], state[f"{module}.lora_B.weight"] = (
-                a.contiguous(),
-                b.contiguous(),
-            )
         dest.mkdir(parents=True, exist_ok=True)
-        save_file(state, dest / ADAPTER_WEIGHTS)
+        save_file(dict(self.named_tensors()), dest / ADAPTER_WEIGHTS)
         self.settings.peft_config(base_model).save_pretrained(str(dest))
         return dest
 
@@ -170,17 +191,7 @@ class Adapter:
             alpha=int(config["lora_alpha"]),
             target_modules=tuple(config.get("target_modules") or ()),
         )
-        halves: dict[str, dict[str, torch.Tensor]] = {}
-        for name, tensor in load_file(weights_file).items():
-            for part in ("A", "B"):
-                marker = f".lora_{part}.weight"
-                if name.endswith(marker):
-                    weight = name.removeprefix(PEFT_PREFIX).removesuffix(marker) + ".weight"
-                    halves.setdefault(weight, {})[part] = tensor
-        lonely = sorted(w for w, h in halves.items() if len(h) != 2)
-        if lonely or not halves:
-            raise ValueError(f"{directory}: adapter tensors without their other half, e.g. {lonely[:2]}")
-        return cls(settings, {w: (h["A"], h["B"]) for w, h in halves.items()})
+        return cls.from_named(load_file(weights_file).items(), settings, str(directory))
 
 
 def _target(name: str) -> tuple[str, str] | None:

@@ -232,7 +232,14 @@ HEADLINES: dict[str, Headline] = {
     "verify.py": headline(
         "overhead_ratio", "sandbox_ratio", "verifications_per_min", "load_avg", slow=True, bwrap=True
     ),
-    "weight_sync.py": headline("checkpoint_s", "broadcast_s", "broadcast_vs_checkpoint", "join_s"),
+    "weight_sync.py": headline(
+        "checkpoint_s",
+        "broadcast_s",
+        "broadcast_vs_checkpoint",
+        "join_s",
+        "adapter_broadcast_s",
+        "adapter_bytes",
+    ),
 }
 # with podman here, verify.py measures the podman backend as well (the README's `overhead_ratio_podman`)
 PODMAN_KEYS = frozenset({"overhead_ratio_podman", "podman_sandbox_ratio"})

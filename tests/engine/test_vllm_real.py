@@ -436,10 +436,10 @@ def test_a_vllm_without_the_extension_is_refused_in_one_line(vllm, policy, monke
 
 @pytest.mark.parametrize(
     ("mode", "sync", "lora_rank"),
-    [("colocated", "checkpoint", 0), ("separate", "broadcast", 0), ("colocated", "checkpoint", 8)],
+    [("colocated", "checkpoint", 0), ("separate", "broadcast", 0), ("separate", "broadcast", 8)],
 )
 def test_stage_rl_trains_against_vllm(mode, sync, lora_rank, vllm, base_weights, policy, tmp_path):
-    """(With `lora_rank`: adapters trained, each sync the adapter alone, merged by the worker extension.)"""
+    """(With `lora_rank`: adapters trained, each sync the adapter alone (broadcast), merged by the worker extension.)"""
     tasks = write_prompt_tasks(tmp_path / "tasks.jsonl")
     out = tmp_path / "out"
     cmd = rl_command(

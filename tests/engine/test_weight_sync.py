@@ -281,6 +281,13 @@ def test_every_replica_pulls_an_s3_checkpoint(s3_env, prompt, mini):
 
 def test_extension_requests_round_trip_and_name_bad_fields():
     assert ReceiveRequest.from_json(ReceiveRequest(2).to_json()) == ReceiveRequest(2)
+    assert ReceiveRequest.from_json('{"version": 2}') == ReceiveRequest(2, 0, 0)  # before adapters
+    lora = ReceiveRequest(5, 8, 16)
+    assert ReceiveRequest.from_json(lora.to_json()) == lora and lora.adapter
+    with pytest.raises(
+        WeightSyncRequestError, match="lora_rank and lora_alpha must both be > 0.*got 8 and 0"
+    ):
+        ReceiveRequest.from_json(json.dumps({"version": 5, "lora_rank": 8}))
     init = BroadcastInit("10.0.0.1", 29500, 1, 3, "gloo")
     assert BroadcastInit.from_json(init.to_json()) == init
     with pytest.raises(WeightSyncRequestError, match="backend must be nccl or gloo, got 'mpi'"):

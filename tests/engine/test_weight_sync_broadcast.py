@@ -92,6 +92,56 @@ def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broad
     assert failed_after_s < 30  # not the group's 600 s timeout
 
 
+def test_a_lora_adapter_alone_goes_by_broadcast_and_each_replica_merges_it_onto_its_base(
+    mini, prompt, background_loop
+):
+    """LoRA by broadcast: only the adapter's tensors travel; each replica merges them onto its own base, so its
+    logprobs are the adapted trainer model's; a second adapter replaces the first (merged onto the base, not
+    onto the first); an adapter of another rank than announced is refused and the replicas keep version 2."""
+    from harnessrl.train.lora import LoraSettings, adapter_of, add_adapters, is_adapter_tensor
+
+    model_dir, base, _ = mini
+    settings = LoraSettings(rank=4, alpha=8)
+    adapted = load_model(model_dir).eval()
+    add_adapters(adapted, settings)
+    procs = [serve_process(model_dir) for _ in range(2)]
+    clients = [HTTPEngine(url) for _, url in procs]
+    publisher = BroadcastPublisher(Router(clients, "round_robin"), background_loop, name="engines")
+    served = []
+    try:
+        for version in (1, 2):
+            torch.manual_seed(version)
+            with torch.no_grad():  # what optimizer steps do to the adapter
+                for name, p in adapted.named_parameters():
+                    if is_adapter_tensor(name):
+                        p.copy_(torch.randn_like(p) * 0.3)
+            adapter = adapter_of(adapted.state_dict().items(), settings)
+            publisher.publish_adapter(version, adapter)
+            gens = [on(background_loop, c.generate(prompt, GREEDY, 6)) for c in clients]
+            served.append((gens, [teacher_forced(adapted, prompt, g.token_ids) for g in gens], adapter))
+        wrong_rank = served[-1][2]
+        wrong_rank.settings = LoraSettings(rank=2, alpha=8)
+        with pytest.raises(EngineError, match="HTTP 400.*adapters not of rank 2"):
+            publisher.publish_adapter(3, wrong_rank)
+        health = [on(background_loop, c._call("GET", "/health")) for c in clients]
+    finally:
+        publisher.close()
+        for c in clients:
+            on(background_loop, c.release())
+        for proc, _ in procs:
+            proc.kill()
+            proc.wait()
+    full_bytes = sum(t.nbytes for t in base.state_dict().values())
+    assert served[0][2].nbytes < 0.1 * full_bytes  # what went over the wire
+    for version, (gens, trainer_lps, _) in enumerate(served, 1):
+        for gen, trainer_lp in zip(gens, trainer_lps, strict=True):
+            assert gen.token_policy_versions == [version] * len(gen.token_ids)
+            assert close(gen.logprobs, trainer_lp)
+            assert not close(gen.logprobs, teacher_forced(base, prompt, gen.token_ids))
+    assert not close(served[0][0][0].logprobs, served[1][1][0])  # the second adapter changed the policy
+    assert [h["policy_version"] for h in health] == [2, 2]
+
+
 def test_buckets_pack_mixed_dtypes_and_a_receiver_gets_every_tensor_back():
     named = [
         ("a", torch.arange(5, dtype=torch.float32)),

@@ -15,56 +15,33 @@ import torch
 from harnessrl.engine.base import SamplingParams
 from harnessrl.engine.local import LocalEngine
 from harnessrl.io import read_jsonl
+from tests.rl.support import sync_setup
 from tests.rl.test_stage import REPO, _config, rl_command
 
-PROMPT = "Write a long story about a dragon and a castle."
 LORA = {"rank": 8, "alpha": 16}
 
 
-def _trainer_logprobs(model, prompt: list[int], token_ids: list[int]) -> list[float]:
-    ids = torch.tensor([prompt + token_ids])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0].tolist()
-
-
 def test_adapter_sync_moves_the_engine_to_the_trainers_policy(rl_policy: Path, tmp_path: Path):
-    from harnessrl.rl.config import RLConfig
-    from harnessrl.rl.learner import Learner
-    from harnessrl.tinymodel import load_model, load_tokenizer
-    from harnessrl.train.fingerprint import RunIdentity
-    from harnessrl.train.lora import add_adapters, is_adapter_tensor
-    from harnessrl.train.trainer import Trainer
+    from harnessrl.train.lora import is_adapter_tensor
 
-    cfg = RLConfig.from_dict({"train": {"lora": LORA}})
-    model = load_model(rl_policy)
-    full_bytes = sum(t.nbytes for t in model.state_dict().values())
-    add_adapters(model, cfg.train.lora)
-    tokenizer = load_tokenizer(rl_policy)
-    engine = LocalEngine(rl_policy, max_batch=2, threads=1)
-    learner = Learner(
-        model, tokenizer, Trainer(model, cfg.train), cfg, tmp_path, RunIdentity({"x": "1"}, "p"), engine
-    )
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False
-    )
-    prompt = tokenizer.encode(text, add_special_tokens=False)
+    setup = sync_setup(rl_policy, tmp_path, {"train": {"lora": LORA}})
+    full_bytes = sum(t.nbytes for n, t in setup.model.state_dict().items() if not is_adapter_tensor(n))
     greedy = SamplingParams(temperature=0.0)
     try:
-        before = asyncio.run(engine.generate(prompt, greedy, 12))
+        before = asyncio.run(setup.engine.generate(setup.prompt, greedy, 12))
         versions = []
         for version in (1, 2):  # the second adapter replaces the first: merged onto the base, not the first
             torch.manual_seed(version)
             with torch.no_grad():  # what optimizer steps do to the adapter
-                for name, p in model.named_parameters():
+                for name, p in setup.model.named_parameters():
                     if is_adapter_tensor(name):
                         p.copy_(torch.randn_like(p) * 0.02)
-            synced = learner.sync_weights(version)
-            after = asyncio.run(engine.generate(prompt, greedy, 12))
-            versions.append((synced, after, _trainer_logprobs(model, prompt, after.token_ids)))
+            synced = setup.learner.sync_weights(version)
+            after = asyncio.run(setup.engine.generate(setup.prompt, greedy, 12))
+            versions.append((synced, after, setup.trainer_logprobs(after.token_ids)))
     finally:
-        engine.close()
-    adapter_bytes = sum(t.nbytes for n, t in model.state_dict().items() if is_adapter_tensor(n))
+        setup.engine.close()
+    adapter_bytes = sum(t.nbytes for n, t in setup.model.state_dict().items() if is_adapter_tensor(n))
     for version, (synced, after, trainer_lp) in enumerate(versions, 1):
         assert synced.nbytes == adapter_bytes and synced.nbytes < 0.05 * full_bytes
         assert after.policy_version == version and set(after.token_policy_versions) == {version}

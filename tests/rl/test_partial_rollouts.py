@@ -18,8 +18,7 @@ from harnessrl.engine.local import LocalEngine
 from harnessrl.gateway import GatewayAdmin, GatewayConfig, GatewayServer
 from harnessrl.gateway.enums import PauseMode
 from harnessrl.rl.collect import JournalTail
-
-PROMPT = "Write a long story about a dragon and a castle."
+from tests.rl.support import PROMPT, sync_setup
 
 
 def _call(base_url: str, api_key: str, max_tokens: int) -> None:
@@ -38,7 +37,20 @@ def _call(base_url: str, api_key: str, max_tokens: int) -> None:
         response.read()
 
 
-def test_abort_sync_resume_keeps_every_token_once_with_its_version(rl_policy: Path, tmp_path: Path):
+@pytest.mark.parametrize("sync", ["weights", "adapter"])
+def test_abort_sync_resume_keeps_every_token_once_with_its_version(
+    sync: str, rl_policy: Path, tmp_path: Path
+):
+    """A rollout in flight across a weight sync, full or a LoRA adapter (a fresh one: B = 0, the same policy,
+    so greedy continues identically)."""
+    from harnessrl.tinymodel import load_model
+    from harnessrl.train.lora import LoraSettings, adapter_of, add_adapters
+
+    settings = LoraSettings(rank=4)
+    adapted = load_model(rl_policy)
+    add_adapters(adapted, settings)
+    adapter = adapter_of(adapted.state_dict().items(), settings)
+    del adapted
     max_tokens = 64
     engine = LocalEngine(rl_policy, max_batch=4, threads=1)
     token = "adm-" + secrets.token_urlsafe(8)
@@ -57,7 +69,10 @@ def test_abort_sync_resume_keeps_every_token_once_with_its_version(rl_policy: Pa
         while engine.steps < steps0 + 8 and time.monotonic() < deadline:  # a few tokens are sampled
             time.sleep(0.005)
         admin.pause(PauseMode.ABORT, timeout_s=60)
-        engine.load_weights_sync(rl_policy, 1)  # same weights, new version: greedy continues identically
+        if sync == "weights":  # same weights, new version: greedy continues identically
+            engine.load_weights_sync(rl_policy, 1)
+        else:
+            engine.load_adapter_sync(adapter, 1)
         admin.resume()
         worker.join(300)
         assert not worker.is_alive()
@@ -85,42 +100,22 @@ def test_abort_sync_resume_keeps_every_token_once_with_its_version(rl_policy: Pa
 
 
 def test_weight_sync_moves_the_engine_to_the_trainers_weights(rl_policy: Path, tmp_path: Path):
-    from harnessrl.rl.config import RLConfig
-    from harnessrl.rl.learner import Learner
-    from harnessrl.tinymodel import load_model, load_tokenizer
-    from harnessrl.train.fingerprint import RunIdentity
-    from harnessrl.train.trainer import Trainer
+    import asyncio
 
-    cfg = RLConfig()
-    model = load_model(rl_policy)
-    tokenizer = load_tokenizer(rl_policy)
-    engine = LocalEngine(rl_policy, max_batch=2, threads=1)
-    learner = Learner(
-        model, tokenizer, Trainer(model, cfg.train), cfg, tmp_path, RunIdentity({"x": "1"}, "p"), engine
-    )
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False
-    )
-    prompt = tokenizer.encode(text, add_special_tokens=False)
+    setup = sync_setup(rl_policy, tmp_path)
     greedy = SamplingParams(temperature=0.0)
     try:
-        import asyncio
-
-        before = asyncio.run(engine.generate(prompt, greedy, 12))
+        before = asyncio.run(setup.engine.generate(setup.prompt, greedy, 12))
         with torch.no_grad():  # what a (large) optimizer step would do to the policy
-            for p in model.model.layers[-1].parameters():
+            for p in setup.model.model.layers[-1].parameters():
                 p.add_(torch.randn_like(p) * 0.05)
-        seconds = learner.sync_weights(1).seconds
-        after = asyncio.run(engine.generate(prompt, greedy, 12))
+        seconds = setup.learner.sync_weights(1).seconds
+        after = asyncio.run(setup.engine.generate(setup.prompt, greedy, 12))
     finally:
-        engine.close()
+        setup.engine.close()
     assert seconds > 0
     assert after.policy_version == 1 and set(after.token_policy_versions) == {1}
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
     # the engine now samples the trainer's policy: its logprobs are the trainer model's
-    ids = torch.tensor([prompt + after.token_ids])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    trainer_lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(after.token_ids)[:, None])[:, 0]
-    assert after.logprobs == pytest.approx(trainer_lp.tolist(), abs=2e-3)
+    assert after.logprobs == pytest.approx(setup.trainer_logprobs(after.token_ids), abs=2e-3)
     assert not (tmp_path / "work" / "sync" / "v000000").exists()
