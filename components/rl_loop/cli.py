@@ -3,7 +3,8 @@
 One process runs the engine(s), the gateway, rollout workers, verifiers and the trainer for --steps
 optimizer steps. Prints one line per step (`rl step=… reward_mean=… …`) and, at the end, one JSON summary.
 With --nproc N the stage runs under torchrun: rank 0 runs the loop, and the trainer is sharded over all N
-ranks (FSDP2; one GPU per rank, or gloo on CPU).
+ranks (FSDP2; one GPU per rank, or gloo on CPU). Across nodes, run the same command on each node with
+--nnodes M, its --node-rank and node 0's --master-addr: node 0 runs the loop, the others only trainer ranks.
 """
 
 from __future__ import annotations
@@ -61,7 +62,15 @@ def register(commands, stages) -> None:
     add_concurrency(p, default=None, help="rollouts in flight (default: by mode)")
     p.add_argument("--save-every", type=int)
     p.add_argument("--replicas", type=int, help="local engine replicas behind the router")
-    p.add_argument("--nproc", type=int, help="trainer ranks (torchrun; one GPU each); default 1")
+    p.add_argument("--nproc", type=int, help="trainer ranks on this node (torchrun; one GPU each); default 1")
+    p.add_argument(
+        "--nnodes", type=int, help="nodes the trainer ranks span (each runs this command); default 1"
+    )
+    p.add_argument(
+        "--node-rank", type=int, default=0, help="this node's place (0: the loop's node); default 0"
+    )
+    p.add_argument("--master-addr", default="127.0.0.1", help="node 0's address, as every node reaches it")
+    p.add_argument("--master-port", type=int, default=29500, help="node 0's rendezvous port; default 29500")
     p.add_argument("--seed", type=int)
     p.add_argument(
         "--engine-dtype",
@@ -109,6 +118,7 @@ FLAGS = (
     "save_every",
     "replicas",
     "nproc",
+    "nnodes",
     "seed",
     "weight_sync",
     "engine_dtype",
@@ -122,6 +132,7 @@ def _run(args: argparse.Namespace) -> int:
     from harnessrl.cli import UserError
     from harnessrl.engine.base import EngineError
     from harnessrl.rl.config import RLInputs
+    from harnessrl.train.distributed import Rendezvous
     from harnessrl.train.launch import RanksFailed
 
     cfg = build_config(args)
@@ -135,6 +146,7 @@ def _run(args: argparse.Namespace) -> int:
         resume=args.resume,
         model_out=Path(args.model_out) if args.model_out else None,
         upload_to=args.upload_to,
+        rendezvous=Rendezvous(args.node_rank, args.master_addr, args.master_port),
     )
     try:
         summary = run_stage(cfg, inputs, echo=lambda line: print(line, flush=True))
@@ -147,4 +159,6 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     if summary is not None and not launched(cfg):  # launched: rank 0 has printed it
         print(json.dumps(summary.to_dict()))
+    elif summary is None and inputs.rendezvous.node_rank:
+        print(f"trainer node {inputs.rendezvous.node_rank} of {cfg.nnodes}: its ranks are done", flush=True)
     return 0

@@ -1,6 +1,6 @@
 """The `rl_loop` stage, as the CLI (`harnessrl stage rl`) and the KFP component both run it: settings from a
 JSON document with the caller's overrides laid over it, then the loop in this process — or, with `nproc` > 1
-outside torchrun, under torchrun with that many trainer ranks (harnessrl.rl.ranks.launch; the ranks print
+(or `nnodes` > 1) outside torchrun, under torchrun with that many trainer ranks on this node (harnessrl.rl.ranks.launch; the ranks print
 the step lines and the summary themselves)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def launched(cfg: RLConfig) -> bool:
     """Whether `run_stage` starts torchrun (rather than being a rank of it, or running alone)."""
     from harnessrl.rl.ranks import in_torchrun
 
-    return cfg.nproc > 1 and not in_torchrun()
+    return cfg.trainer_ranks > 1 and not in_torchrun()
 
 
 def run_stage(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None = None) -> RLSummary | None:

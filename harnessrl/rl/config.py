@@ -14,6 +14,7 @@ from harnessrl.choices import parse_choice
 from harnessrl.engine.base import DType, WeightSyncMode
 from harnessrl.rl.modes import RLMode, WorkloadKind
 from harnessrl.train.config import UpdateConfig
+from harnessrl.train.distributed import Rendezvous
 
 if TYPE_CHECKING:
     from harnessrl.rollout.specs import NamedSpec
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 UNHASHED = ("steps", "save_every", "keep_checkpoints", "engine_threads", "weight_sync")
 # settings the identities of earlier versions did not hash, with the value that behaves as they did: hashed only
 # when set otherwise (tests/rl/test_records.py keeps those identities)
-ADDED_LATER: dict[str, object] = {"engine_dtype": "float32", "environments": ()}
+ADDED_LATER: dict[str, object] = {"engine_dtype": "float32", "environments": (), "nnodes": 1}
 
 
 @dataclass
@@ -41,7 +42,10 @@ class RLConfig(UpdateConfig):
     dynamic_high: float = 1.0
     seed: int = 0
     replicas: int = 1  # local engines behind a Router (several --engine-url values do the same remotely)
-    nproc: int = 1  # trainer ranks (torchrun; FSDP2 over the ranks' GPUs, or gloo on CPU): harnessrl.rl.ranks
+    nproc: int = (
+        1  # trainer ranks per node (torchrun; FSDP2 over the ranks' GPUs, or gloo on CPU): rl/ranks.py
+    )
+    nnodes: int = 1  # nodes the trainer ranks span (node 0 runs the loop; each node runs `nproc` ranks)
     engine_threads: int | None = None  # LocalEngine torch threads (None: adaptive)
     # LocalEngine weights' format (auto: what this host multiplies faster, harnessrl.numformat); the trainer's
     # is `train.precision`. Under bf16 the engine's logprobs are what it sampled from; TIS corrects the gap
@@ -73,7 +77,7 @@ class RLConfig(UpdateConfig):
             from harnessrl.gateway.toolcalls import ToolParser
 
             parse_choice(ToolParser, self.tool_format, "tool_format")
-        for name in ("steps", "batch_groups", "group_size", "replicas", "nproc", "max_batch"):
+        for name in ("steps", "batch_groups", "group_size", "replicas", "nproc", "nnodes", "max_batch"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("concurrency", "max_staleness", "max_groups_per_step", "lend_slots"):
@@ -83,6 +87,10 @@ class RLConfig(UpdateConfig):
             raise ValueError(
                 f"need 0 <= dynamic_low < dynamic_high <= 1, got {self.dynamic_low}, {self.dynamic_high}"
             )
+
+    @property
+    def trainer_ranks(self) -> int:
+        return self.nproc * self.nnodes
 
     @property
     def rollout_slots(self) -> int:
@@ -168,6 +176,9 @@ class RLInputs:
     resume: bool = False
     model_out: Path | None = None
     upload_to: str | None = None  # s3:// prefix for checkpoints and the final model
+    rendezvous: Rendezvous = field(
+        default_factory=Rendezvous
+    )  # this node's place when the trainer spans nodes
 
     @property
     def final_model(self) -> Path:

@@ -13,8 +13,14 @@ harnessrl.train.distributed) and wait in `follow` for rank 0 to say which collec
 
 The other ranks wait for the next command on torchrun's store, not in a collective: the wait lasts as long
 as rank 0's rollouts take (hours, on real tasks), while collectives time out after the process group's
-timeout (30 min for gloo). A rank that dies takes the others with it: torchrun stops every rank when one exits non-zero, and the
-launching process names the failed rank (harnessrl.train.launch.run_ranks). Single node (`--standalone`).
+timeout (30 min for gloo). A rank that dies takes the others with it: torchrun stops every rank when one exits
+non-zero, and the launching process names the failed rank (harnessrl.train.launch.run_ranks).
+
+Across nodes (`--nnodes M`, each node `--nproc N` ranks): every node runs the same `harnessrl stage rl` command
+with its own `--node-rank` and node 0's `--master-addr`; torchrun's static rendezvous puts rank 0 (the loop) on
+node 0, and the ranks of the other nodes follow as above. They take their settings from rank 0 (SETUP carries
+them, so a node started with other settings cannot train another model), and read the starting policy (and a
+resumed checkpoint) at the path rank 0 gives: a volume every node mounts at the same path.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class Setup:
     policy_dir: str  # the run's starting policy
     checkpoint: str | None  # a resume: its weights (a LoRA run's: its adapter) and trainer state
     pad_id: int
+    config: dict[str, Any]  # rank 0's settings (RLConfig.to_dict): every rank trains by them
 
 
 def in_torchrun() -> bool:
@@ -68,18 +75,21 @@ def in_torchrun() -> bool:
 def init_ranks(cfg: RLConfig) -> DistContext:
     """This process's place among the trainer ranks (the process group is started when there are several)."""
     ctx = dist_mod.init_from_env(cfg.device)
-    if ctx.world_size != cfg.nproc:
+    if ctx.world_size != cfg.trainer_ranks:
         dist_mod.shutdown()
         raise ValueError(
-            f"nproc is {cfg.nproc} but this process is one of {ctx.world_size} torchrun ranks; "
-            f"run `harnessrl stage rl --nproc N` without torchrun (it starts the ranks itself)"
+            f"nproc {cfg.nproc} × nnodes {cfg.nnodes} is {cfg.trainer_ranks} ranks but this process is one of "
+            f"{ctx.world_size} torchrun ranks; run `harnessrl stage rl --nproc N [--nnodes M ...]` without "
+            "torchrun (it starts the ranks itself)"
         )
     return ctx
 
 
 def trainer_threads(threads: int, world_size: int) -> int:
-    """torch CPU threads of one trainer rank: the train config's count, else the cores shared by the ranks."""
-    return threads or max(1, (os.cpu_count() or 1) // world_size)
+    """torch CPU threads of one trainer rank: the train config's count, else the node's cores shared by the
+    ranks on it (torchrun's LOCAL_WORLD_SIZE; `world_size` outside torchrun)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return threads or max(1, (os.cpu_count() or 1) // local)
 
 
 class _Doorbell:
@@ -187,6 +197,12 @@ def build_trainer(cfg: RLConfig, ctx: DistContext, setup: Setup) -> tuple[Any, T
 
     seed_everything(cfg.train.seed)
     checkpoint = None if setup.checkpoint is None else Path(setup.checkpoint)
+    for what, path in (("starting policy", Path(setup.policy_dir)), ("checkpoint", checkpoint)):
+        if path is not None and not path.is_dir():
+            raise FileNotFoundError(
+                f"trainer rank {ctx.rank}: the {what} rank 0 loads, {path}, is not on this node: mount the "
+                "run's volume at the same path on every node"
+            )
     model = load_trainable(Path(setup.policy_dir), checkpoint, cfg.train.lora)
     torch.nn.Module.to(model, ctx.device)
     if ctx.enabled:
@@ -204,6 +220,7 @@ def follow(cfg: RLConfig, ctx: DistContext) -> None:
         command, setup = _receive(bell)
         if command is Command.STOP:
             return
+        cfg = type(cfg).from_dict(setup.config, "rank 0's rl config")
         torch.set_num_threads(trainer_threads(cfg.threads, ctx.world_size))
         model, trainer = build_trainer(cfg, ctx, setup)
         logger.info("trainer rank %d of %d ready on %s", ctx.rank, ctx.world_size, ctx.device)
@@ -224,10 +241,10 @@ def follow(cfg: RLConfig, ctx: DistContext) -> None:
         dist_mod.shutdown()
 
 
-def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> RLSummary:
-    """`harnessrl stage rl` under torchrun with `cfg.nproc` ranks (this process waits; the ranks' output
-    passes through live). Returns rank 0's summary (OUT/metrics.json); raises launch.RanksFailed naming the
-    rank that failed."""
+def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> RLSummary | None:
+    """`harnessrl stage rl` under torchrun with `cfg.nproc` ranks on this node (of `cfg.nnodes`; this process
+    waits; the ranks' output passes through live). Returns rank 0's summary (OUT/metrics.json) on node 0, None
+    on the others; raises launch.RanksFailed naming the rank that failed."""
     from harnessrl.io import atomic_write_json
     from harnessrl.train.launch import run_ranks, stage_command
 
@@ -251,9 +268,10 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
         args += ["--upload-to", inputs.upload_to]
     if inputs.resume:
         args.append("--resume")
-    run_ranks(
-        stage_command(cfg.nproc, "rl", args), cfg.nproc, timeout=timeout, stream=True, what="trainer rank"
-    )
+    command = stage_command(cfg.nproc, "rl", args, cfg.nnodes, inputs.rendezvous)
+    run_ranks(command, cfg.trainer_ranks, timeout=timeout, stream=True, what="trainer rank")
+    if inputs.rendezvous.node_rank != 0:
+        return None
     from harnessrl.rl.records import RLSummary
 
     return RLSummary.from_dict(json.loads((out / "metrics.json").read_text(encoding="utf-8")))

@@ -292,7 +292,12 @@ class RLRun:
         """The trainer on every trainer rank, and rank 0's Learner around it."""
         tokenizer = self.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        setup = Setup(str(self.policy_dir), None if checkpoint is None else str(checkpoint), pad_id or 0)
+        setup = Setup(
+            str(self.policy_dir.resolve()),
+            None if checkpoint is None else str(checkpoint.resolve()),
+            pad_id or 0,
+            json.loads(json.dumps(self.cfg.to_dict(), default=list)),
+        )
         with self.ranks.collective(Command.SETUP, setup):  # every trainer rank builds its part of the model
             model, trainer = build_trainer(self.cfg, self.ranks.ctx, setup)
         self.learner = Learner(

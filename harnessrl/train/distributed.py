@@ -25,6 +25,27 @@ from harnessrl.train.batching import SeqItem
 
 
 @dataclass(frozen=True)
+class Rendezvous:
+    """Where one node's ranks meet the other nodes' (torchrun's static rendezvous: node ranks are given, so
+    rank 0, which runs the RL loop, is on node 0). `master_addr`: node 0's address, reachable from every node;
+    node 0's torchrun agent hosts the store there at `master_port`."""
+
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    def torchrun_args(self, nnodes: int) -> list[str]:
+        if nnodes == 1:
+            return ["--standalone"]
+        if not 0 <= self.node_rank < nnodes:
+            raise ValueError(f"node rank {self.node_rank} outside {nnodes} nodes (0 … {nnodes - 1})")
+        return [
+            "--nnodes", str(nnodes), "--node-rank", str(self.node_rank),
+            "--master-addr", self.master_addr, "--master-port", str(self.master_port),
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
 class DistContext:
     world_size: int = 1
     rank: int = 0

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harnessrl.train.distributed import Rendezvous
 from harnessrl.train.round import TrainConfig
 
 TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -77,13 +78,17 @@ def failure_message(nproc: int, failures: list[RankFailure], returncode: int, wh
     return msg + "; torchrun stopped every rank"
 
 
-def torchrun_prefix(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+def torchrun_prefix(nproc: int, nnodes: int = 1, rendezvous: Rendezvous | None = None) -> list[str]:
+    """torchrun for this node's `nproc` ranks: alone (`--standalone`), or one of `nnodes` nodes."""
+    nodes = (rendezvous or Rendezvous()).torchrun_args(nnodes)
+    return [sys.executable, "-m", "torch.distributed.run", *nodes, "--nproc-per-node", str(nproc)]
 
 
-def stage_command(nproc: int, stage: str, args: Sequence[str]) -> list[str]:
+def stage_command(
+    nproc: int, stage: str, args: Sequence[str], nnodes: int = 1, rendezvous: Rendezvous | None = None
+) -> list[str]:
     """`torchrun ... -m harnessrl.cli stage <stage> <args>`."""
-    return [*torchrun_prefix(nproc), "-m", "harnessrl.cli", "stage", stage, *args]
+    return [*torchrun_prefix(nproc, nnodes, rendezvous), "-m", "harnessrl.cli", "stage", stage, *args]
 
 
 def rank_env() -> dict[str, str]:

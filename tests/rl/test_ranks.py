@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from harnessrl.io import read_jsonl
+from harnessrl.processes import free_port
 from harnessrl.train.launch import RankFailure, RanksFailed, run_ranks, torchrun_prefix
 from tests.rl.test_stage import REPO, rl_command
 
@@ -49,29 +50,58 @@ def _assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Ten
         )
 
 
-@pytest.mark.slow
-def test_two_trainer_ranks_train_the_same_weights_as_one(rl_policy: Path, prompt_tasks: Path, tmp_path: Path):
-    # one rank: one step; two ranks: the same step, a checkpoint, and a second step sampled after the sync
-    extra = {1: ("--steps", "1"), 2: ("--steps", "2", "--save-every", "1")}
-    runs = {n: tmp_path / f"nproc{n}" for n in (1, 2)}
+def _run_all(commands: dict[str, list[str]], timeout: float = 900) -> dict[str, str]:
+    """Runs the stage commands side by side; each one's stdout (its summary last) once every one succeeded."""
     procs = {
-        n: subprocess.Popen(
-            rl_command(
-                prompt_tasks, rl_policy, out, "--mode", "sync", "--config", _config(tmp_path), *extra[n]
-            )
-            + ["--nproc", str(n)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n, out in runs.items()
+        name: subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, cmd in commands.items()
     }
-    outputs = {n: p.communicate(timeout=600) for n, p in procs.items()}
-    for n, p in procs.items():
-        assert p.returncode == 0, outputs[n][1][-3000:]
-    summaries = {n: json.loads(outputs[n][0].strip().splitlines()[-1]) for n in runs}
+    outputs = {name: p.communicate(timeout=timeout) for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, (name, outputs[name][1][-3000:])
+    return {name: out for name, (out, _) in outputs.items()}
+
+
+def _summary(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_train_the_same_weights_as_one_and_across_two_nodes(
+    rl_policy: Path, prompt_tasks: Path, tmp_path: Path
+):
+    """One rank: one step; two ranks on one node: the same step, a checkpoint, and a second step sampled after
+    the sync; two nodes (two torchrun agents with their own output folders, rendezvous at node 0) of one rank
+    each: the same two steps as the two ranks of one node."""
+    runs = {n: tmp_path / f"nproc{n}" for n in (1, 2)}
+    nodes = [tmp_path / f"node{n}" for n in (0, 1)]
+
+    def command(out: Path, *extra: str) -> list[str]:
+        return rl_command(
+            prompt_tasks, rl_policy, out, "--mode", "sync", "--config", _config(tmp_path), *extra
+        )
+
+    across_nodes = ("--steps", "2", "--nproc", "1", "--nnodes", "2", "--master-port", str(free_port()))
+    outputs = _run_all(
+        {
+            "nproc1": command(runs[1], "--steps", "1", "--nproc", "1"),
+            "nproc2": command(runs[2], "--steps", "2", "--save-every", "1", "--nproc", "2"),
+            **{f"node{n}": command(nodes[n], *across_nodes, "--node-rank", str(n)) for n in (0, 1)},
+        }
+    )
+    summaries = {n: _summary(outputs[f"nproc{n}"]) for n in runs}
     assert summaries[1]["trainer_ranks"] == 1 and summaries[2]["trainer_ranks"] == 2
+    assert _summary(outputs["node0"])["trainer_ranks"] == 2
+    assert outputs["node1"].strip().splitlines()[-1] == "trainer node 1 of 2: its ranks are done"
+    assert not (nodes[1] / "steps.jsonl").exists()  # node 1 ran trainer ranks only
+
+    # two nodes = two ranks of one node: the same steps and, after both, the same weights
+    across, within = (list(read_jsonl(d / "steps.jsonl")) for d in (nodes[0], runs[2]))
+    for a, b in zip(across, within, strict=True):
+        for key in ("step", "groups", "outcome", "version", "reward_mean", "sequences", "tokens"):
+            assert a[key] == b[key], key
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    _assert_same_weights(_weights(nodes[0] / "model"), _weights(runs[2] / "model"))
 
     one, two = (list(read_jsonl(runs[n] / "steps.jsonl")) for n in (1, 2))
     assert [r["step"] for r in one] == [1] and [r["step"] for r in two] == [1, 2]
@@ -104,20 +134,15 @@ def test_two_trainer_ranks_train_the_same_lora_adapter_as_one(
     """LoRA under FSDP2: the adapters sharded over 2 ranks, the base frozen; one step trains the adapter one
     rank trains, and the final model (merged) follows it."""
     runs = {n: tmp_path / f"nproc{n}" for n in (1, 2)}
-    procs = {
-        n: subprocess.Popen(
-            rl_command(prompt_tasks, rl_policy, out, "--mode", "sync", "--config", _config(tmp_path))
-            + ["--steps", "1", "--lora-rank", "8", "--nproc", str(n)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n, out in runs.items()
-    }
-    outputs = {n: p.communicate(timeout=600) for n, p in procs.items()}
-    for n, p in procs.items():
-        assert p.returncode == 0, outputs[n][1][-3000:]
+    _run_all(
+        {
+            f"nproc{n}": rl_command(
+                prompt_tasks, rl_policy, out, "--mode", "sync", "--config", _config(tmp_path)
+            )
+            + ["--steps", "1", "--lora-rank", "8", "--nproc", str(n)]
+            for n, out in runs.items()
+        }
+    )
     one, two = (list(read_jsonl(runs[n] / "steps.jsonl")) for n in (1, 2))
     assert one[0]["outcome"] == two[0]["outcome"] == "trained", (one, two)
     assert two[0]["loss"] == pytest.approx(one[0]["loss"], abs=1e-6)
@@ -211,3 +236,17 @@ def test_run_ranks_names_the_rank_that_failed(tmp_path: Path):
     assert failed.value.failures[0] == RankFailure(1, 3)
     assert str(failed.value).startswith("rank 1 of 2 failed (exit code 3); torchrun stopped every rank")
     assert sys.executable in str(failed.value)
+
+
+def test_a_node_that_lacks_the_starting_policy_is_told_to_mount_the_runs_volume(tmp_path: Path):
+    from harnessrl.rl.config import RLConfig
+    from harnessrl.rl.ranks import Setup, build_trainer
+    from harnessrl.train.distributed import DistContext
+
+    missing = tmp_path / "elsewhere" / "policy"
+    with pytest.raises(FileNotFoundError) as caught:
+        build_trainer(RLConfig(), DistContext(world_size=2, rank=1), Setup(str(missing), None, 0, {}))
+    assert str(caught.value) == (
+        f"trainer rank 1: the starting policy rank 0 loads, {missing}, is not on this node: mount the run's "
+        "volume at the same path on every node"
+    )
