@@ -64,6 +64,11 @@ def register(commands, stages) -> None:
     p.add_argument("--replicas", type=int, help="local engine replicas behind the router")
     p.add_argument("--nproc", type=int, help="trainer ranks on this node (torchrun; one GPU each); default 1")
     p.add_argument(
+        "--max-restarts",
+        type=int,
+        help="with trainer ranks: restarts after a rank fails, each resumed from the newest checkpoint; default 2",
+    )
+    p.add_argument(
         "--nnodes", type=int, help="nodes the trainer ranks span (each runs this command); default 1"
     )
     p.add_argument(
@@ -119,6 +124,7 @@ FLAGS = (
     "replicas",
     "nproc",
     "nnodes",
+    "max_restarts",
     "seed",
     "weight_sync",
     "engine_dtype",

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # settings that change no step's result: a resumed run may extend `steps` or change how often it saves
-UNHASHED = ("steps", "save_every", "keep_checkpoints", "engine_threads", "weight_sync")
+UNHASHED = ("steps", "save_every", "keep_checkpoints", "engine_threads", "weight_sync", "max_restarts")
 # settings the identities of earlier versions did not hash, with the value that behaves as they did: hashed only
 # when set otherwise (tests/rl/test_records.py keeps those identities)
 ADDED_LATER: dict[str, object] = {"engine_dtype": "float32", "environments": (), "nnodes": 1}
@@ -46,6 +46,9 @@ class RLConfig(UpdateConfig):
         1  # trainer ranks per node (torchrun; FSDP2 over the ranks' GPUs, or gloo on CPU): rl/ranks.py
     )
     nnodes: int = 1  # nodes the trainer ranks span (node 0 runs the loop; each node runs `nproc` ranks)
+    max_restarts: int = (
+        2  # with trainer ranks: a failed rank restarts them all, resumed from the last checkpoint
+    )
     engine_threads: int | None = None  # LocalEngine torch threads (None: adaptive)
     # LocalEngine weights' format (auto: what this host multiplies faster, harnessrl.numformat); the trainer's
     # is `train.precision`. Under bf16 the engine's logprobs are what it sampled from; TIS corrects the gap
@@ -80,7 +83,7 @@ class RLConfig(UpdateConfig):
         for name in ("steps", "batch_groups", "group_size", "replicas", "nproc", "nnodes", "max_batch"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("concurrency", "max_staleness", "max_groups_per_step", "lend_slots"):
+        for name in ("concurrency", "max_staleness", "max_groups_per_step", "lend_slots", "max_restarts"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.dynamic_low < self.dynamic_high <= 1.0:

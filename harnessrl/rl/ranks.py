@@ -244,9 +244,12 @@ def follow(cfg: RLConfig, ctx: DistContext) -> None:
 def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> RLSummary | None:
     """`harnessrl stage rl` under torchrun with `cfg.nproc` ranks on this node (of `cfg.nnodes`; this process
     waits; the ranks' output passes through live). Returns rank 0's summary (OUT/metrics.json) on node 0, None
-    on the others; raises launch.RanksFailed naming the rank that failed."""
+    on the others. A failed rank restarts every rank of this node as a fresh torchrun resumed from the newest
+    checkpoint, `cfg.max_restarts` times (torchrun's own `--max-restarts` reuses its store, and a restarted
+    gloo group then fails to connect: measured with torch 2.13); then raises launch.RanksFailed naming the
+    rank that failed. Rank 0's own error (exit code 2: a bad setting, a refused engine) is not retried."""
     from harnessrl.io import atomic_write_json
-    from harnessrl.train.launch import run_ranks, stage_command
+    from harnessrl.train.launch import RanksFailed, run_ranks, stage_command
 
     if inputs.specs is not None and not isinstance(inputs.specs, str | Path):
         raise TypeError("specs: with nproc > 1 give a spec file path (the ranks read it)")
@@ -266,10 +269,22 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
         args += ["--model-out", str(inputs.model_out)]
     if inputs.upload_to:
         args += ["--upload-to", inputs.upload_to]
-    if inputs.resume:
-        args.append("--resume")
-    command = stage_command(cfg.nproc, "rl", args, cfg.nnodes, inputs.rendezvous)
-    run_ranks(command, cfg.trainer_ranks, timeout=timeout, stream=True, what="trainer rank")
+    for restart in range(cfg.max_restarts + 1):
+        resume = ["--resume"] if inputs.resume or restart else []
+        command = stage_command(cfg.nproc, "rl", args + resume, cfg.nnodes, inputs.rendezvous)
+        try:
+            run_ranks(command, cfg.trainer_ranks, timeout=timeout, stream=True, what="trainer rank")
+            break
+        except RanksFailed as e:
+            first = e.failures[0] if e.failures else None
+            if restart == cfg.max_restarts or (first is not None and first.rank == 0 and first.exitcode == 2):
+                raise  # out of restarts, or rank 0's own error (it has printed it): the same again
+            logger.warning(
+                "%s: restarting every trainer rank from the newest checkpoint (restart %d of at most %d)",
+                e,
+                restart + 1,
+                cfg.max_restarts,
+            )
     if inputs.rendezvous.node_rank != 0:
         return None
     from harnessrl.rl.records import RLSummary

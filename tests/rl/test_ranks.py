@@ -172,7 +172,9 @@ def _processes_with(marker: str) -> dict[int, str]:
 
 
 @pytest.mark.slow
-def test_a_killed_trainer_rank_fails_the_stage_naming_it(rl_policy: Path, prompt_tasks: Path, tmp_path: Path):
+def test_a_killed_trainer_rank_fails_the_stage_naming_it_when_no_restart_is_left(
+    rl_policy: Path, prompt_tasks: Path, tmp_path: Path
+):
     out = tmp_path / "killed"
     cmd = rl_command(
         prompt_tasks,
@@ -184,6 +186,8 @@ def test_a_killed_trainer_rank_fails_the_stage_naming_it(rl_policy: Path, prompt
         "3",
         "--nproc",
         "2",
+        "--max-restarts",
+        "0",
         "--config",
         _config(tmp_path),
     )
@@ -236,6 +240,48 @@ def test_run_ranks_names_the_rank_that_failed(tmp_path: Path):
     assert failed.value.failures[0] == RankFailure(1, 3)
     assert str(failed.value).startswith("rank 1 of 2 failed (exit code 3); torchrun stopped every rank")
     assert sys.executable in str(failed.value)
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_rank_restarts_the_ranks_from_the_last_checkpoint_on_the_same_data_order(
+    rl_policy: Path, prompt_tasks: Path, tmp_path: Path
+):
+    """Rank 1 killed after the first checkpoint: torchrun restarts both ranks, rank 0 resumes from the newest
+    checkpoint, and the run ends with every step once and the groups an uninterrupted run trained on."""
+    runs = {name: tmp_path / name for name in ("killed", "whole")}
+
+    def command(out: Path) -> list[str]:
+        return rl_command(
+            prompt_tasks, rl_policy, out, "--mode", "sync", "--steps", "3", "--save-every", "1", "--nproc", "2",
+            "--config", _config(tmp_path),
+        )  # fmt: skip
+
+    whole = subprocess.Popen(command(runs["whole"]), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command(runs["killed"]), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = runs["killed"] / "checkpoints" / "step-000001" / "trainer_state.json"
+        deadline = time.monotonic() + 600
+        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert first.exists(), "no checkpoint after step 1"
+        (victim,) = [pid for pid, rank in _processes_with(str(runs["killed"])).items() if rank == "1"]
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=900)
+        whole_out, whole_err = whole.communicate(timeout=900)
+    finally:
+        for p in (proc, whole):
+            if p.poll() is None:
+                p.kill()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert whole.returncode == 0, whole_err.decode()[-3000:]
+    assert (
+        "trainer rank 1 of 2 failed (killed by SIGKILL); torchrun stopped every rank: restarting every trainer "
+        "rank from the newest checkpoint (restart 1 of at most 2)"
+    ) in err.decode()
+    assert json.loads(out.decode().strip().splitlines()[-1])["steps_trained"] == 3
+    killed, whole_rows = (list(read_jsonl(runs[name] / "steps.jsonl")) for name in ("killed", "whole"))
+    assert [r["step"] for r in killed] == [1, 2, 3]  # no step twice, none missing
+    assert [r["groups"] for r in killed] == [r["groups"] for r in whole_rows]  # the same data order
 
 
 def test_a_node_that_lacks_the_starting_policy_is_told_to_mount_the_runs_volume(tmp_path: Path):
