@@ -107,6 +107,10 @@ class EngineError(RuntimeError):
     """The engine failed (unreachable, crashed, rejected the request): the rollout is marked failed, not 0."""
 
 
+class EngineUnreachable(EngineError):
+    """The engine did not answer (connection refused or reset): it may be gone; a router fails over."""
+
+
 class EngineRequestError(EngineError):
     """The request itself is invalid (empty or too long prompt, bad sampling values): fix the caller."""
 
@@ -199,6 +203,10 @@ class Engine(Protocol):
     async def context_length(self) -> int | None:
         """Prompt + completion tokens one request may hold; None when the engine does not say."""
         return None
+
+    async def health(self) -> bool:
+        """Whether the engine answers (a router's health check); an in-process engine always does."""
+        return True
 
     async def release(self) -> None:
         """Lets go of what the engine holds on the running event loop (an HTTP client's connections); the

@@ -35,6 +35,7 @@ from harnessrl.engine.base import (
     EngineError,
     EngineRequestError,
     EngineStats,
+    EngineUnreachable,
     Generation,
     GenerationDelta,
     SamplingParams,
@@ -143,7 +144,7 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         except TimeoutError as e:
             raise EngineError(f"{url}: no reply within {self.timeout.total:.0f} s") from e
         except aiohttp.ClientError as e:
-            raise EngineError(f"{url}: engine unreachable ({type(e).__name__}: {e})") from e
+            raise EngineUnreachable(f"{url}: engine unreachable ({type(e).__name__}: {e})") from e
 
     async def _call(
         self,
@@ -282,7 +283,7 @@ class HTTPEngine(StreamingEngine, BroadcastEngine):
         except TimeoutError as e:
             raise EngineError(f"{url}: stream did not finish within {self.timeout.total:.0f} s") from e
         except aiohttp.ClientError as e:
-            raise EngineError(f"{url}: engine unreachable ({type(e).__name__}: {e})") from e
+            raise EngineUnreachable(f"{url}: engine unreachable ({type(e).__name__}: {e})") from e
         if not finished:
             raise EngineError(f"{url}: stream ended without a finish_reason")
 

@@ -143,7 +143,19 @@ class Learner:
 
     def sync_weights(self, version: int) -> Synced:
         """Publishes the policy to every engine as `version` (`cfg.weight_sync`: a checkpoint path the engines
-        load, or a broadcast to them; harnessrl.rl.publish); a LoRA run's adapter alone."""
+        load, or a broadcast to them; harnessrl.rl.publish); a LoRA run's adapter alone. A broadcast that an
+        engine replica's death broke off is sent once more, to the replicas that answer (the router has
+        marked the dead one down; the publisher forms its group again without it)."""
+        from harnessrl.engine.base import EngineUnreachable
+        from harnessrl.engine.broadcast import BroadcastError
+
+        try:
+            return self._sync(version)
+        except (EngineUnreachable, BroadcastError) as e:
+            logger.warning("weight sync of version %d broke off (%s): sending it again", version, e)
+            return self._sync(version)
+
+    def _sync(self, version: int) -> Synced:
         if self.publisher is None:
             self.publisher = make_publisher(
                 self.cfg.weight_sync,

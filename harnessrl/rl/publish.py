@@ -220,23 +220,30 @@ class BroadcastPublisher:
     def _broadcast(
         self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter: LoraSettings | None
     ) -> float:
+        t0 = time.perf_counter()
+        try:
+            self._send(version, named_tensors, adapter)
+        except BaseException:
+            self._drop_group()  # a half-done update leaves the group's state unknown: form it again next time
+            raise
+        return time.perf_counter() - t0
+
+    def _send(
+        self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], adapter: LoraSettings | None
+    ) -> None:
         from harnessrl.engine.broadcast import send_weights
 
-        t0 = time.perf_counter()
+        if self.group is not None and self.group.world_size != 1 + self.engine.workers:
+            self._drop_group()  # a replica went down or came back (a router's failover): form the group again
         group = self.group or self.join()
         receiving = self._runner.submit(self.engine.receive_weights_broadcast(version, adapter))
 
         def failed() -> BaseException | None:
             return receiving.exception() if receiving.done() else None
 
-        try:
-            group.wait_ready(str(version), failed, self.timeout_s)
-            send_weights(group, named_tensors, self.bucket_bytes)
-            receiving.result(timeout=self.timeout_s)
-        except BaseException:
-            self._drop_group()  # a half-done update leaves the group's state unknown: form it again next time
-            raise
-        return time.perf_counter() - t0
+        group.wait_ready(str(version), failed, self.timeout_s)
+        send_weights(group, named_tensors, self.bucket_bytes)
+        receiving.result(timeout=self.timeout_s)
 
     def _drop_group(self) -> None:
         if self.group is not None:

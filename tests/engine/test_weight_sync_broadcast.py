@@ -18,7 +18,7 @@ from aiohttp import web
 from harnessrl.engine.base import EngineError, WeightSyncMode
 from harnessrl.engine.broadcast import BroadcastError, WeightGroup, buckets, receive_weights, send_weights
 from harnessrl.engine.http_client import HTTPEngine
-from harnessrl.engine.router import Router
+from harnessrl.engine.router import ReplicaHealth, Router
 from harnessrl.engine.weight_sync import WeightSyncUnsupported, ensure_weight_sync
 from harnessrl.rl.publish import BroadcastPublisher
 from harnessrl.tinymodel import load_model
@@ -66,13 +66,16 @@ def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broad
         after = [on(background_loop, c.generate(prompt, GREEDY, 6)) for c in clients]
         publisher.publish(2, base.named_parameters())  # the same group, a second update
         back = [on(background_loop, c.generate(prompt, GREEDY, 6)) for c in clients]
-        health = [on(background_loop, c._call("GET", "/health")) for c in clients]
+        versions = [on(background_loop, c._call("GET", "/health")) for c in clients]
         procs[1][0].kill()  # an engine dies between two syncs: the next one fails at once, naming it
         procs[1][0].wait()
         t0 = time.monotonic()
         with pytest.raises(BroadcastError, match=f"receiver failed before update 3 started: {procs[1][1]}"):
             publisher.publish(3, trained.named_parameters())
         failed_after_s = time.monotonic() - t0
+        health = router.replica_health()
+        publisher.publish(4, trained.named_parameters())  # the group formed again of the live replica
+        survivor = on(background_loop, clients[0].generate(prompt, GREEDY, 6))
     finally:
         publisher.close()
         for c in clients:
@@ -80,7 +83,10 @@ def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broad
         for proc, _ in procs:
             proc.kill()
             proc.wait()
-    assert router.workers == 2 and publisher.group is None  # closed
+    assert health == [ReplicaHealth.LIVE, ReplicaHealth.DOWN] and router.workers == 1
+    assert publisher.group is None  # closed
+    assert survivor.token_policy_versions == [4] * len(survivor.token_ids)
+    assert close(survivor.logprobs, teacher_forced(trained, prompt, survivor.token_ids))
     for gen in before + back:
         assert close(gen.logprobs, teacher_forced(base, prompt, gen.token_ids))
     for gen, old in zip(after, before, strict=True):
@@ -88,7 +94,7 @@ def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broad
         assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
         assert not close(gen.logprobs, teacher_forced(base, prompt, gen.token_ids))
         assert gen.token_ids != old.token_ids or not close(gen.logprobs, old.logprobs)
-    assert [h["policy_version"] for h in health] == [2, 2]
+    assert [h["policy_version"] for h in versions] == [2, 2]
     assert failed_after_s < 30  # not the group's 600 s timeout
 
 
@@ -140,6 +146,61 @@ def test_a_lora_adapter_alone_goes_by_broadcast_and_each_replica_merges_it_onto_
             assert not close(gen.logprobs, teacher_forced(base, prompt, gen.token_ids))
     assert not close(served[0][0][0].logprobs, served[1][1][0])  # the second adapter changed the policy
     assert [h["policy_version"] for h in health] == [2, 2]
+
+
+def test_a_replica_that_dies_is_routed_around_and_rejoins_at_the_current_weights_when_it_answers(
+    mini, prompt, tmp_path
+):
+    """Failover with real `harnessrl engine serve` processes: one replica killed is found down by the health
+    check alone (no request needed), requests go to the live one, a weight update reaches the live one only;
+    restarted on its port, the replica is brought to the current weights (the last update replayed) before it
+    gets requests."""
+    from urllib.parse import urlparse
+
+    model_dir, base, trained = mini
+    trained.save_pretrained(tmp_path / "trained")
+    procs = [serve_process(model_dir) for _ in range(2)]
+    clients = [HTTPEngine(url) for _, url in procs]
+    router = Router(clients, "round_robin", probe_s=0.2)
+
+    async def until(predicate, what: str) -> None:
+        for _ in range(600):
+            if predicate():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"not within 60 s: {what} ({router.replica_health()})")
+
+    async def go():
+        await router.load_weights(str(tmp_path / "trained"), 1)
+        await router.generate(prompt, GREEDY, 2)  # the health checks start with the first request
+        procs[1][0].kill()
+        procs[1][0].wait()
+        await until(lambda: router.replica_health()[1] is ReplicaHealth.DOWN, "replica 1 down")
+        routed = [await router.generate(prompt, GREEDY, 4) for _ in range(4)]
+        unaware = Router(clients, "round_robin", probe_s=0)  # no health check: the request finds it gone
+        routed += [await unaware.generate(prompt, GREEDY, 4) for _ in range(2)]
+        failover = (unaware.dispatched, unaware.replica_health())
+        await router.load_weights(str(tmp_path / "trained"), 2)  # the live replica only
+        procs[1] = serve_process(model_dir, port=int(urlparse(procs[1][1]).port or 0))  # version 0, base
+        await until(lambda: router.replica_health()[1] is ReplicaHealth.LIVE, "replica 1 back")
+        back = await clients[1].generate(prompt, GREEDY, 4)
+        return routed, back, failover
+
+    try:
+        routed, back, failover = asyncio.run(go())
+    finally:
+        for proc, _ in procs:
+            proc.kill()
+            proc.wait()
+    assert router.dispatched == [5, 0]  # nothing went to the dead replica
+    # the second request went to the dead replica, found it gone and was answered by the live one
+    assert failover == ([2, 1], [ReplicaHealth.LIVE, ReplicaHealth.DOWN])
+    for gen in routed:
+        assert gen.token_policy_versions == [1] * 4
+        assert close(gen.logprobs, teacher_forced(trained, prompt, gen.token_ids))
+    assert back.token_policy_versions == [2] * 4  # caught up: the last update replayed into it
+    assert close(back.logprobs, teacher_forced(trained, prompt, back.token_ids))
+    assert not close(back.logprobs, teacher_forced(base, prompt, back.token_ids))
 
 
 def test_buckets_pack_mixed_dtypes_and_a_receiver_gets_every_tensor_back():

@@ -10,10 +10,11 @@ from pathlib import Path
 import torch
 
 
-def serve_process(model_dir: Path) -> tuple[subprocess.Popen, str]:
-    """`harnessrl engine serve --model model_dir` on a free port: (process, URL). The caller kills it."""
+def serve_process(model_dir: Path, port: int = 0) -> tuple[subprocess.Popen, str]:
+    """`harnessrl engine serve --model model_dir` on `port` (0: a free one): (process, URL). The caller kills
+    it."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl.cli", "engine", "serve", "--model", str(model_dir), "--port", "0",
+        [sys.executable, "-m", "harnessrl.cli", "engine", "serve", "--model", str(model_dir), "--port", str(port),
          "--threads", "1", "--max-batch", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
