@@ -39,10 +39,12 @@ def add_rl_on_ray(
     timeout_s: float = 0.0,
     data_pvc: str = "",
     nproc: int = 1,
+    nnodes: int = 1,
     run_id: str = dsl.PIPELINE_JOB_ID_PLACEHOLDER,
 ) -> dsl.PipelineTask:
     """`rl_args`: the arguments of `harnessrl stage rl`, as a list or a JSON string (e.g. a pipeline parameter).
-    The sizes (`workers`, `gpus_per_worker`, `driver_gpus`, `nproc`: the driver's trainer ranks) may be
+    The sizes (`workers`, `gpus_per_worker`, `driver_gpus`, `nproc`: the driver's trainer ranks, `nnodes`: nodes
+    of trainer ranks) may be
     pipeline parameters: the launcher reads them when it runs. Returns the launcher task (to chain evaluation
     after it)."""
     given = isinstance(rl_args, str | pipeline_channel.PipelineChannel)  # a JSON string, maybe a parameter
@@ -64,6 +66,7 @@ def add_rl_on_ray(
             timeout_s=timeout_s,
             data_pvc=data_pvc,
             nproc=nproc,
+            nnodes=nnodes,
         )
         launch.set_caching_options(False).set_display_name("rl-on-ray")
     return launch

@@ -26,12 +26,15 @@ def launch_rl(
     poll_s: float = 5.0,
     data_pvc: str = "",
     nproc: int = 1,
+    nnodes: int = 1,
 ):
     """`harnessrl stage rl <rl_args>` as a RayJob: `workers` GPU workers with `gpus_per_worker` GPUs each,
     the driver (trainer) on `driver_gpus` of them. image "" = the project image; timeout_s 0 = the RayJob's
     own deadline; data_pvc: a PersistentVolumeClaim mounted at /data on every Ray pod (task sets, outputs);
-    nproc > 1: that many trainer ranks in the driver (`--nproc`), which then gets at least `nproc` GPUs. All of
-    them are read when the step runs, so a pipeline may pass its parameters."""
+    nproc > 1: that many trainer ranks in the driver (`--nproc`), which then gets at least `nproc` GPUs;
+    nnodes > 1: trainer ranks on that many nodes, the driver's and a trainer worker group of nnodes - 1 pods of
+    `nproc` GPUs each (`--nnodes --trainer-nodes ray`). All of them are read when the step runs, so a pipeline
+    may pass its parameters."""
     import json
 
     from components.launch_rl.rayjob import RayJobSpec, WorkerGroup, rayjob_name, run_rayjob
@@ -51,6 +54,7 @@ def launch_rl(
         workers=(group,),
         driver_gpus=driver_gpus,
         nproc=nproc,
+        nnodes=nnodes,
         image=image or IMAGE,
         data_pvc=data_pvc or None,
     )

@@ -15,6 +15,7 @@ already there (idempotent retries of the launcher step).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -22,7 +23,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -37,6 +38,7 @@ from harnessrl.cluster import (
     STORE_CONFIG_KEYS,
     STORE_CONFIG_MAP,
 )
+from harnessrl.rl.nodes import TRAINER_NODE
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class WorkerGroup:
     node_selector: Mapping[str, str] = field(default_factory=lambda: dict(GPU_NODE_SELECTOR))
     tolerations: Sequence[Mapping[str, str]] = GPU_TOLERATIONS
     shm: str = "16Gi"  # /dev/shm (NCCL, torch dataloaders)
+    ray_resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources of each pod
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.gpus < 0:
@@ -114,6 +117,7 @@ class RayJobSpec:
     nproc: int = (
         1  # trainer ranks in the driver (`--nproc`, torchrun in its pod): it gets at least that many GPUs
     )
+    nnodes: int = 1  # nodes of trainer ranks: the driver's, and a trainer worker group of nnodes - 1 pods
     head_cpu: str = "4"
     head_memory: str = "16Gi"
     env: Mapping[str, str] = field(
@@ -130,7 +134,24 @@ class RayJobSpec:
     @property
     def entrypoint(self) -> str:
         ranks = ["--nproc", str(self.nproc)] if self.nproc > 1 else []
+        if self.nnodes > 1:  # node 0 (the driver) places the others on the trainer group (harnessrl.rl.nodes)
+            ranks += ["--nnodes", str(self.nnodes), "--trainer-nodes", "ray"]
         return shlex.join(["harnessrl", "stage", "rl", *self.rl_args, *ranks])
+
+    def worker_groups(self) -> list[WorkerGroup]:
+        """The given groups, and with nnodes > 1 the trainer nodes': nnodes - 1 pods of `nproc` GPUs each,
+        shaped like the widest group, each offering one trainer node slot."""
+        if self.nnodes <= 1:
+            return list(self.workers)
+        widest = max(self.workers, key=lambda g: g.gpus)
+        trainer = replace(
+            widest,
+            name="trainer-nodes",
+            replicas=self.nnodes - 1,
+            gpus=self.nproc,
+            ray_resources={TRAINER_NODE: 1},
+        )
+        return [*self.workers, trainer]
 
     @property
     def entrypoint_gpus(self) -> float:
@@ -201,8 +222,10 @@ def render_rayjob(spec: RayJobSpec) -> dict[str, Any]:
             {"name": "client", "containerPort": 10001},
         ],
     )
+    if spec.nnodes < 1:
+        raise ValueError(f"nnodes must be >= 1, got {spec.nnodes}")
     groups = []
-    for g in spec.workers:
+    for g in spec.worker_groups():
         resources = {"cpu": g.cpu, "memory": g.memory}
         if g.gpus:
             resources[g.accelerator] = str(g.gpus)
@@ -221,7 +244,16 @@ def render_rayjob(spec: RayJobSpec) -> dict[str, Any]:
                 "replicas": g.replicas,
                 "minReplicas": g.replicas,
                 "maxReplicas": g.replicas,
-                "rayStartParams": {"num-gpus": str(g.gpus)},
+                "rayStartParams": {
+                    "num-gpus": str(g.gpus),
+                    # KubeRay puts `--resources=<value>` in a shell command: JSON inside double quotes, as its
+                    # docs write it ('"{\"TPU\": 4}"')
+                    **(
+                        {"resources": json.dumps(json.dumps(dict(g.ray_resources)))}
+                        if g.ray_resources
+                        else {}
+                    ),
+                },
                 "template": {"spec": _with_data(pod, spec)},
             }
         )

@@ -25,7 +25,7 @@ from components.flags import (
 )
 from harnessrl.engine.base import DType, WeightSyncMode
 from harnessrl.rl.admission import StalePolicy
-from harnessrl.rl.modes import RLMode, WorkloadKind
+from harnessrl.rl.modes import RLMode, TrainerNodes, WorkloadKind
 from harnessrl.train.modes import Estimator
 
 if TYPE_CHECKING:
@@ -73,6 +73,13 @@ def register(commands, stages) -> None:
     )
     p.add_argument(
         "--node-rank", type=int, default=0, help="this node's place (0: the loop's node); default 0"
+    )
+    p.add_argument(
+        "--trainer-nodes",
+        choices=list(TrainerNodes),
+        default=TrainerNodes.MANUAL,
+        help="who starts the other nodes: manual (each runs this command) or ray (node 0 places them as Ray "
+        "tasks on other Ray nodes, RAY_ADDRESS)",
     )
     p.add_argument("--master-addr", default="127.0.0.1", help="node 0's address, as every node reaches it")
     p.add_argument("--master-port", type=int, default=29500, help="node 0's rendezvous port; default 29500")
@@ -153,6 +160,7 @@ def _run(args: argparse.Namespace) -> int:
         model_out=Path(args.model_out) if args.model_out else None,
         upload_to=args.upload_to,
         rendezvous=Rendezvous(args.node_rank, args.master_addr, args.master_port),
+        trainer_nodes=TrainerNodes(args.trainer_nodes),
     )
     try:
         summary = run_stage(cfg, inputs, echo=lambda line: print(line, flush=True))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from harnessrl.choices import parse_choice
 from harnessrl.engine.base import DType, WeightSyncMode
-from harnessrl.rl.modes import RLMode, WorkloadKind
+from harnessrl.rl.modes import RLMode, TrainerNodes, WorkloadKind
 from harnessrl.train.config import UpdateConfig
 from harnessrl.train.distributed import Rendezvous
 
@@ -179,9 +179,10 @@ class RLInputs:
     resume: bool = False
     model_out: Path | None = None
     upload_to: str | None = None  # s3:// prefix for checkpoints and the final model
-    rendezvous: Rendezvous = field(
-        default_factory=Rendezvous
-    )  # this node's place when the trainer spans nodes
+    rendezvous: Rendezvous = field(default_factory=Rendezvous)  # this node's place among the trainer's nodes
+    trainer_nodes: TrainerNodes = (
+        TrainerNodes.MANUAL
+    )  # who starts the other nodes' commands (node 0's choice)
 
     @property
     def final_model(self) -> Path:

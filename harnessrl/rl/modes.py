@@ -27,3 +27,10 @@ class GroupFate(StrEnum):
 class StepOutcome(StrEnum):
     TRAINED = "trained"
     NO_SIGNAL = "no_signal"  # the group budget ran out before any group had signal
+
+
+class TrainerNodes(StrEnum):
+    """Who starts the other trainer nodes (`nnodes` > 1)."""
+
+    MANUAL = "manual"  # the user (or the cluster's objects) runs the command on every node
+    RAY = "ray"  # node 0 places them as Ray tasks on other Ray nodes (harnessrl.rl.nodes)

@@ -26,9 +26,11 @@ resumed checkpoint) at the path rank 0 gives: a volume every node mounts at the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -42,9 +44,10 @@ import torch.distributed as dist
 
 from harnessrl.train import distributed as dist_mod
 from harnessrl.train.batching import SeqItem
-from harnessrl.train.distributed import DistContext
+from harnessrl.train.distributed import DistContext, Rendezvous
 
 if TYPE_CHECKING:
+    from harnessrl.rl import nodes
     from harnessrl.rl.config import RLConfig, RLInputs
     from harnessrl.rl.records import RLSummary
     from harnessrl.train.trainer import Trainer
@@ -249,7 +252,9 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
     gloo group then fails to connect: measured with torch 2.13); then raises launch.RanksFailed naming the
     rank that failed. Rank 0's own error (exit code 2: a bad setting, a refused engine) is not retried."""
     from harnessrl.io import atomic_write_json
-    from harnessrl.train.launch import RanksFailed, run_ranks, stage_command
+    from harnessrl.rl import nodes
+    from harnessrl.rl.modes import TrainerNodes
+    from harnessrl.train.launch import RanksFailed, RanksStopped, run_ranks, stage_command
 
     if inputs.specs is not None and not isinstance(inputs.specs, str | Path):
         raise TypeError("specs: with nproc > 1 give a spec file path (the ranks read it)")
@@ -269,14 +274,27 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
         args += ["--model-out", str(inputs.model_out)]
     if inputs.upload_to:
         args += ["--upload-to", inputs.upload_to]
+    by_ray = inputs.trainer_nodes is TrainerNodes.RAY and cfg.nnodes > 1 and inputs.rendezvous.node_rank == 0
     for restart in range(cfg.max_restarts + 1):
         resume = ["--resume"] if inputs.resume or restart else []
-        command = stage_command(cfg.nproc, "rl", args + resume, cfg.nnodes, inputs.rendezvous)
+        rendezvous, agents = inputs.rendezvous, []
+        if by_ray:  # the other nodes: Ray tasks on other Ray nodes, meeting this one at a fresh port
+            rendezvous, agents = _start_other_nodes(cfg, args + resume)
+        command = stage_command(cfg.nproc, "rl", args + resume, cfg.nnodes, rendezvous)
         try:
-            run_ranks(command, cfg.trainer_ranks, timeout=timeout, stream=True, what="trainer rank")
+            run_ranks(
+                command,
+                cfg.trainer_ranks,
+                timeout=timeout,
+                stream=True,
+                what="trainer rank",
+                watch=functools.partial(nodes.failed_agent, agents) if agents else None,
+            )
+            nodes.finish(agents, stop=False)
             break
-        except RanksFailed as e:
-            first = e.failures[0] if e.failures else None
+        except (RanksFailed, RanksStopped, nodes.TrainerNodesError) as e:
+            nodes.finish(agents, stop=True)
+            first = e.failures[0] if isinstance(e, RanksFailed) and e.failures else None
             if restart == cfg.max_restarts or (first is not None and first.rank == 0 and first.exitcode == 2):
                 raise  # out of restarts, or rank 0's own error (it has printed it): the same again
             logger.warning(
@@ -290,3 +308,19 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
     from harnessrl.rl.records import RLSummary
 
     return RLSummary.from_dict(json.loads((out / "metrics.json").read_text(encoding="utf-8")))
+
+
+def _start_other_nodes(cfg: RLConfig, args: list[str]) -> tuple[Rendezvous, list[nodes.NodeAgent]]:
+    """Trainer nodes 1 … nnodes-1 as Ray tasks (harnessrl.rl.nodes), each this stage's command with its node
+    rank, meeting this node (0) at a fresh port."""
+    from harnessrl.processes import free_port
+    from harnessrl.rl import nodes
+
+    ray_nodes, need = nodes.place(cfg.nnodes, cfg.nproc, gpus=torch.cuda.is_available())
+    rendezvous = Rendezvous(0, nodes.driver_address(), free_port())
+    stage = [sys.executable, "-m", "harnessrl.cli", "stage", "rl", *args]
+    commands = [
+        nodes.node_command(stage, k, rendezvous.master_addr, rendezvous.master_port)
+        for k in range(1, cfg.nnodes)
+    ]
+    return rendezvous, nodes.start_agents(commands, ray_nodes, need)

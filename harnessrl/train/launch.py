@@ -18,7 +18,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,11 +99,22 @@ def rank_env() -> dict[str, str]:
     return env
 
 
+class RanksStopped(RuntimeError):
+    """`run_ranks` stopped torchrun because its `watch` said so (e.g. another node's ranks failed)."""
+
+
 def run_ranks(
-    cmd: list[str], nproc: int, *, timeout: float | None = None, stream: bool = False, what: str = "rank"
+    cmd: list[str],
+    nproc: int,
+    *,
+    timeout: float | None = None,
+    stream: bool = False,
+    what: str = "rank",
+    watch: Callable[[], str | None] | None = None,
 ) -> None:
     """Runs a torchrun command; raises `RanksFailed` naming the failed rank(s). `stream`: the ranks' stdout
-    and stderr pass through live (stderr is also kept to read the failure summary); else both are captured."""
+    and stderr pass through live (stderr is also kept to read the failure summary); else both are captured.
+    `watch` (streaming): asked every second; a reason from it stops torchrun and raises `RanksStopped`."""
     if not stream:
         proc = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
@@ -127,8 +139,8 @@ def run_ranks(
         reader = threading.Thread(target=pump, name="torchrun-stderr", daemon=True)
         reader.start()
         try:
-            code = proc.wait(timeout)
-        except BaseException:  # timeout, Ctrl-C: torchrun forwards SIGTERM to every rank
+            code = _wait(proc, timeout, watch)
+        except BaseException:  # timeout, a watched failure, Ctrl-C: torchrun forwards SIGTERM to every rank
             proc.terminate()
             try:
                 proc.wait(60)
@@ -140,6 +152,18 @@ def run_ranks(
     if code != 0:
         failures = rank_failures("".join(tail))
         raise RanksFailed(failure_message(nproc, failures, code, what), failures, code)
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None, watch: Callable[[], str | None] | None) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout or 0) from None
+            if watch is not None and (why := watch()) is not None:
+                raise RanksStopped(why) from None
 
 
 def torchrun_command(

@@ -296,3 +296,34 @@ def test_a_node_that_lacks_the_starting_policy_is_told_to_mount_the_runs_volume(
         f"trainer rank 1: the starting policy rank 0 loads, {missing}, is not on this node: mount the run's "
         "volume at the same path on every node"
     )
+
+
+@pytest.mark.slow
+def test_node_0_places_the_other_trainer_node_on_another_ray_node(
+    rl_policy: Path, prompt_tasks: Path, tmp_path: Path
+):
+    """`--trainer-nodes ray` on a local Ray cluster of two nodes: the head (node 0's, where the stage runs) and
+    a worker node offering one trainer node slot; the stage places trainer node 1 there as a Ray task, its
+    rank joins rank 0's, and one step trains on both."""
+    from harnessrl.rl.nodes import TRAINER_NODE
+    from harnessrl.rollout.ray_cluster import LocalRayCluster
+
+    with LocalRayCluster(num_cpus=1) as cluster:
+        cluster.add_node(num_cpus=1, resources={TRAINER_NODE: 1})
+        env = {**os.environ, "RAY_ADDRESS": cluster.address, **cluster.auth_env()}
+        cmd = rl_command(
+            prompt_tasks, rl_policy, tmp_path / "out", "--mode", "sync", "--config", _config(tmp_path)
+        )
+        done = subprocess.run(
+            [*cmd, "--steps", "1", "--nproc", "1", "--nnodes", "2", "--trainer-nodes", "ray"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = _summary(done.stdout)
+    assert summary["trainer_ranks"] == 2 and summary["steps_trained"] == 1
+    assert "trainer node 1 of 2: a Ray task on node" in done.stderr
+    assert "trainer rank 1 of 2 ready" in done.stderr  # the remote node's rank (its log reaches the driver)

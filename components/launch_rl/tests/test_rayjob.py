@@ -136,6 +136,32 @@ def test_trainer_ranks_in_the_driver_get_a_gpu_each():
         render_rayjob(spec(workers=(WorkerGroup(gpus=4),), nproc=8))
 
 
+def test_trainer_nodes_get_a_worker_group_of_their_own_that_node_0_places_them_on():
+    doc = render_rayjob(spec(workers=(WorkerGroup(gpus=8, replicas=2),), nproc=8, nnodes=3))
+    validate_rayjob(doc)
+    assert shlex.split(doc["spec"]["entrypoint"])[-6:] == [
+        "--nproc",
+        "8",
+        "--nnodes",
+        "3",
+        "--trainer-nodes",
+        "ray",
+    ]
+    rollout, trainer = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert rollout["groupName"] == "gpu-workers" and "resources" not in rollout["rayStartParams"]
+    assert (
+        trainer["groupName"] == "trainer-nodes" and trainer["replicas"] == 2
+    )  # nodes 1 and 2; 0: the driver's
+    assert trainer["rayStartParams"] == {"num-gpus": "8", "resources": '"{\\"harnessrl_trainer_node\\": 1}"'}
+    (container,) = trainer["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert trainer["template"]["spec"]["nodeSelector"] == rollout["template"]["spec"]["nodeSelector"]
+    # what `ray start` gets after the shell KubeRay runs it in: the resource as JSON
+    assert json.loads(shlex.split(f"--resources={trainer['rayStartParams']['resources']}")[0][12:]) == {
+        "harnessrl_trainer_node": 1
+    }
+
+
 def test_the_committed_smoke_rayjob_validates_too():
     (doc,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rayjob-smoke.yaml").read_text()) if d]
     VALIDATOR.validate(doc)
