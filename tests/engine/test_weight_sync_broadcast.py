@@ -52,6 +52,16 @@ def on(loop: asyncio.AbstractEventLoop, coro):
     return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=120)
 
 
+def stop(publisher: BroadcastPublisher, clients: list[HTTPEngine], procs: list, loop) -> None:
+    """Closes the publisher's group, the clients' connections, and kills the engine processes."""
+    publisher.close()
+    for c in clients:
+        on(loop, c.release())
+    for proc, _ in procs:
+        proc.kill()
+        proc.wait()
+
+
 def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broadcast(
     mini, prompt, background_loop
 ):
@@ -77,12 +87,7 @@ def test_two_engine_serve_processes_behind_the_router_take_weights_by_gloo_broad
         publisher.publish(4, trained.named_parameters())  # the group formed again of the live replica
         survivor = on(background_loop, clients[0].generate(prompt, GREEDY, 6))
     finally:
-        publisher.close()
-        for c in clients:
-            on(background_loop, c.release())
-        for proc, _ in procs:
-            proc.kill()
-            proc.wait()
+        stop(publisher, clients, procs, background_loop)
     assert health == [ReplicaHealth.LIVE, ReplicaHealth.DOWN] and router.workers == 1
     assert publisher.group is None  # closed
     assert survivor.token_policy_versions == [4] * len(survivor.token_ids)
@@ -131,12 +136,7 @@ def test_a_lora_adapter_alone_goes_by_broadcast_and_each_replica_merges_it_onto_
             publisher.publish_adapter(3, wrong_rank)
         health = [on(background_loop, c._call("GET", "/health")) for c in clients]
     finally:
-        publisher.close()
-        for c in clients:
-            on(background_loop, c.release())
-        for proc, _ in procs:
-            proc.kill()
-            proc.wait()
+        stop(publisher, clients, procs, background_loop)
     full_bytes = sum(t.nbytes for t in base.state_dict().values())
     assert served[0][2].nbytes < 0.1 * full_bytes  # what went over the wire
     for version, (gens, trainer_lps, _) in enumerate(served, 1):
