@@ -145,8 +145,9 @@ def _run(args: argparse.Namespace) -> int:
     from harnessrl.cli import UserError
     from harnessrl.engine.base import EngineError
     from harnessrl.rl.config import RLInputs
+    from harnessrl.rl.nodes import TrainerNodesError
     from harnessrl.train.distributed import Rendezvous
-    from harnessrl.train.launch import RanksFailed
+    from harnessrl.train.launch import RanksFailed, RanksStopped
 
     cfg = build_config(args)
     inputs = RLInputs(
@@ -170,6 +171,8 @@ def _run(args: argparse.Namespace) -> int:
             return 2  # rank 0 has already printed its `harnessrl: error: ...` line
         raise UserError(str(e)) from None
     except EngineError as e:  # e.g. WeightSyncUnsupported: one line naming the engine and the fix
+        raise UserError(str(e)) from None
+    except (RanksStopped, TrainerNodesError) as e:  # another node failed, or could not be placed
         raise UserError(str(e)) from None
     if summary is not None and not launched(cfg):  # launched: rank 0 has printed it
         print(json.dumps(summary.to_dict()))

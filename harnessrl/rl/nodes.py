@@ -101,6 +101,8 @@ def start_agents(
 
 def failed_agent(agents: Sequence[NodeAgent]) -> str | None:
     """Why the first remote node that has ended did end badly (None: every one runs or ended well)."""
+    if not agents:
+        return None
     import ray
 
     done, _ = ray.wait([a.task for a in agents], num_returns=len(agents), timeout=0)
@@ -117,6 +119,8 @@ def failed_agent(agents: Sequence[NodeAgent]) -> str | None:
 
 def finish(agents: Sequence[NodeAgent], stop: bool) -> None:
     """Waits for the remote nodes (after node 0 ended well), or stops them (`stop`)."""
+    if not agents:
+        return
     import ray
 
     if stop:

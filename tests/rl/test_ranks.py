@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -298,32 +299,61 @@ def test_a_node_that_lacks_the_starting_policy_is_told_to_mount_the_runs_volume(
     )
 
 
+FAST_RAY_HEALTH_CHECK = {  # a killed Ray node is marked dead in about a second instead of ~30 s
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "2",
+}
+
+
 @pytest.mark.slow
-def test_node_0_places_the_other_trainer_node_on_another_ray_node(
+def test_node_0_places_the_other_trainer_node_on_a_ray_node_and_again_when_that_node_is_lost(
     rl_policy: Path, prompt_tasks: Path, tmp_path: Path
 ):
-    """`--trainer-nodes ray` on a local Ray cluster of two nodes: the head (node 0's, where the stage runs) and
-    a worker node offering one trainer node slot; the stage places trainer node 1 there as a Ray task, its
-    rank joins rank 0's, and one step trains on both."""
+    """`--trainer-nodes ray` on a local Ray cluster: the head (node 0's, where the stage runs) and two worker
+    nodes offering a trainer node slot each. Trainer node 1 runs as a Ray task on one of them; that Ray node is
+    killed after the first checkpoint (every process of it, as when its machine is lost): node 0 stops its
+    ranks, places node 1 on the other worker, resumes, and the run ends with both steps once."""
     from harnessrl.rl.nodes import TRAINER_NODE
     from harnessrl.rollout.ray_cluster import LocalRayCluster
 
-    with LocalRayCluster(num_cpus=1) as cluster:
-        cluster.add_node(num_cpus=1, resources={TRAINER_NODE: 1})
+    out = tmp_path / "out"
+    with LocalRayCluster(num_cpus=1, env=FAST_RAY_HEALTH_CHECK) as cluster:
+        workers = [cluster.add_node(num_cpus=1, resources={TRAINER_NODE: 1}) for _ in range(2)]
         env = {**os.environ, "RAY_ADDRESS": cluster.address, **cluster.auth_env()}
-        cmd = rl_command(
-            prompt_tasks, rl_policy, tmp_path / "out", "--mode", "sync", "--config", _config(tmp_path)
-        )
-        done = subprocess.run(
-            [*cmd, "--steps", "1", "--nproc", "1", "--nnodes", "2", "--trainer-nodes", "ray"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = _summary(done.stdout)
-    assert summary["trainer_ranks"] == 2 and summary["steps_trained"] == 1
-    assert "trainer node 1 of 2: a Ray task on node" in done.stderr
-    assert "trainer rank 1 of 2 ready" in done.stderr  # the remote node's rank (its log reaches the driver)
+        cmd = rl_command(prompt_tasks, rl_policy, out, "--mode", "sync", "--config", _config(tmp_path))
+        cmd += [
+            "--steps",
+            "2",
+            "--save-every",
+            "1",
+            "--nproc",
+            "1",
+            "--nnodes",
+            "2",
+            "--trainer-nodes",
+            "ray",
+        ]
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            first = out / "checkpoints" / "step-000001" / "trainer_state.json"
+            deadline = time.monotonic() + 600
+            while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert first.exists(), "no checkpoint after step 1"
+            remote = set(_processes_with("--node-rank"))
+            (lost,) = [n for n in workers if remote & set(n.processes())]
+            lost.kill()
+            stdout, stderr = proc.communicate(timeout=900)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    log = stderr.decode()
+    assert proc.returncode == 0, log[-3000:]
+    summary = _summary(stdout.decode())
+    assert summary["trainer_ranks"] == 2 and summary["steps_trained"] == 2
+    placed = re.findall(r"trainer node 1 of 2: a Ray task on node (\w+)", log)
+    assert len(placed) == 2 and placed[0] != placed[1], placed  # placed again, on the other worker
+    assert "restarting every trainer rank from the newest checkpoint (restart 1 of at most 2)" in log
+    assert [r["step"] for r in read_jsonl(out / "steps.jsonl")] == [1, 2]
