@@ -25,7 +25,7 @@ from components.flags import (
 )
 from harnessrl.engine.base import DType, WeightSyncMode
 from harnessrl.rl.admission import StalePolicy
-from harnessrl.rl.modes import RLMode, TrainerNodes, WorkloadKind
+from harnessrl.rl.modes import RLMode, RolloutWorkers, TrainerNodes, WorkloadKind
 from harnessrl.train.modes import Estimator
 
 if TYPE_CHECKING:
@@ -62,6 +62,12 @@ def register(commands, stages) -> None:
     add_concurrency(p, default=None, help="rollouts in flight (default: by mode)")
     p.add_argument("--save-every", type=int)
     p.add_argument("--replicas", type=int, help="local engine replicas behind the router")
+    p.add_argument(
+        "--rollout-workers",
+        choices=list(RolloutWorkers),
+        help="where rollouts run: threads of this process (default) or ray (tasks across the cluster of "
+        "RAY_ADDRESS, or a local one)",
+    )
     p.add_argument("--nproc", type=int, help="trainer ranks on this node (torchrun; one GPU each); default 1")
     p.add_argument(
         "--max-restarts",
@@ -129,6 +135,7 @@ FLAGS = (
     "concurrency",
     "save_every",
     "replicas",
+    "rollout_workers",
     "nproc",
     "nnodes",
     "max_restarts",

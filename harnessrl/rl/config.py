@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from harnessrl.choices import parse_choice
 from harnessrl.engine.base import DType, WeightSyncMode
-from harnessrl.rl.modes import RLMode, TrainerNodes, WorkloadKind
+from harnessrl.rl.modes import RLMode, RolloutWorkers, TrainerNodes, WorkloadKind
 from harnessrl.train.config import UpdateConfig
 from harnessrl.train.distributed import Rendezvous
 
@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # settings that change no step's result: a resumed run may extend `steps` or change how often it saves
-UNHASHED = ("steps", "save_every", "keep_checkpoints", "engine_threads", "weight_sync", "max_restarts")
+UNHASHED = (
+    "steps", "save_every", "keep_checkpoints", "engine_threads", "weight_sync", "max_restarts", "rollout_workers",
+)  # fmt: skip
 # settings the identities of earlier versions did not hash, with the value that behaves as they did: hashed only
 # when set otherwise (tests/rl/test_records.py keeps those identities)
 ADDED_LATER: dict[str, object] = {"engine_dtype": "float32", "environments": (), "nnodes": 1}
@@ -42,6 +44,7 @@ class RLConfig(UpdateConfig):
     dynamic_high: float = 1.0
     seed: int = 0
     replicas: int = 1  # local engines behind a Router (several --engine-url values do the same remotely)
+    rollout_workers: RolloutWorkers = RolloutWorkers.THREADS  # where rollouts run (harnessrl.rl.runners)
     nproc: int = (
         1  # trainer ranks per node (torchrun; FSDP2 over the ranks' GPUs, or gloo on CPU): rl/ranks.py
     )
@@ -74,6 +77,7 @@ class RLConfig(UpdateConfig):
         self.environments = tuple(self.environments)
         self.mode = parse_choice(RLMode, self.mode, "mode")
         self.weight_sync = parse_choice(WeightSyncMode, self.weight_sync, "weight_sync")
+        self.rollout_workers = parse_choice(RolloutWorkers, self.rollout_workers, "rollout_workers")
         self.engine_dtype = parse_choice(DType, self.engine_dtype, "engine_dtype")
         parse_choice(StalePolicy, self.stale_policy, "stale_policy")
         if self.tool_format:

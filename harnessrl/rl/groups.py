@@ -8,7 +8,7 @@ Dynamic sampling happens here, before any compute: a task whose recent pass rate
 hopeless (`worth_sampling`) is skipped and its position counted as consumed. If every task would be
 skipped the stream samples anyway (counted as `dynamic_sampling_exhausted`), so a run never stalls.
 
-The pool runs rollouts on threads; a group is complete when all its rollouts finished, then its samples are
+The pool runs rollouts on its runner (threads, or Ray tasks across nodes: harnessrl.rl.runners); a group is complete when all its rollouts finished, then its samples are
 read from the gateway journal and it is handed to the trainer's queue at once (groups stream; nobody waits
 for the batch's slowest).
 """
@@ -22,14 +22,15 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harnessrl.gateway.replies import ReplyCounts
 from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.dynamic_sampling import worth_sampling
-from harnessrl.rl.workloads import Finished, GatewayAccess, RolloutPlan, Workload
+from harnessrl.rl.runners import RolloutRunner
+from harnessrl.rl.workloads import Finished, RolloutPlan
 from harnessrl.schema import RolloutStatus, Sample
 from harnessrl.train.data import RewardRow, Rollout
 
@@ -156,12 +157,11 @@ class PoolCounts:
 
 
 class RolloutPool:
-    """Starts groups (all rollouts of one task) on worker threads and queues them as they complete."""
+    """Starts groups (all rollouts of one task) on the runner and queues them as they complete."""
 
     def __init__(
         self,
-        workload: Workload,
-        gateway: GatewayAccess,
+        runner: RolloutRunner,
         journal: JournalTail,
         order: DataOrder,
         pass_rates: PassRates,
@@ -174,7 +174,7 @@ class RolloutPool:
         dynamic_high: float,
         version: Callable[[], int],
     ):
-        self.workload, self.gateway, self.journal, self.order = workload, gateway, journal, order
+        self.runner, self.journal, self.order = runner, journal, order
         self.pass_rates = pass_rates
         self.group_size, self.seed = group_size, seed
         self.slots = slots  # rollouts allowed in flight now (role switching raises it while lent)
@@ -189,7 +189,6 @@ class RolloutPool:
         self._pending: dict[int, int] = {}
         self._errors: list[BaseException] = []
         self._closing = False  # rollouts still running at the end fail against the stopped gateway: no noise
-        self._executor = ThreadPoolExecutor(max_workers=max(max_slots, slots), thread_name_prefix="rollout")
 
     # -- starting -----------------------------------------------------------------------------------------
     def has_room(self) -> bool:
@@ -227,7 +226,7 @@ class RolloutPool:
                 position,
                 group_seed(self.seed, position, k),
             )
-            fut = self._executor.submit(self.workload.run, plan, self.gateway)
+            fut = self.runner.start(plan)
             fut.add_done_callback(lambda f, p=plan: self._finished(p, f))
         return group
 
@@ -236,7 +235,9 @@ class RolloutPool:
             return
         try:
             done = fut.result()
-        except BaseException as e:  # a workload bug: kept as an infra error of this rollout
+        except (
+            BaseException
+        ) as e:  # a workload bug, a lost Ray worker: kept as an infra error of this rollout
             logger.exception("rollout %s crashed", plan.rollout_id)
             done = Finished(
                 plan.rollout_id, plan.group_id, plan.task_id, None, RolloutStatus.INFRA_ERROR, repr(e)[:500]
@@ -292,4 +293,4 @@ class RolloutPool:
 
     def close(self) -> None:
         self._closing = True
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.runner.close()

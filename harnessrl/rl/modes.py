@@ -34,3 +34,10 @@ class TrainerNodes(StrEnum):
 
     MANUAL = "manual"  # the user (or the cluster's objects) runs the command on every node
     RAY = "ray"  # node 0 places them as Ray tasks on other Ray nodes (harnessrl.rl.nodes)
+
+
+class RolloutWorkers(StrEnum):
+    """Where the RL loop's rollouts run (harnessrl.rl.runners)."""
+
+    THREADS = "threads"  # threads of the stage's process
+    RAY = "ray"  # Ray tasks across the cluster of RAY_ADDRESS (or a local one)

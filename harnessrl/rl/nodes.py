@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -34,13 +35,15 @@ class NodeAgent:
     node_rank: int
     ray_node: str
     task: Any  # ray.ObjectRef[int]
+    log: Path  # its command's output
 
 
-def _run_node(command: list[str]) -> int:
-    """Runs on the remote Ray node: the stage's command for this node (its torchrun waits for node 0). Its
-    output goes to the task's stderr, which Ray copies to the driver's stderr: the driver's stdout stays the
-    stage's (its summary last)."""
-    return subprocess.run(command, stdout=sys.stderr).returncode
+def _run_node(command: list[str], log: str) -> int:
+    """Runs on the remote Ray node: the stage's command for this node (its torchrun waits for node 0), its
+    output appended to `log` (on the run's volume: node 0 names it when the node fails)."""
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
 def _this_node_id() -> str:
@@ -61,7 +64,9 @@ def place(nnodes: int, nproc: int, gpus: bool) -> tuple[list[str], dict[str, Any
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=True, configure_logging=False)
+        ray.init(
+            address=os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False, configure_logging=False
+        )
     need: dict[str, Any] = {"resources": {TRAINER_NODE: 1}, **({"num_gpus": nproc} if gpus else {})}
     here = _this_node_id()
     fits = [
@@ -82,9 +87,10 @@ def place(nnodes: int, nproc: int, gpus: bool) -> tuple[list[str], dict[str, Any
 
 
 def start_agents(
-    commands: Sequence[list[str]], ray_nodes: Sequence[str], need: dict[str, Any]
+    commands: Sequence[list[str]], ray_nodes: Sequence[str], need: dict[str, Any], logs: Path
 ) -> list[NodeAgent]:
-    """Starts `commands[k]` (trainer node k+1) on `ray_nodes[k]`, each a Ray task pinned to its node."""
+    """Starts `commands[k]` (trainer node k+1) on `ray_nodes[k]`, each a Ray task pinned to its node, its
+    output in `logs`/node-<k+1>.log."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -93,9 +99,15 @@ def start_agents(
     for rank, (command, node) in enumerate(zip(commands, ray_nodes, strict=True), 1):
         task = remote.options(
             num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False), **need
-        ).remote(command)
-        agents.append(NodeAgent(rank, node, task))
-        logger.info("trainer node %d of %d: a Ray task on node %s", rank, len(commands) + 1, node[:12])
+        ).remote(command, str(logs / f"node-{rank}.log"))
+        agents.append(NodeAgent(rank, node, task, logs / f"node-{rank}.log"))
+        logger.info(
+            "trainer node %d of %d: a Ray task on node %s (its output: %s)",
+            rank,
+            len(commands) + 1,
+            node[:12],
+            logs / f"node-{rank}.log",
+        )
     return agents
 
 
@@ -113,7 +125,10 @@ def failed_agent(agents: Sequence[NodeAgent]) -> str | None:
             except Exception as e:  # the Ray node died, the task could not run
                 return f"trainer node {agent.node_rank} (Ray node {agent.ray_node[:12]}) failed: {e}"
             if code != 0:
-                return f"trainer node {agent.node_rank} (Ray node {agent.ray_node[:12]}) exited with {code}"
+                return (
+                    f"trainer node {agent.node_rank} (Ray node {agent.ray_node[:12]}) exited with {code} "
+                    f"(its output: {agent.log})"
+                )
     return None
 
 

@@ -279,7 +279,7 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
         resume = ["--resume"] if inputs.resume or restart else []
         rendezvous, agents = inputs.rendezvous, []
         if by_ray:  # the other nodes: Ray tasks on other Ray nodes, meeting this one at a fresh port
-            rendezvous, agents = _start_other_nodes(cfg, args + resume)
+            rendezvous, agents = _start_other_nodes(cfg, args + resume, out / "nodes")
         command = stage_command(cfg.nproc, "rl", args + resume, cfg.nnodes, rendezvous)
         try:
             run_ranks(
@@ -310,9 +310,11 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
     return RLSummary.from_dict(json.loads((out / "metrics.json").read_text(encoding="utf-8")))
 
 
-def _start_other_nodes(cfg: RLConfig, args: list[str]) -> tuple[Rendezvous, list[nodes.NodeAgent]]:
+def _start_other_nodes(
+    cfg: RLConfig, args: list[str], logs: Path
+) -> tuple[Rendezvous, list[nodes.NodeAgent]]:
     """Trainer nodes 1 … nnodes-1 as Ray tasks (harnessrl.rl.nodes), each this stage's command with its node
-    rank, meeting this node (0) at a fresh port."""
+    rank, meeting this node (0) at a fresh port; their output in `logs`."""
     from harnessrl.processes import free_port
     from harnessrl.rl import nodes
 
@@ -323,4 +325,4 @@ def _start_other_nodes(cfg: RLConfig, args: list[str]) -> tuple[Rendezvous, list
         nodes.node_command(stage, k, rendezvous.master_addr, rendezvous.master_port)
         for k in range(1, cfg.nnodes)
     ]
-    return rendezvous, nodes.start_agents(commands, ray_nodes, need)
+    return rendezvous, nodes.start_agents(commands, ray_nodes, need, logs)

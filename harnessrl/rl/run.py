@@ -42,6 +42,7 @@ from harnessrl.rl.modes import RLMode, StepOutcome, WorkloadKind
 from harnessrl.rl.ranks import Command, Setup, TrainerRanks, build_trainer
 from harnessrl.rl.records import Collected, EngineRates, RLSummary, StepRecord, Update, summarize
 from harnessrl.rl.rollout_log import read_step_rollouts, trajectory_section, write_step_rollouts
+from harnessrl.rl.runners import gateway_host, make_runner
 from harnessrl.rl.workloads import GatewayAccess, PromptWorkload, TaskSetWorkload, Workload
 from harnessrl.train.fingerprint import RunIdentity, policy_digest
 
@@ -282,6 +283,7 @@ class RLRun:
             self.work / "journal",
             self.admin_token,
             config=GatewayConfig(max_model_len=self._context_length(), tool_format=parser),
+            host=gateway_host(cfg.rollout_workers),
         )
         self.gateway_url = gateway.start()
         self._stack.callback(gateway.stop)
@@ -319,9 +321,15 @@ class RLRun:
         from harnessrl.gateway import GatewayAdmin
 
         cfg = self.cfg
-        self.pool = RolloutPool(
+        runner = make_runner(
+            cfg.rollout_workers,
             workload,
             GatewayAccess(self.gateway_url, self.admin_token),
+            threads=cfg.rollout_slots + cfg.lent_rollouts,
+        )
+        self._stack.callback(runner.close)
+        self.pool = RolloutPool(
+            runner,
             JournalTail(self.work / "journal"),
             self.order,
             self.pass_rates,

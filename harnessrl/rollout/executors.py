@@ -84,17 +84,14 @@ class ThreadExecutor:
         pass
 
 
-class RayExecutor:
-    """Rollouts as Ray tasks, at most `concurrency` in flight, `ray_cpus` CPUs each."""
+class RayConnection:
+    """This process as a Ray driver: of the cluster at `RAY_ADDRESS`, or of a local cluster it starts (and
+    stops at `close`); nothing when Ray is already initialized here."""
 
-    name = ExecutorName.RAY
-
-    def __init__(self, concurrency: int, ray_cpus: float = 0.5):
+    def __init__(self) -> None:
         import ray
 
         self.ray = ray
-        self.concurrency = concurrency
-        self.ray_cpus = ray_cpus
         self.address = os.environ.get("RAY_ADDRESS") or None
         self._owns_ray = not ray.is_initialized()
         self.cluster: LocalRayCluster | None = None  # the local cluster it started, stopped at close
@@ -111,12 +108,33 @@ class RayExecutor:
             self.close()
             raise
 
+    def close(self) -> None:
+        if self.cluster is not None:  # disconnects this process, then stops the cluster
+            self.cluster.stop()
+            self.cluster = None
+        elif self._owns_ray:
+            self.ray.shutdown()
+            self._owns_ray = False
+
+
+class RayExecutor:
+    """Rollouts as Ray tasks, at most `concurrency` in flight, `ray_cpus` CPUs each."""
+
+    name = ExecutorName.RAY
+
+    def __init__(self, concurrency: int, ray_cpus: float = 0.5):
+        self.connection = RayConnection()
+        self.ray = self.connection.ray
+        self.address = self.connection.address
+        self.concurrency = concurrency
+        self.ray_cpus = ray_cpus
+
     def gateway_host(self) -> str:
         """Local Ray: loopback. A cluster: an address the worker pods reach (HARNESSRL_GATEWAY_HOST, or the
         IP this driver pod has towards the Ray cluster)."""
         if not self.address:
             return "127.0.0.1"
-        return os.environ.get("HARNESSRL_GATEWAY_HOST") or _routable_ip()
+        return os.environ.get("HARNESSRL_GATEWAY_HOST") or routable_ip()
 
     def run(self, jobs: list[RolloutJob], fn: RolloutFn, ctx: RolloutContext) -> Iterator[RolloutOutcome]:
         from ray.exceptions import RayError
@@ -138,11 +156,7 @@ class RayExecutor:
                     yield crashed_outcome(job, f"{type(e).__name__}: {_first_lines(str(e))}")
 
     def close(self) -> None:
-        if self.cluster is not None:  # disconnects this process, then stops the cluster
-            self.cluster.stop()
-            self.cluster = None
-        elif self._owns_ray:
-            self.ray.shutdown()
+        self.connection.close()
 
 
 def make_executor(name: str, concurrency: int, ray_cpus: float = 0.5) -> ThreadExecutor | RayExecutor:
@@ -161,7 +175,7 @@ def _first_lines(text: str, n: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[:n])
 
 
-def _routable_ip() -> str:
+def routable_ip() -> str:
     import ray
 
     try:

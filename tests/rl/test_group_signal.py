@@ -15,6 +15,7 @@ from harnessrl.rl.config import RLConfig
 from harnessrl.rl.drivers import SyncDriver
 from harnessrl.rl.groups import DataOrder, Group, PassRates, RolloutPool
 from harnessrl.rl.records import Collected
+from harnessrl.rl.runners import ThreadRunner
 from harnessrl.rl.workloads import Finished, GatewayAccess, PromptWorkload
 from harnessrl.schema import RolloutStatus, Sample
 from harnessrl.train.plan import plan_round
@@ -64,9 +65,10 @@ def _group(outcomes: list[tuple[RolloutStatus, float | None]]) -> Group:
 def _loop_keeps(cfg: RLConfig, group: Group, tmp_path: Path) -> bool:
     """The driver's own classification of one finished group: kept for the step, or replaced."""
     workload = PromptWorkload(write_prompt_tasks(tmp_path / "tasks.jsonl"))
+    # nothing is started: the group is handed in finished
+    runner = ThreadRunner(workload, GatewayAccess("http://127.0.0.1:9", "unused"), threads=1)
     pool = RolloutPool(
-        workload,
-        GatewayAccess("http://127.0.0.1:9", "unused"),  # nothing is started: the group is handed in finished
+        runner,
         JournalTail(tmp_path / "journal"),
         DataOrder(workload.task_ids(), cfg.seed),
         PassRates(cfg.history_last_k, cfg.pass_threshold),

@@ -311,10 +311,11 @@ FAST_RAY_HEALTH_CHECK = {  # a killed Ray node is marked dead in about a second 
 def test_node_0_places_the_other_trainer_node_on_a_ray_node_and_again_when_that_node_is_lost(
     rl_policy: Path, prompt_tasks: Path, tmp_path: Path
 ):
-    """`--trainer-nodes ray` on a local Ray cluster: the head (node 0's, where the stage runs) and two worker
-    nodes offering a trainer node slot each. Trainer node 1 runs as a Ray task on one of them; that Ray node is
-    killed after the first checkpoint (every process of it, as when its machine is lost): node 0 stops its
-    ranks, places node 1 on the other worker, resumes, and the run ends with both steps once."""
+    """`--trainer-nodes ray --rollout-workers ray` on a local Ray cluster: the head (node 0's, where the stage
+    runs) and two worker nodes offering a trainer node slot each; rollouts run as Ray tasks anywhere. Trainer
+    node 1 runs as a Ray task on one worker; that Ray node is killed after the first checkpoint (every process
+    of it, as when its machine is lost): node 0 stops its ranks, places node 1 on the other worker, resumes,
+    and the run ends with both steps once."""
     from harnessrl.rl.nodes import TRAINER_NODE
     from harnessrl.rollout.ray_cluster import LocalRayCluster
 
@@ -323,18 +324,13 @@ def test_node_0_places_the_other_trainer_node_on_a_ray_node_and_again_when_that_
         workers = [cluster.add_node(num_cpus=1, resources={TRAINER_NODE: 1}) for _ in range(2)]
         env = {**os.environ, "RAY_ADDRESS": cluster.address, **cluster.auth_env()}
         cmd = rl_command(prompt_tasks, rl_policy, out, "--mode", "sync", "--config", _config(tmp_path))
+        cmd += ["--steps", "2", "--save-every", "1", "--nproc", "1", "--nnodes", "2"]
         cmd += [
-            "--steps",
-            "2",
-            "--save-every",
-            "1",
-            "--nproc",
-            "1",
-            "--nnodes",
-            "2",
             "--trainer-nodes",
             "ray",
-        ]
+            "--rollout-workers",
+            "ray",
+        ]  # the rollouts too: Ray tasks on any node
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             first = out / "checkpoints" / "step-000001" / "trainer_state.json"
@@ -357,3 +353,4 @@ def test_node_0_places_the_other_trainer_node_on_a_ray_node_and_again_when_that_
     assert len(placed) == 2 and placed[0] != placed[1], placed  # placed again, on the other worker
     assert "restarting every trainer rank from the newest checkpoint (restart 1 of at most 2)" in log
     assert [r["step"] for r in read_jsonl(out / "steps.jsonl")] == [1, 2]
+    assert "trainer rank 1 of 2 ready" in (out / "nodes" / "node-1.log").read_text()  # node 1's own output

@@ -94,7 +94,7 @@ def test_two_clusters_do_not_meet_and_the_executor_starts_and_stops_its_own(monk
         assert other.head is not None and other.directory is not None
         executor = RayExecutor(concurrency=1)
         try:
-            mine = executor.cluster
+            mine = executor.connection.cluster
             assert mine is not None and mine.directory is not None and mine.address != other.address
             assert ray.is_initialized() and executor.gateway_host() == "127.0.0.1"
             worker = ray.get(pid.options(num_cpus=0.5).remote())
@@ -102,7 +102,7 @@ def test_two_clusters_do_not_meet_and_the_executor_starts_and_stops_its_own(monk
             directory = mine.directory
         finally:
             executor.close()
-        assert executor.cluster is None and not ray.is_initialized()
+        assert executor.connection.cluster is None and not ray.is_initialized()
         assert _processes_naming(directory) == [] and not directory.exists()
         assert other.head.alive()  # stopping one cluster left the other running: it still runs a task
         other.connect()
