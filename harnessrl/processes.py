@@ -1,7 +1,8 @@
 """How harnessrl starts child processes: never by fork() of the starting process.
 
 Owns the rule every launch in the product keeps, `die_with_parent` (the one way a launch ties a child's life
-to the thread that starts it) and `free_ports` (ports for a server about to be launched).
+to the thread that starts it; `end_with_parent` for a child that another launcher, torchrun, starts) and
+`free_ports` (ports for a server about to be launched).
 
 Why: under the kernel's default overcommit heuristic (vm.overcommit_memory=0), fork() must commit a copy of
 each of the caller's private writable mappings, and it is refused with ENOMEM when one is larger than RAM +
@@ -68,6 +69,21 @@ def die_with_parent(
     if not sys.platform.startswith("linux"):
         return list(command)
     return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(int(sig)), str(os.getpid()), found, *command]
+
+
+def end_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:
+    """Asks the kernel to send this process `sig` when its parent ends (Linux; elsewhere nothing). For a process
+    started by a launcher that puts it in a session of its own, as torchrun does its ranks: killing the
+    launcher's session (a lost node) would otherwise leave it running."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if parent == 1 or os.getppid() != parent:  # the parent ended before prctl: its signal will never come
+        os.kill(os.getpid(), sig)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

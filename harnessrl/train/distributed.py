@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harnessrl.processes import end_with_parent
 from harnessrl.train.batching import SeqItem
 
 
@@ -72,6 +73,7 @@ def init_from_env(device: str) -> DistContext:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistContext(device=device)
+    end_with_parent()  # torchrun puts each rank in a session of its own: a rank must not outlive its agent
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.startswith("cuda"):
         if torch.cuda.device_count() <= local_rank:

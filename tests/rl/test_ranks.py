@@ -354,3 +354,7 @@ def test_node_0_places_the_other_trainer_node_on_a_ray_node_and_again_when_that_
     assert "restarting every trainer rank from the newest checkpoint (restart 1 of at most 2)" in log
     assert [r["step"] for r in read_jsonl(out / "steps.jsonl")] == [1, 2]
     assert "trainer rank 1 of 2 ready" in (out / "nodes" / "node-1.log").read_text()  # node 1's own output
+    deadline = time.monotonic() + 30  # the lost node's rank went with its torchrun agent: nothing left
+    while _processes_with(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(str(out)) == {}, "a process of the run outlived it"
