@@ -21,7 +21,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-TRAINER_NODE = "harnessrl_trainer_node"  # a custom Ray resource: trainer node slots of a CPU node
+TRAINER_NODE = "harnessrl_trainer_node"  # a custom Ray resource: a Ray node's trainer node slots
 
 
 class TrainerNodesError(RuntimeError):
@@ -41,9 +41,11 @@ class NodeAgent:
 def _run_node(command: list[str], log: str) -> int:
     """Runs on the remote Ray node: the stage's command for this node (its torchrun waits for node 0), its
     output appended to `log` (on the run's volume: node 0 names it when the node fails)."""
+    from harnessrl.processes import die_with_parent
+
     Path(log).parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
+    with open(log, "ab") as out:  # the command ends with the task (cancelled: its Ray worker is killed)
+        return subprocess.run(die_with_parent(command), stdout=out, stderr=subprocess.STDOUT).returncode
 
 
 def _this_node_id() -> str:

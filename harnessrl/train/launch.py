@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harnessrl.processes import die_with_parent
 from harnessrl.train.distributed import Rendezvous
 from harnessrl.train.round import TrainConfig
 
@@ -127,7 +128,10 @@ def run_ranks(
             )
         return
     tail: collections.deque[str] = collections.deque(maxlen=400)
-    with subprocess.Popen(cmd, env=rank_env(), stderr=subprocess.PIPE, text=True) as proc:
+    env = rank_env()
+    # torchrun ends with this thread (then it stops its ranks, which end with it): a launcher killed from
+    # outside, e.g. the Ray task of a remote trainer node cancelled, leaves no rank behind
+    with subprocess.Popen(die_with_parent(cmd, env), env=env, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stderr is not None
 
         def pump() -> None:
