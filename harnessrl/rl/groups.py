@@ -8,9 +8,9 @@ Dynamic sampling happens here, before any compute: a task whose recent pass rate
 hopeless (`worth_sampling`) is skipped and its position counted as consumed. If every task would be
 skipped the stream samples anyway (counted as `dynamic_sampling_exhausted`), so a run never stalls.
 
-The pool runs rollouts on its runner (threads, or Ray tasks across nodes: harnessrl.rl.runners); a group is complete when all its rollouts finished, then its samples are
-read from the gateway journal and it is handed to the trainer's queue at once (groups stream; nobody waits
-for the batch's slowest).
+The pool runs rollouts on its runner (threads, or Ray tasks across nodes: harnessrl.rl.runners); a group is
+complete when all its rollouts finished, then its samples are read from the gateway journal and it is handed to
+the trainer's queue at once (groups stream; nobody waits for the batch's slowest).
 """
 
 from __future__ import annotations
@@ -235,9 +235,7 @@ class RolloutPool:
             return
         try:
             done = fut.result()
-        except (
-            BaseException
-        ) as e:  # a workload bug, a lost Ray worker: kept as an infra error of this rollout
+        except BaseException as e:  # a workload bug, a lost Ray worker: an infra error of this rollout
             logger.exception("rollout %s crashed", plan.rollout_id)
             done = Finished(
                 plan.rollout_id, plan.group_id, plan.task_id, None, RolloutStatus.INFRA_ERROR, repr(e)[:500]
