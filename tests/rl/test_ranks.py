@@ -247,42 +247,47 @@ def test_run_ranks_names_the_rank_that_failed(tmp_path: Path):
 def test_a_killed_trainer_rank_restarts_the_ranks_from_the_last_checkpoint_on_the_same_data_order(
     rl_policy: Path, prompt_tasks: Path, tmp_path: Path
 ):
-    """Rank 1 killed after the first checkpoint: torchrun restarts both ranks, rank 0 resumes from the newest
-    checkpoint, and the run ends with every step once and the groups an uninterrupted run trained on."""
-    runs = {name: tmp_path / name for name in ("killed", "whole")}
+    """Rank 1 killed after the first checkpoint: the stage restarts both ranks, rank 0 resumes from the newest
+    checkpoint, and the run ends with every step once; the positions it consumed across the restart are the
+    next positions of one seeded stream, none repeated or left out (which groups train depends on sampling)."""
+    from harnessrl.rl.groups import DataOrder
+    from tests.rl.test_stage import _position
 
-    def command(out: Path) -> list[str]:
-        return rl_command(
-            prompt_tasks, rl_policy, out, "--mode", "sync", "--steps", "3", "--save-every", "1", "--nproc", "2",
-            "--config", _config(tmp_path),
-        )  # fmt: skip
-
-    whole = subprocess.Popen(command(runs["whole"]), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc = subprocess.Popen(command(runs["killed"]), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = tmp_path / "killed"
+    cmd = rl_command(
+        prompt_tasks, rl_policy, out, "--mode", "sync", "--steps", "3", "--save-every", "1", "--nproc", "2",
+        "--config", _config(tmp_path),
+    )  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        first = runs["killed"] / "checkpoints" / "step-000001" / "trainer_state.json"
+        first = out / "checkpoints" / "step-000001" / "trainer_state.json"
         deadline = time.monotonic() + 600
         while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert first.exists(), "no checkpoint after step 1"
-        (victim,) = [pid for pid, rank in _processes_with(str(runs["killed"])).items() if rank == "1"]
+        (victim,) = [pid for pid, rank in _processes_with(str(out)).items() if rank == "1"]
         os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=900)
-        whole_out, whole_err = whole.communicate(timeout=900)
+        stdout, stderr = proc.communicate(timeout=900)
     finally:
-        for p in (proc, whole):
-            if p.poll() is None:
-                p.kill()
-    assert proc.returncode == 0, err.decode()[-3000:]
-    assert whole.returncode == 0, whole_err.decode()[-3000:]
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr.decode()[-3000:]
     assert (
         "trainer rank 1 of 2 failed (killed by SIGKILL); torchrun stopped every rank: restarting every trainer "
         "rank from the newest checkpoint (restart 1 of at most 2)"
-    ) in err.decode()
-    assert json.loads(out.decode().strip().splitlines()[-1])["steps_trained"] == 3
-    killed, whole_rows = (list(read_jsonl(runs[name] / "steps.jsonl")) for name in ("killed", "whole"))
-    assert [r["step"] for r in killed] == [1, 2, 3]  # no step twice, none missing
-    assert [r["groups"] for r in killed] == [r["groups"] for r in whole_rows]  # the same data order
+    ) in stderr.decode()
+    assert json.loads(stdout.decode().strip().splitlines()[-1])["steps_trained"] == 3
+    rows = list(read_jsonl(out / "steps.jsonl"))
+    assert [r["step"] for r in rows] == [1, 2, 3]  # no step twice, none missing
+    used = [
+        g
+        for r in rows
+        for g in sorted(r["groups_skipped"] + r["groups_discarded"] + r["groups"], key=_position)
+    ]
+    positions = [_position(g) for g in used]
+    assert positions == list(range(len(positions)))  # the same data order across the restart
+    order = DataOrder([f"say-{a}" for a in ("and", "the", "of", "I")], seed=0)
+    assert [g.split("@")[0] for g in used] == [order.task_at(p) for p in positions]
 
 
 def test_a_node_that_lacks_the_starting_policy_is_told_to_mount_the_runs_volume(tmp_path: Path):

@@ -45,9 +45,7 @@ def test_a_lost_worker_node_ends_its_rollouts_as_infra_errors_and_every_group_co
     env = {**FAST_RAY_HEALTH_CHECK, "PYTHONPATH": str(REPO)}  # the workers import this module's workload
     with LocalRayCluster(num_cpus=0, env=env) as cluster:
         nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
-        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
-        for name, value in cluster.auth_env().items():
-            monkeypatch.setenv(name, value)
+        cluster.connect()  # this process as the driver (its token read anew), as the RL stage's rank 0 is
         workload = HeldWorkload(tmp_path)
         runner = RayRunner(workload, GatewayAccess("http://127.0.0.1:9", "unused"), cpus=0.5)
         order = DataOrder(workload.task_ids(), seed=0)
