@@ -153,6 +153,15 @@ def test_two_trainer_ranks_train_the_same_lora_adapter_as_one(
     _assert_same_weights(_weights(runs[2] / "model"), _weights(runs[1] / "model"))
 
 
+def _wait_for_first_checkpoint(proc: subprocess.Popen, out: Path) -> None:
+    """Until the run in `out` has written its step-1 checkpoint (or ended, or 10 minutes passed)."""
+    first = out / "checkpoints" / "step-000001" / "trainer_state.json"
+    deadline = time.monotonic() + 600
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), "no checkpoint after step 1"
+
+
 def _processes_with(marker: str) -> dict[int, str]:
     """pid -> RANK (or "") of the live processes whose command line holds `marker`."""
     found = {}
@@ -260,11 +269,7 @@ def test_a_killed_trainer_rank_restarts_the_ranks_from_the_last_checkpoint_on_th
     )  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        first = out / "checkpoints" / "step-000001" / "trainer_state.json"
-        deadline = time.monotonic() + 600
-        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert first.exists(), "no checkpoint after step 1"
+        _wait_for_first_checkpoint(proc, out)
         (victim,) = [pid for pid, rank in _processes_with(str(out)).items() if rank == "1"]
         os.kill(victim, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=900)
@@ -338,11 +343,7 @@ def test_node_0_places_the_other_trainer_node_on_a_ray_node_and_again_when_that_
         ]  # the rollouts too: Ray tasks on any node
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            first = out / "checkpoints" / "step-000001" / "trainer_state.json"
-            deadline = time.monotonic() + 600
-            while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert first.exists(), "no checkpoint after step 1"
+            _wait_for_first_checkpoint(proc, out)
             remote = set(_processes_with("--node-rank"))
             (lost,) = [n for n in workers if remote & set(n.processes())]
             lost.kill()
