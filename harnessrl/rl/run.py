@@ -327,7 +327,6 @@ class RLRun:
             GatewayAccess(self.gateway_url, self.admin_token),
             threads=cfg.rollout_slots + cfg.lent_rollouts,
         )
-        self._stack.callback(runner.close)
         self.pool = RolloutPool(
             runner,
             JournalTail(self.work / "journal"),

@@ -10,7 +10,6 @@ for that rollout (its reason kept), never a 0, and its group completes with it.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -66,13 +65,12 @@ class RayRunner:
 
 
 def gateway_host(workers: RolloutWorkers) -> str:
-    """Where the gateway listens so that the rollout workers reach it: loopback for threads and a local Ray
-    cluster; on a Ray cluster (`RAY_ADDRESS`) `HARNESSRL_GATEWAY_HOST`, else this node's address in it."""
-    if workers is RolloutWorkers.THREADS or not os.environ.get("RAY_ADDRESS"):
+    """Where the gateway listens so that the rollout workers reach it."""
+    if workers is RolloutWorkers.THREADS:
         return "127.0.0.1"
-    from harnessrl.rollout.executors import routable_ip
+    from harnessrl.rollout.executors import ray_gateway_host
 
-    return os.environ.get("HARNESSRL_GATEWAY_HOST") or routable_ip()
+    return ray_gateway_host()
 
 
 def make_runner(

@@ -130,11 +130,7 @@ class RayExecutor:
         self.ray_cpus = ray_cpus
 
     def gateway_host(self) -> str:
-        """Local Ray: loopback. A cluster: an address the worker pods reach (HARNESSRL_GATEWAY_HOST, or the
-        IP this driver pod has towards the Ray cluster)."""
-        if not self.address:
-            return "127.0.0.1"
-        return os.environ.get("HARNESSRL_GATEWAY_HOST") or routable_ip()
+        return ray_gateway_host()
 
     def run(self, jobs: list[RolloutJob], fn: RolloutFn, ctx: RolloutContext) -> Iterator[RolloutOutcome]:
         from ray.exceptions import RayError
@@ -169,6 +165,14 @@ def make_executor(name: str, concurrency: int, ray_cpus: float = 0.5) -> ThreadE
             raise ValueError(f"ray_cpus must be >= 0, got {ray_cpus}")
         return RayExecutor(concurrency, ray_cpus)
     return ThreadExecutor(concurrency)
+
+
+def ray_gateway_host() -> str:
+    """Where a gateway listens for Ray workers: loopback for a local Ray (no `RAY_ADDRESS`); on a cluster an
+    address the worker pods reach (`HARNESSRL_GATEWAY_HOST`, or this pod's IP towards the Ray cluster)."""
+    if not os.environ.get("RAY_ADDRESS"):
+        return "127.0.0.1"
+    return os.environ.get("HARNESSRL_GATEWAY_HOST") or routable_ip()
 
 
 def _first_lines(text: str, n: int = 6) -> str:
