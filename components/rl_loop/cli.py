@@ -148,11 +148,12 @@ FLAGS = (
 
 
 def _run(args: argparse.Namespace) -> int:
-    from components.rl_loop.stage import launched, run_stage
+    from components.rl_loop.stage import run_stage
     from harnessrl.cli import UserError
     from harnessrl.engine.base import EngineError
     from harnessrl.rl.config import RLInputs
     from harnessrl.rl.nodes import TrainerNodesError
+    from harnessrl.rl.ranks import in_torchrun
     from harnessrl.train.distributed import Rendezvous
     from harnessrl.train.launch import RanksFailed, RanksStopped
 
@@ -181,7 +182,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     except (RanksStopped, TrainerNodesError) as e:  # another node failed, or could not be placed
         raise UserError(str(e)) from None
-    if summary is not None and not launched(cfg):  # launched: rank 0 has printed it
+    if (
+        summary is not None and not in_torchrun()
+    ):  # launched: rank 0's summary, printed after every rank ended
         print(json.dumps(summary.to_dict()))
     elif summary is None and inputs.rendezvous.node_rank:
         print(f"trainer node {inputs.rendezvous.node_rank} of {cfg.nnodes}: its ranks are done", flush=True)

@@ -1,7 +1,7 @@
 """The `rl_loop` stage, as the CLI (`harnessrl stage rl`) and the KFP component both run it: settings from a
 JSON document with the caller's overrides laid over it, then the loop in this process — or, with `nproc` > 1
 (or `nnodes` > 1) outside torchrun, under torchrun with that many trainer ranks on this node
-(harnessrl.rl.ranks.launch; the ranks print the step lines and the summary themselves)."""
+(harnessrl.rl.ranks.launch; rank 0 prints the step lines, this process its summary once every rank ended)."""
 
 from __future__ import annotations
 

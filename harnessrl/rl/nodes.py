@@ -150,6 +150,15 @@ def finish(agents: Sequence[NodeAgent], stop: bool) -> None:
         raise TrainerNodesError(why)
 
 
+def disconnect() -> None:
+    """Leaves the Ray cluster `place` joined. Ray prints the errors it hears of (a lost node's task) on this
+    process's stdout while it is connected: disconnected before the summary is printed, nothing follows it."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def node_command(command: list[str], node_rank: int, master_addr: str, master_port: int) -> list[str]:
     """This stage's command for another node: its node rank and node 0's rendezvous address appended (argparse
     takes the last value), in this Python."""

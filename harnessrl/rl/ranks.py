@@ -275,34 +275,40 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
     if inputs.upload_to:
         args += ["--upload-to", inputs.upload_to]
     by_ray = inputs.trainer_nodes is TrainerNodes.RAY and cfg.nnodes > 1 and inputs.rendezvous.node_rank == 0
-    for restart in range(cfg.max_restarts + 1):
-        resume = ["--resume"] if inputs.resume or restart else []
-        rendezvous, agents = inputs.rendezvous, []
-        if by_ray:  # the other nodes: Ray tasks on other Ray nodes, meeting this one at a fresh port
-            rendezvous, agents = _start_other_nodes(cfg, args + resume, out / "nodes")
-        command = stage_command(cfg.nproc, "rl", args + resume, cfg.nnodes, rendezvous)
-        try:
-            run_ranks(
-                command,
-                cfg.trainer_ranks,
-                timeout=timeout,
-                stream=True,
-                what="trainer rank",
-                watch=functools.partial(nodes.failed_agent, agents) if agents else None,
-            )
-            nodes.finish(agents, stop=False)
-            break
-        except (RanksFailed, RanksStopped, nodes.TrainerNodesError) as e:
-            nodes.finish(agents, stop=True)
-            first = e.failures[0] if isinstance(e, RanksFailed) and e.failures else None
-            if restart == cfg.max_restarts or (first is not None and first.rank == 0 and first.exitcode == 2):
-                raise  # out of restarts, or rank 0's own error (it has printed it): the same again
-            logger.warning(
-                "%s: restarting every trainer rank from the newest checkpoint (restart %d of at most %d)",
-                e,
-                restart + 1,
-                cfg.max_restarts,
-            )
+    try:
+        for restart in range(cfg.max_restarts + 1):
+            resume = ["--resume"] if inputs.resume or restart else []
+            rendezvous, agents = inputs.rendezvous, []
+            if by_ray:  # the other nodes: Ray tasks on other Ray nodes, meeting this one at a fresh port
+                rendezvous, agents = _start_other_nodes(cfg, args + resume, out / "nodes")
+            command = stage_command(cfg.nproc, "rl", args + resume, cfg.nnodes, rendezvous)
+            try:
+                run_ranks(
+                    command,
+                    cfg.trainer_ranks,
+                    timeout=timeout,
+                    stream=True,
+                    what="trainer rank",
+                    watch=functools.partial(nodes.failed_agent, agents) if agents else None,
+                )
+                nodes.finish(agents, stop=False)
+                break
+            except (RanksFailed, RanksStopped, nodes.TrainerNodesError) as e:
+                nodes.finish(agents, stop=True)
+                first = e.failures[0] if isinstance(e, RanksFailed) and e.failures else None
+                if restart == cfg.max_restarts or (
+                    first is not None and first.rank == 0 and first.exitcode == 2
+                ):
+                    raise  # out of restarts, or rank 0's own error (it has printed it): the same again
+                logger.warning(
+                    "%s: restarting every trainer rank from the newest checkpoint (restart %d of at most %d)",
+                    e,
+                    restart + 1,
+                    cfg.max_restarts,
+                )
+    finally:
+        if by_ray:
+            nodes.disconnect()
     if inputs.rendezvous.node_rank != 0:
         return None
     from harnessrl.rl.records import RLSummary
