@@ -106,11 +106,11 @@ DEMO_FAMILY_SPECS = '[{"harness": "chat", "reward": "instruction_strict", "limit
 # `harnessrl demo --harness claude-code | codex`: the same family, RL step and evaluation through the production
 # CLI, unchanged, in a bubblewrap sandbox (a scratch workspace: docs/environments.md), each model call held to
 # the same 128-token reply budget by the gateway. Claude Code runs `bare` with no tools (the request is answered
-# in its reply, its `result`) and the tiny model's own default system prompt in place of the CLI's (a CLI
-# option): the CLI asks 3 times to continue a reply cut at the budget (4 calls for nothing), and under its own
-# prompt more replies run into it (the first RL step: 51% of calls vs 42%; 16 probe rollouts: 3 vs 2). A CLI
-# rollout costs seconds of CPU on top of its model time, so the CLI demos evaluate 2 sampled rollouts per
-# held-out task instead of 4.
+# in its reply, its `result`). Both CLIs take the tiny model's own default system prompt in place of theirs (a
+# CLI option): under Claude Code's more replies run into the budget (the first RL step: 51% of calls vs 42%),
+# and Claude Code asks 3 times to continue a cut reply (4 calls for nothing); Codex's first prompt drops from
+# 5.2k tokens to 1.2k (its function tools stay). A CLI rollout costs seconds of CPU on top of its model time,
+# so the CLI demos evaluate 2 sampled rollouts per held-out task instead of 4.
 SMOLLM_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
@@ -125,7 +125,7 @@ CLI_FAMILY_SPECS = {
     "claude-code": _cli_spec(
         "claude-code", {"bare": True, "tools": [], "system_prompt": SMOLLM_SYSTEM_PROMPT}
     ),
-    "codex": _cli_spec("codex", {"model": "gpt-5.1-codex-max"}),
+    "codex": _cli_spec("codex", {"model": "gpt-5.1-codex-max", "base_instructions": SMOLLM_SYSTEM_PROMPT}),
 }
 CLI_EVAL_K = 2
 HARNESSES = ("chat", *CLI_FAMILY_SPECS)

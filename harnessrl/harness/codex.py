@@ -44,6 +44,8 @@ BRIDGE_PORT = 41873  # inside the sandbox's own network namespace: nothing else 
 CODEX_HOME = "/tmp/.codex"
 PROVIDER = "harnessrl"
 KEY_ENV = "HARNESSRL_API_KEY"
+INSTRUCTIONS_ENV = "HARNESSRL_BASE_INSTRUCTIONS"  # the base_instructions option, written to INSTRUCTIONS_FILE
+INSTRUCTIONS_FILE = f"{CODEX_HOME}/instructions.md"
 # Off: what would reach a host other than the gateway, and the tool families a text policy has no use for.
 OFFLINE_CONFIG = {
     "analytics.enabled": "false",
@@ -78,12 +80,25 @@ class CodexConfig(CliConfig):
 
     tool = CODEX
     mount = "/opt/harnessrl/codex"
-    own_env = (KEY_ENV, "CODEX_HOME", "HOME", "OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY")
+    own_env = (
+        KEY_ENV,
+        INSTRUCTIONS_ENV,
+        "CODEX_HOME",
+        "HOME",
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "CODEX_API_KEY",
+    )
     binds = {BRIDGE_MOUNT: Path(loopback_bridge.__file__)}  # the bridge, run by the sandbox's python3
-    setup = 'mkdir -p "$CODEX_HOME" && '
+    # Codex reads replaced base instructions from a file only (`model_instructions_file`): written in its home
+    setup = (
+        f'mkdir -p "$CODEX_HOME" && {{ [ -z "${INSTRUCTIONS_ENV}+x" ] || '
+        f'printf %s "${INSTRUCTIONS_ENV}" > {INSTRUCTIONS_FILE}; }} && '
+    )
 
     version: str = CODEX_VERSION
     model: str | None = None  # the model name it sends (None: the CLI's default); it changes its prompt
+    base_instructions: str | None = None  # replaces its own system prompt (`model_instructions_file`)
     developer_instructions: str | None = None  # `developer_instructions`: added to its own
     disable: list[str] = field(default_factory=list)  # more features off (`--disable`)
     enable: list[str] = field(default_factory=list)  # features on (`--enable`), e.g. one of DISABLED_FEATURES
@@ -94,6 +109,8 @@ class CodexConfig(CliConfig):
         super().__post_init__()
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise ValueError(f"codex option model: expected a model name, got {self.model!r}")
+        if self.base_instructions is not None and not isinstance(self.base_instructions, str):
+            raise ValueError(f"codex option base_instructions: expected text, got {self.base_instructions!r}")
         if not isinstance(self.config, dict) or not all(isinstance(k, str) for k in self.config):
             raise ValueError(f"codex option config: expected key -> value, got {self.config!r}")
         owned = sorted(k for k in self.config if k.split(".")[0] in OWN_CONFIG)
@@ -135,6 +152,8 @@ class CodexConfig(CliConfig):
                 a += ["--disable", feature]
         for feature in self.enable:
             a += ["--enable", feature]
+        if self.base_instructions is not None:
+            a += ["-c", f"model_instructions_file={toml_value(INSTRUCTIONS_FILE)}"]
         if self.developer_instructions:
             a += ["-c", f"developer_instructions={toml_value(self.developer_instructions)}"]
         for key, value in self.config.items():
@@ -148,7 +167,10 @@ class CodexConfig(CliConfig):
         bridge = ["python3", BRIDGE_MOUNT, "--listen", f"127.0.0.1:{BRIDGE_PORT}", "--socket", socket]
         bridge += ["--max-requests", str(int(self.max_turns)), "--count-suffix", "/responses", "--"]
         argv = [*bridge, executable, *self.codex_args(bridge_base_url(endpoint.base_url))]
-        return argv, {**self.env, KEY_ENV: endpoint.api_key, "CODEX_HOME": CODEX_HOME, "NO_COLOR": "1"}
+        env = {**self.env, KEY_ENV: endpoint.api_key, "CODEX_HOME": CODEX_HOME, "NO_COLOR": "1"}
+        if self.base_instructions is not None:
+            env[INSTRUCTIONS_ENV] = self.base_instructions
+        return argv, env
 
     def read(self, res: HarnessResult, run: RunResult, events: list[dict[str, Any]]) -> Ending:
         count_events(res, events, run.stderr)

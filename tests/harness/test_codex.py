@@ -148,15 +148,23 @@ def test_an_endpoint_the_gateway_does_not_serve_is_an_infra_error(rollout, task)
     assert "the gateway does not serve what the CLI asked for (HTTP 404)" in res.error
 
 
-def test_first_prompt_sizes(rollout, task):
-    """The CLI's first prompt in the policy's tokens (reported in docs/harness.md): its default model (code mode)
-    and a model name with plain function tools."""
+def test_first_prompt_sizes(rollout, task, tokenizer):
+    """The CLI's first prompt in the policy's tokens (reported in docs/harness.md): its default model (code mode),
+    a model name with plain function tools, and that with the base instructions replaced (`base_instructions`:
+    Codex's own system prompt gone, ours in its place)."""
     r, _ = rollout(("Done.",))
-    sizes = {}
-    for name, options in {"default": {}, "max": {"model": MAX}}.items():
+    own = 'You are a helpful AI assistant named SmolLM.\nAnswer in one "sentence".'
+    sizes, prompts = {}, {}
+    variants = {"default": {}, "max": {"model": MAX}, "own": {"model": MAX, "base_instructions": own}}
+    for name, options in variants.items():
         r.session = r.admin.create_session(f"r-{name}", task.iid)
         res = r.run(task, options)
         assert res.status is RolloutStatus.OK, res.error
-        sizes[name] = r.records()[-1].timings.prompt_tokens
+        first = r.records()[-1]
+        sizes[name] = first.timings.prompt_tokens
+        prompts[name] = tokenizer.decode(first.inherited_ids + first.delta_ids)
     print("first prompt tokens:", sizes)
-    assert sizes["max"] < 8192 < sizes["default"]
+    assert sizes["own"] < sizes["max"] < 8192 < sizes["default"]
+    assert own in prompts["own"] and own not in prompts["max"]
+    codex = "You are a coding agent running in the Codex CLI"
+    assert codex in prompts["max"] and codex not in prompts["own"]

@@ -189,3 +189,7 @@ def test_specs_name_codexs_settings_and_where_it_can_run():
         parse_specs([{"harness": "codex", "options": {"env": {"CODEX_HOME": "/root"}}}])
     with pytest.raises(ValueError, match="cannot write"):
         parse_specs([{"harness": "codex", "options": {"config": {"x": None}}}])
+    with pytest.raises(ValueError, match="base_instructions: expected text"):
+        parse_specs([{"harness": "codex", "options": {"base_instructions": ["a"]}}])
+    with pytest.raises(ValueError, match="set by the harness"):
+        parse_specs([{"harness": "codex", "options": {"env": {"HARNESSRL_BASE_INSTRUCTIONS": "x"}}}])
