@@ -13,6 +13,14 @@
   weights load between two decode steps. Staleness is bounded by admission and the per-group stale policy.
   While the trainer would wait for data, `RoleSwitch` decides whether to lend its share to rollouts (here:
   extra rollout slots; on one CPU box no device moves, see docs/rl.md).
+
+The driver owns the loop's state (`LoopState`: data order, pass rates, policy version) and alone changes it: it
+picks each group's task, consumes the positions it trains or discards, records pass rates and takes the
+version a sync published; `collect` returns the step's batch as one `StepBatch`.
+
+Dynamic sampling happens here, before any compute: a task whose recent pass rate says it is solved or
+hopeless (`worth_sampling`) is skipped and its position counted as consumed. If every task would be
+skipped the stream samples anyway (counted as `dynamic_sampling_exhausted`), so a run never stalls.
 """
 
 from __future__ import annotations
@@ -21,12 +29,14 @@ import logging
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 from harnessrl.gateway.client import GatewayAdmin
 from harnessrl.gateway.enums import PauseMode
 from harnessrl.rl.admission import StalePolicy, can_admit, keep_group
 from harnessrl.rl.config import RLConfig
-from harnessrl.rl.groups import Group, RolloutPool
+from harnessrl.rl.dynamic_sampling import worth_sampling
+from harnessrl.rl.groups import Group, LoopState, RolloutPool
 from harnessrl.rl.modes import GroupFate, RLMode
 from harnessrl.rl.records import Collected
 from harnessrl.rl.role_switch import RoleSwitch, expected_wait_s
@@ -35,20 +45,35 @@ from harnessrl.train.data import has_signal
 logger = logging.getLogger(__name__)
 
 
-class Driver:
-    """Collects step batches from the pool; `version` is the trainer's (steps that changed the weights so
-    far), `accepted` counts groups handed to the trainer (for admission). The base class is the part every
-    mode shares: classifying finished groups and handing out a batch. A group has signal as the learner's
-    step plan decides it (train.data.has_signal on the group's rollouts placed as the learner places them), so
-    a group kept here is a group the step trains."""
+@dataclass
+class StepBatch:
+    """One step's collection: the groups it trains, the finished groups it will not train (and why), and
+    what collecting them took."""
 
-    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int):
-        self.cfg, self.pool, self.version = cfg, pool, version
+    groups: list[Group]
+    discarded: list[tuple[Group, GroupFate]] = field(default_factory=list)
+    collected: Collected = field(default_factory=Collected)
+
+
+class Driver:
+    """Collects step batches from the pool and owns the loop's `state` (the module docstring); `accepted`
+    counts groups handed to the trainer (for admission). The base class is the part every mode shares: picking
+    tasks, classifying finished groups and handing out a batch. A group has signal as the learner's step plan
+    decides it (train.data.has_signal on the group's rollouts placed as the learner places them), so a group
+    kept here is a group the step trains."""
+
+    def __init__(self, cfg: RLConfig, pool: RolloutPool, state: LoopState):
+        self.cfg, self.pool, self.state = cfg, pool, state
         self.buffer: deque[Group] = deque()
-        self.discarded: list[tuple[Group, GroupFate]] = []  # this step's groups that will not train, and why
-        self.accepted = version * cfg.batch_groups
+        self.accepted = state.version * cfg.batch_groups
         self.stale_policy = StalePolicy(cfg.stale_policy)
-        self._skipped_seen = len(pool.skipped)
+        self._lock = threading.Lock()  # the state: groups start on the feeder thread, finish on the loop's
+        self._skipped: list[str] = []  # group ids (positions) dynamic sampling skipped since the last batch
+        self.dynamic_sampling_exhausted = 0
+
+    @property
+    def version(self) -> int:
+        return self.state.version
 
     def start(self) -> None:
         """Starts generating ahead of the first `collect` (the async modes)."""
@@ -56,56 +81,84 @@ class Driver:
     def stop(self) -> None:
         self.pool.notify()
 
-    def collect(self, collected: Collected) -> list[Group]:
-        """Up to `batch_groups` finished groups with signal for the next optimizer step (fewer when
-        the step's group budget ran out), counting what it took in `collected`."""
+    def collect(self) -> StepBatch:
+        """Up to `batch_groups` finished groups with signal for the next optimizer step (fewer when the step's
+        group budget ran out); the positions of every group it holds are consumed."""
         t0 = time.perf_counter()
-        self.discarded = []
-        groups = self._collect(collected)
-        collected.wait_s = time.perf_counter() - t0
-        collected.groups_skipped = self.pool.skipped[self._skipped_seen :]
-        collected.dynamic_sampling_exhausted = self.pool.counts.dynamic_sampling_exhausted
-        self._skipped_seen = len(self.pool.skipped)
-        return groups
+        batch = StepBatch([])
+        batch.groups = self._collect(batch)
+        with self._lock:
+            for g in batch.groups:
+                self.state.order.consume(g.group_index)
+            batch.collected.groups_skipped, self._skipped = self._skipped, []
+        batch.collected.wait_s = time.perf_counter() - t0
+        batch.collected.dynamic_sampling_exhausted = self.dynamic_sampling_exhausted
+        return batch
 
-    def _collect(self, collected: Collected) -> list[Group]:
+    def _collect(self, batch: StepBatch) -> list[Group]:
         raise NotImplementedError
 
-    def before_train(self, collected: Collected) -> None:
-        """Right before the optimizer step."""
+    def before_train(self) -> float:
+        """Right before the optimizer step; the seconds it took to stop generating (colocated)."""
+        return 0.0
 
     def after_sync(self, version: int) -> None:
         """Right after the new weights reached the engines (or after a step that trained nothing)."""
-        self.version = version
+        with self._lock:
+            self.state.version = version
         self.pool.notify()
 
-    def _classify(self, collected: Collected) -> None:
+    def _start_group(self) -> Group:
+        with self._lock:
+            position, task = self._next_task()
+            version = self.state.version
+        return self.pool.start_group(position, task, version)
+
+    def _next_task(self) -> tuple[int, str]:
+        order = self.state.order
+        worth = set(worth_sampling(self.state.pass_rates.rates(), order.task_ids, self.cfg.dynamic_low,
+                                   self.cfg.dynamic_high))  # fmt: skip
+        if not worth:
+            self.dynamic_sampling_exhausted += 1
+            return order.take()
+        while True:
+            position, task = order.take()
+            if task in worth:
+                return position, task
+            self._skipped.append(f"{task}@g{position}")
+            order.consume(position)
+
+    def _classify(self, batch: StepBatch) -> None:
+        collected = batch.collected
         for g in self.pool.take_ready():
             members = g.members(self.cfg)  # as the learner's step will place them
             rewards = [m.reward for m in members if m.trainable]  # the scored ones: the agent's own
             collected.add_rewards(rewards)
             collected.add_samples([s.rollout_id for s in g.samples])
             collected.tokens_generated += g.generated_tokens()
-            self.pool.pass_rates.record(g.task_id, rewards)
             self._finished(g)
+            fate = None
             if not has_signal(members):
                 collected.groups_zero_variance += 1
-                collected.groups_discarded.append(g.group_id)
-                self.discarded.append((g, GroupFate.ZERO_VARIANCE))
-                self.pool.order.consume(g.group_index)  # replaced by the next group of the stream
+                fate = GroupFate.ZERO_VARIANCE
             elif not keep_group(self.stale_policy, g.oldest_version(), self.version, self.cfg.max_staleness):
                 collected.groups_stale_dropped += 1
-                collected.groups_discarded.append(g.group_id)
-                self.discarded.append((g, GroupFate.STALE))
-                self.pool.order.consume(g.group_index)
-            else:
+                fate = GroupFate.STALE
+            with self._lock:
+                self.state.pass_rates.record(g.task_id, rewards)
+                if fate is not None:  # replaced by the next group of the stream
+                    self.state.order.consume(g.group_index)
+            if fate is None:
                 self.buffer.append(g)
+            else:
+                collected.groups_discarded.append(g.group_id)
+                batch.discarded.append((g, fate))
 
     def _finished(self, group: Group) -> None:
         """A group completed (whatever its signal)."""
 
-    def _tried(self, collected: Collected) -> int:
-        return collected.groups_zero_variance + collected.groups_stale_dropped + len(self.buffer)
+    def _tried(self, batch: StepBatch) -> int:
+        return len(batch.discarded) + len(self.buffer)
 
     def _take(self, batch: int) -> list[Group]:
         groups = [self.buffer.popleft() for _ in range(min(batch, len(self.buffer)))]
@@ -114,23 +167,23 @@ class Driver:
 
 
 class SyncDriver(Driver):
-    def _collect(self, collected: Collected) -> list[Group]:
-        batch, budget = self.cfg.batch_groups, self.cfg.group_budget
-        while len(self.buffer) < batch and self._tried(collected) < budget:
-            wave = min(batch - len(self.buffer), budget - self._tried(collected))
+    def _collect(self, batch: StepBatch) -> list[Group]:
+        size, budget = self.cfg.batch_groups, self.cfg.group_budget
+        while len(self.buffer) < size and self._tried(batch) < budget:
+            wave = min(size - len(self.buffer), budget - self._tried(batch))
             for _ in range(wave):
-                self.pool.start_group()
+                self._start_group()
             self.pool.wait(lambda: not self.pool.running_groups, timeout_s=None)
-            self._classify(collected)
-        return self._take(batch)
+            self._classify(batch)
+        return self._take(size)
 
 
 class AsyncDriver(Driver):
     """A feeder thread keeps the pool full (slots and staleness admission permitting); `collect` takes groups
     as they complete."""
 
-    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int):
-        super().__init__(cfg, pool, version)
+    def __init__(self, cfg: RLConfig, pool: RolloutPool, state: LoopState):
+        super().__init__(cfg, pool, state)
         self._stop = threading.Event()
         self._hold = threading.Event()  # no new groups (colocated: while the trainer has the CPU)
         self._feeder: threading.Thread | None = None
@@ -163,15 +216,15 @@ class AsyncDriver(Driver):
                     0.5,
                 )
             if go and not self._stop.is_set():
-                pool.start_group()
+                self._start_group()
 
-    def _collect(self, collected: Collected) -> list[Group]:
-        batch, budget = self.cfg.batch_groups, self.cfg.group_budget
+    def _collect(self, batch: StepBatch) -> list[Group]:
+        size, budget = self.cfg.batch_groups, self.cfg.group_budget
         while True:
-            self._classify(collected)
-            if len(self.buffer) >= batch or self._tried(collected) >= budget:
-                return self._take(batch)
-            self._waiting(collected)
+            self._classify(batch)
+            if len(self.buffer) >= size or self._tried(batch) >= budget:
+                return self._take(size)
+            self._waiting(batch.collected)
             self.pool.wait(lambda: bool(self.pool.ready), timeout_s=1.0)
 
     def _waiting(self, collected: Collected) -> None:
@@ -181,16 +234,16 @@ class AsyncDriver(Driver):
 class ColocatedDriver(AsyncDriver):
     """Generation pauses (aborting in-flight calls into partial rollouts) while the trainer steps."""
 
-    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int, admin: GatewayAdmin):
-        super().__init__(cfg, pool, version)
+    def __init__(self, cfg: RLConfig, pool: RolloutPool, state: LoopState, admin: GatewayAdmin):
+        super().__init__(cfg, pool, state)
         self.admin = admin
 
-    def before_train(self, collected: Collected) -> None:
+    def before_train(self) -> float:
         self._hold.set()
         t = time.perf_counter()
         # hold_new: a harness between two turns that calls during the step waits instead of burning retries
         self.admin.pause(PauseMode.ABORT, timeout_s=60.0, hold_new=True)
-        collected.pause_s = time.perf_counter() - t
+        return time.perf_counter() - t
 
     def after_sync(self, version: int) -> None:
         self.admin.resume()
@@ -201,8 +254,8 @@ class ColocatedDriver(AsyncDriver):
 class SeparateDriver(AsyncDriver):
     """Generation never pauses; while the trainer would wait, it may lend its share to rollouts."""
 
-    def __init__(self, cfg: RLConfig, pool: RolloutPool, version: int):
-        super().__init__(cfg, pool, version)
+    def __init__(self, cfg: RLConfig, pool: RolloutPool, state: LoopState):
+        super().__init__(cfg, pool, state)
         self.role = RoleSwitch(cfg.switch_min_gain, cfg.switch_prior_s)
         self.base_slots = pool.slots
         self._completions: deque[float] = deque(maxlen=8)
@@ -223,8 +276,9 @@ class SeparateDriver(AsyncDriver):
             self._switch_out_s = time.perf_counter() - t
             self._lent_at = time.perf_counter()
 
-    def _collect(self, collected: Collected) -> list[Group]:
-        groups = super()._collect(collected)
+    def _collect(self, batch: StepBatch) -> list[Group]:
+        groups = super()._collect(batch)
+        collected = batch.collected
         if self._lent_at is not None:  # hand back: the lent slots take no new rollouts
             t = time.perf_counter()
             self.pool.slots = self.base_slots
@@ -241,9 +295,9 @@ class SeparateDriver(AsyncDriver):
         return (len(times) - 1) / (times[-1] - times[0])
 
 
-def make_driver(cfg: RLConfig, pool: RolloutPool, version: int, admin: GatewayAdmin) -> Driver:
+def make_driver(cfg: RLConfig, pool: RolloutPool, state: LoopState, admin: GatewayAdmin) -> Driver:
     if cfg.mode is RLMode.SYNC:
-        return SyncDriver(cfg, pool, version)
+        return SyncDriver(cfg, pool, state)
     if cfg.mode is RLMode.COLOCATED:
-        return ColocatedDriver(cfg, pool, version, admin)
-    return SeparateDriver(cfg, pool, version)
+        return ColocatedDriver(cfg, pool, state, admin)
+    return SeparateDriver(cfg, pool, state)

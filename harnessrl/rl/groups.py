@@ -4,11 +4,10 @@ Data order: epoch e visits every task once, in a seeded shuffle of the task list
 group g (its rollouts get seeds derived from the run's seed and g). A resumed run continues the same stream
 from its checkpoint's cursor, skipping the positions already consumed, so kill + rerun keeps the data order.
 
-Dynamic sampling happens here, before any compute: a task whose recent pass rate says it is solved or
-hopeless (`worth_sampling`) is skipped and its position counted as consumed. If every task would be
-skipped the stream samples anyway (counted as `dynamic_sampling_exhausted`), so a run never stalls.
+`LoopState` is where the loop is — the data order, the pass-rate history dynamic sampling reads, the policy
+version — as a checkpoint keeps it; the mode's driver (drivers.py) owns it and alone changes it.
 
-The pool runs rollouts on its runner (threads, or Ray tasks across nodes: harnessrl.rl.runners); a group is
+The pool runs the groups the driver starts on its runner (threads, or Ray tasks across nodes: harnessrl.rl.runners); a group is
 complete when all its rollouts finished, then its samples are read from the gateway journal and it is handed to
 the trainer's queue at once (groups stream; nobody waits for the batch's slowest).
 """
@@ -24,11 +23,10 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.gateway.replies import ReplyCounts
 from harnessrl.rl.collect import JournalTail
-from harnessrl.rl.dynamic_sampling import worth_sampling
 from harnessrl.rl.runners import RolloutRunner
 from harnessrl.rl.workloads import Finished, RolloutPlan
 from harnessrl.schema import RolloutStatus, Sample
@@ -149,39 +147,47 @@ class PassRates:
 
 
 @dataclass
+class LoopState:
+    """Where the loop is: the data order, each task's recent pass rates and the policy version (weight versions
+    published so far). A checkpoint keeps it (`to_meta`); a resume continues from it (`from_meta`)."""
+
+    order: DataOrder
+    pass_rates: PassRates
+    version: int = 0
+
+    @classmethod
+    def from_meta(
+        cls, task_ids: list[str], seed: int, last_k: int, pass_threshold: float, meta: dict[str, Any] | None
+    ) -> LoopState:
+        """A fresh run's state (`meta` None) or a checkpoint's (its `loop` entry)."""
+        meta = meta or {}
+        order = meta.get("order", {})
+        return cls(
+            DataOrder(task_ids, seed, order.get("cursor", 0), order.get("done")),
+            PassRates(last_k, pass_threshold, [tuple(r) for r in meta.get("pass_rates", [])]),
+            int(meta.get("version", 0)),
+        )
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"version": self.version, "order": self.order.state(), "pass_rates": self.pass_rates.to_rows()}
+
+
+@dataclass
 class PoolCounts:
     groups_started: int = 0
-    groups_skipped_dynamic: int = 0
-    dynamic_sampling_exhausted: int = 0
     rollouts_finished: int = 0
 
 
 class RolloutPool:
-    """Starts groups (all rollouts of one task) on the runner and queues them as they complete."""
+    """Runs the groups it is given (all rollouts of one task) on the runner and queues them as they complete."""
 
     def __init__(
-        self,
-        runner: RolloutRunner,
-        journal: JournalTail,
-        order: DataOrder,
-        pass_rates: PassRates,
-        *,
-        group_size: int,
-        slots: int,
-        max_slots: int,
-        seed: int,
-        dynamic_low: float,
-        dynamic_high: float,
-        version: Callable[[], int],
+        self, runner: RolloutRunner, journal: JournalTail, *, group_size: int, slots: int, seed: int
     ):
-        self.runner, self.journal, self.order = runner, journal, order
-        self.pass_rates = pass_rates
+        self.runner, self.journal = runner, journal
         self.group_size, self.seed = group_size, seed
         self.slots = slots  # rollouts allowed in flight now (role switching raises it while lent)
-        self.low, self.high = dynamic_low, dynamic_high
-        self.version = version
         self.counts = PoolCounts()
-        self.skipped: list[str] = []  # group ids (positions) dynamic sampling skipped, in order
         self.cond = threading.Condition()
         self.ready: deque[Group] = deque()
         self.running_rollouts = 0
@@ -194,25 +200,10 @@ class RolloutPool:
     def has_room(self) -> bool:
         return self.running_rollouts + self.group_size <= max(self.slots, self.group_size)
 
-    def _next_task(self) -> tuple[int, str]:
-        tasks = set(self.order.task_ids)
-        rates = self.pass_rates.rates()
-        worth = set(worth_sampling(rates, sorted(tasks), self.low, self.high))
-        if not worth:
-            self.counts.dynamic_sampling_exhausted += 1
-            return self.order.take()
-        while True:
-            position, task = self.order.take()
-            if task in worth:
-                return position, task
-            self.counts.groups_skipped_dynamic += 1
-            self.skipped.append(f"{task}@g{position}")
-            self.order.consume(position)
-
-    def start_group(self) -> Group:
+    def start_group(self, position: int, task: str, version: int) -> Group:
+        """Group `position` of the data order (task `task`), sampled from policy `version` on."""
         with self.cond:
-            position, task = self._next_task()
-            group = Group(f"{task}@g{position}", task, position, self.version(), time.monotonic())
+            group = Group(f"{task}@g{position}", task, position, version, time.monotonic())
             self.running_groups[position] = group
             self._pending[position] = self.group_size
             self.running_rollouts += self.group_size

@@ -6,12 +6,13 @@ below is the whole algorithm: collect finished groups (rollouts generated throug
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from harnessrl.rl.config import RLConfig, RLInputs
 from harnessrl.rl.ranks import TrainerRanks, follow, init_ranks
 from harnessrl.rl.records import RLSummary
-from harnessrl.rl.run import RLRun, StepClock
+from harnessrl.rl.run import RLRun
 
 
 def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None = None) -> RLSummary | None:
@@ -32,11 +33,10 @@ def run_rl(cfg: RLConfig, inputs: RLInputs, echo: Callable[[str], None] | None =
 def train(run: RLRun) -> RLSummary:
     """generate → verify → train → sync, once per optimizer step."""
     while run.step < run.cfg.steps:
-        clock = StepClock()
-        groups = run.collect(clock)  # rollouts generated and verified, whole groups with signal
-        update = run.train(clock, groups) if groups else None  # one GRPO / RLOO step on them
-        if groups:
-            run.publish(clock, update, groups)  # the new weights into every engine; rollouts resume
-        run.record(clock, groups, update)  # steps.jsonl, TensorBoard, the step's line
+        started = time.perf_counter()
+        batch = run.collect()  # rollouts generated and verified, whole groups with signal
+        update = run.train(batch) if batch.groups else None  # one GRPO / RLOO step on them
+        synced = run.publish(update) if batch.groups else None  # the new weights into every engine
+        run.record(started, batch, update, synced)  # steps.jsonl, TensorBoard, the step's line
         run.checkpoint_if_due()
     return run.finish()

@@ -24,7 +24,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -34,13 +34,13 @@ from harnessrl.gateway.replies import ReplyCounts
 from harnessrl.io import atomic_write_json
 from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.config import RLConfig, RLInputs
-from harnessrl.rl.drivers import Driver, make_driver
-from harnessrl.rl.groups import DataOrder, Group, PassRates, RolloutPool
-from harnessrl.rl.learner import Learner, run_on
+from harnessrl.rl.drivers import Driver, StepBatch, make_driver
+from harnessrl.rl.groups import LoopState, RolloutPool
+from harnessrl.rl.learner import Learner, Synced, run_on
 from harnessrl.rl.metrics import MetricsSink
 from harnessrl.rl.modes import RLMode, StepOutcome, WorkloadKind
 from harnessrl.rl.ranks import Command, Setup, TrainerRanks, build_trainer
-from harnessrl.rl.records import Collected, EngineRates, RLSummary, StepRecord, Update, summarize
+from harnessrl.rl.records import EngineRates, RLSummary, StepRecord, Update, summarize
 from harnessrl.rl.rollout_log import read_step_rollouts, trajectory_section, write_step_rollouts
 from harnessrl.rl.runners import gateway_host, make_runner
 from harnessrl.rl.workloads import GatewayAccess, PromptWorkload, TaskSetWorkload, Workload
@@ -171,19 +171,9 @@ def engine_rates(reported: list[EngineStats | None]) -> EngineRates:
     )
 
 
-@dataclass
-class StepClock:
-    """One step while it runs: when it started, what collecting took, the weight sync's seconds."""
-
-    started: float = field(default_factory=time.perf_counter)
-    collected: Collected = field(default_factory=Collected)
-    weight_sync_s: float = 0.0
-    weight_sync_bytes: int = 0
-
-
 class RLRun:
-    """One run of the loop on rank 0 (see the module docstring). `step` and `version` are where the run is:
-    optimizer steps taken, and weight versions published (a step that trained nothing publishes none)."""
+    """One run of the loop on rank 0 (see the module docstring). `step` is where the run is: optimizer steps
+    taken; the rest of where it is (data order, pass rates, the policy version) is the driver's `state`."""
 
     def __init__(
         self,
@@ -195,7 +185,7 @@ class RLRun:
         self.cfg, self.inputs, self.ranks, self.echo = cfg, inputs, ranks, echo
         self.out = inputs.out
         self.work = self.out / "work"
-        self.step = self.version = 0
+        self.step = 0
         self._stack = contextlib.ExitStack()
 
     # -- setup and teardown -----------------------------------------------------------------------------
@@ -218,20 +208,21 @@ class RLRun:
         shutil.rmtree(self.work, ignore_errors=True)  # journal and weight-sync files of an earlier attempt
         (self.work / "workspaces").mkdir(parents=True)
         workload = make_workload(self.inputs, self.cfg, self.work / "workspaces")
-        earlier, checkpoint = self._start(workload)
-        self._serve(None if self.cfg.train.lora.enabled else checkpoint)
+        earlier, checkpoint, state = self._start(workload)
+        self._serve(None if self.cfg.train.lora.enabled else checkpoint, state.version)
         self._build_learner(checkpoint)
         if checkpoint is not None and self.cfg.train.lora.enabled:  # the engines serve the base until now
-            self.learner.sync_weights(self.version)
+            self.learner.sync_weights(state.version)
         self.sink = MetricsSink(self.out, earlier, self.echo)
         self._stack.callback(self.sink.close)
-        self._start_rollouts(workload)
+        self._start_rollouts(workload, state)
         self.started = time.perf_counter()
         self._wall_before = earlier[-1].wall_s if earlier else 0.0  # earlier attempts' wall time
         self._busy_before = busy_s(self._engine_stats())
 
-    def _start(self, workload: Workload) -> tuple[list[StepRecord], Path | None]:
-        """The run's start (train.checkpoint.start_run) and, on a resume, where the loop was."""
+    def _start(self, workload: Workload) -> tuple[list[StepRecord], Path | None, LoopState]:
+        """The run's start (train.checkpoint.start_run): the step records so far, the checkpoint to resume
+        from and the loop's state there (a fresh run: none, and the state at its start)."""
         from harnessrl.train.checkpoint import read_meta, start_run
 
         cfg, inputs = self.cfg, self.inputs
@@ -244,24 +235,22 @@ class RLRun:
         )
         self.identity, self.policy_dir, checkpoint = start.identity, start.policy_dir, start.checkpoint
         earlier: list[StepRecord] = []
-        state: dict[str, Any] = {}
+        meta: dict[str, Any] = {}
         if checkpoint is not None:
             meta = read_meta(checkpoint) or {}
-            self.step, state = int(meta["step"]), dict(meta["loop"])
+            self.step = int(meta["step"])
             earlier = [StepRecord.from_row(row) for row in meta.get("history", [])]
-            self.version = int(state["version"])
-            logger.info(
-                "resuming from %s: step %d of %d, version %d", checkpoint, self.step, cfg.steps, self.version
-            )
-        order = state.get("order", {})
-        self.order = DataOrder(workload.task_ids(), cfg.seed, order.get("cursor", 0), order.get("done"))
-        self.pass_rates = PassRates(
-            cfg.history_last_k, cfg.pass_threshold, [tuple(r) for r in state.get("pass_rates", [])]
+        state = LoopState.from_meta(
+            workload.task_ids(), cfg.seed, cfg.history_last_k, cfg.pass_threshold, meta.get("loop")
         )
-        return earlier, checkpoint
+        if checkpoint is not None:
+            logger.info(
+                "resuming from %s: step %d of %d, version %d", checkpoint, self.step, cfg.steps, state.version
+            )
+        return earlier, checkpoint, state
 
-    def _serve(self, checkpoint: Path | None) -> None:
-        """The engines and the gateway in front of them."""
+    def _serve(self, checkpoint: Path | None, version: int) -> None:
+        """The engines (serving policy `version`) and the gateway in front of them."""
         from harnessrl.gateway import GatewayConfig, GatewayServer
         from harnessrl.gateway.toolcalls import ToolParser
         from harnessrl.rollout.model_server import resolve_tool_parser
@@ -269,9 +258,7 @@ class RLRun:
 
         cfg = self.cfg
         self.tokenizer = load_tokenizer(self.policy_dir)
-        self.engines = Engines.start(
-            checkpoint or self.policy_dir, cfg, self.inputs.engine_urls, self.version
-        )
+        self.engines = Engines.start(checkpoint or self.policy_dir, cfg, self.inputs.engine_urls, version)
         self._stack.callback(self.engines.close)
         parser = resolve_tool_parser(
             ToolParser(cfg.tool_format) if cfg.tool_format else None, self.tokenizer, self.policy_dir
@@ -288,7 +275,7 @@ class RLRun:
         self.gateway_url = gateway.start()
         self._stack.callback(gateway.stop)
         self.loop = gateway.loop  # engine calls run on the gateway's event loop
-        self._publisher_check(checkpoint)
+        self._publisher_check(checkpoint, version)
 
     def _build_learner(self, checkpoint: Path | None) -> None:
         """The trainer on every trainer rank, and rank 0's Learner around it."""
@@ -316,8 +303,8 @@ class RLRun:
         )
         self._stack.callback(self.learner.close)
 
-    def _start_rollouts(self, workload: Workload) -> None:
-        """The rollout pool over the data order and the mode's driver, generating from now on."""
+    def _start_rollouts(self, workload: Workload, state: LoopState) -> None:
+        """The rollout pool and the mode's driver (which owns the loop's `state`), generating from now on."""
         from harnessrl.gateway import GatewayAdmin
 
         cfg = self.cfg
@@ -330,19 +317,13 @@ class RLRun:
         self.pool = RolloutPool(
             runner,
             JournalTail(self.work / "journal"),
-            self.order,
-            self.pass_rates,
             group_size=cfg.group_size,
             slots=cfg.rollout_slots,
-            max_slots=cfg.rollout_slots + cfg.lent_rollouts,
             seed=cfg.seed,
-            dynamic_low=cfg.dynamic_low,
-            dynamic_high=cfg.dynamic_high,
-            version=lambda: self.driver.version,  # the weights rollouts sample now (set after each sync)
         )
         self._stack.callback(self.pool.close)
         admin = GatewayAdmin(self.gateway_url, self.admin_token)
-        self.driver: Driver = make_driver(cfg, self.pool, self.version, admin)
+        self.driver: Driver = make_driver(cfg, self.pool, state, admin)
         self._stack.callback(self.driver.stop)
         self.driver.start()
 
@@ -364,7 +345,7 @@ class RLRun:
             logger.warning("%s does not say its context length; assuming 32768 tokens", self.engines.name)
         return length or 32768
 
-    def _publisher_check(self, checkpoint: Path | None) -> None:
+    def _publisher_check(self, checkpoint: Path | None, version: int) -> None:
         """Before anything is trained: the engines must take weights the way the config sends them; a remote
         engine resumed from a checkpoint gets the checkpoint's weights (it still serves what it started
         with)."""
@@ -373,7 +354,7 @@ class RLRun:
         front = self.engines.front
         run_on(self.loop, ensure_weight_sync(front, self.engines.name, self.cfg.weight_sync))
         if checkpoint is not None and self.inputs.engine_urls:
-            run_on(self.loop, front.load_weights(str(checkpoint), self.version))
+            run_on(self.loop, front.load_weights(str(checkpoint), version))
 
     def _engine_stats(self) -> list[EngineStats | None]:
         """Each replica's counters; none (the figures they feed are left out, said in the log) when the
@@ -385,72 +366,73 @@ class RLRun:
             return [None] * len(self.engines.replicas)
 
     # -- the steps the loop calls -----------------------------------------------------------------------
-    def collect(self, clock: StepClock) -> list[Group]:
+    @property
+    def version(self) -> int:
+        """The policy version the engines serve (weight versions published so far)."""
+        return self.driver.state.version
+
+    def collect(self) -> StepBatch:
         """Generate and verify until `batch_groups` groups with signal are done (the mode decides
         how: drivers.py)."""
-        return self.driver.collect(clock.collected)
+        return self.driver.collect()
 
-    def train(self, clock: StepClock, groups: list[Group]) -> Update | None:
-        """One optimizer step on the groups (GRPO / RLOO, rollout-level advantages)."""
-        self.driver.before_train(clock.collected)
+    def train(self, batch: StepBatch) -> Update | None:
+        """One optimizer step on the batch's groups (GRPO / RLOO, rollout-level advantages)."""
+        batch.collected.pause_s = self.driver.before_train()
         if (
             self.cfg.mode is not RLMode.SEPARATE
         ):  # nothing generates until the sync: the trainer gets the room
             for engine in self.engines.local:
                 engine.release_until_sync()
-        return self.learner.train(groups, self.version)
+        return self.learner.train(batch.groups, self.version)
 
-    def publish(self, clock: StepClock, update: Update | None, groups: list[Group]) -> None:
-        """New weights into every engine (when the step changed them), then rollouts resume."""
+    def publish(self, update: Update | None) -> Synced | None:
+        """New weights into every engine (when the step changed them: what the sync took), then rollouts
+        resume."""
+        version, synced = self.version, None
         if update is not None:
-            self.version += 1
-            synced = self.learner.sync_weights(self.version)
-            clock.weight_sync_s, clock.weight_sync_bytes = synced.seconds, synced.nbytes
-        self.driver.after_sync(self.version)
-        for g in groups:
-            self.order.consume(g.group_index)
+            version += 1
+            synced = self.learner.sync_weights(version)
+        self.driver.after_sync(version)
+        return synced
 
-    def record(self, clock: StepClock, groups: list[Group], update: Update | None) -> StepRecord:
+    def record(
+        self, started: float, batch: StepBatch, update: Update | None, synced: Synced | None
+    ) -> StepRecord:
+        """The step that began at `started` (time.perf_counter) into steps.jsonl, TensorBoard and its line."""
         self.step += 1
         now = time.perf_counter()
-        step_s = now - clock.started
+        step_s = now - started
         busy = busy_s(self._engine_stats())
         idle = None
         if busy is not None and self._busy_before is not None:
             idle = max(0.0, 1.0 - (busy - self._busy_before) / (step_s * len(self.engines.replicas)))
         self._busy_before = busy
-        finished = groups + [g for g, _ in self.driver.discarded]  # the step's rollouts (rollouts/step-N)
+        finished = batch.groups + [g for g, _ in batch.discarded]  # the step's rollouts (rollouts/step-N)
         record = StepRecord(
             step=self.step,
             mode=str(self.cfg.mode),
             outcome=StepOutcome.TRAINED if update is not None else StepOutcome.NO_SIGNAL,
             version=self.version,
-            groups=[g.group_id for g in groups],
-            collected=clock.collected,
+            groups=[g.group_id for g in batch.groups],
+            collected=batch.collected,
             update=update,
-            weight_sync_s=clock.weight_sync_s,
-            weight_sync_bytes=clock.weight_sync_bytes,
+            weight_sync_s=synced.seconds if synced else 0.0,
+            weight_sync_bytes=synced.nbytes if synced else 0,
             engine_idle_frac=idle,
-            gen_tokens_per_s=clock.collected.tokens_generated / step_s,
+            gen_tokens_per_s=batch.collected.tokens_generated / step_s,
             step_s=step_s,
             wall_s=self._wall_before + now - self.started,
             replies=sum((g.replies for g in finished), ReplyCounts()).figures(),
         )
         self.sink.add(record)
-        write_step_rollouts(self.out, self.step, self.version, groups, self.driver.discarded)
+        write_step_rollouts(self.out, self.step, self.version, batch.groups, batch.discarded)
         return record
 
     def checkpoint_if_due(self) -> None:
         every = self.cfg.save_every
         if every and self.step % every == 0 and self.step < self.cfg.steps:
-            meta = {
-                "history": [r.row() for r in self.sink.records],
-                "loop": {
-                    "version": self.version,
-                    "order": self.order.state(),
-                    "pass_rates": self.pass_rates.to_rows(),
-                },
-            }
+            meta = {"history": [r.row() for r in self.sink.records], "loop": self.driver.state.to_meta()}
             self.learner.checkpoint(self.step, meta)
 
     def finish(self) -> RLSummary:

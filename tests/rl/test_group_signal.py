@@ -12,9 +12,8 @@ import pytest
 
 from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.config import RLConfig
-from harnessrl.rl.drivers import SyncDriver
-from harnessrl.rl.groups import DataOrder, Group, PassRates, RolloutPool
-from harnessrl.rl.records import Collected
+from harnessrl.rl.drivers import StepBatch, SyncDriver
+from harnessrl.rl.groups import Group, LoopState, RolloutPool
 from harnessrl.rl.runners import ThreadRunner
 from harnessrl.rl.workloads import Finished, GatewayAccess, PromptWorkload
 from harnessrl.schema import RolloutStatus, Sample
@@ -70,20 +69,17 @@ def _loop_keeps(cfg: RLConfig, group: Group, tmp_path: Path) -> bool:
     pool = RolloutPool(
         runner,
         JournalTail(tmp_path / "journal"),
-        DataOrder(workload.task_ids(), cfg.seed),
-        PassRates(cfg.history_last_k, cfg.pass_threshold),
         group_size=cfg.group_size,
         slots=cfg.group_size,
-        max_slots=cfg.group_size,
         seed=cfg.seed,
-        dynamic_low=cfg.dynamic_low,
-        dynamic_high=cfg.dynamic_high,
-        version=lambda: 0,
     )
     try:
-        driver = SyncDriver(cfg, pool, 0)
+        state = LoopState.from_meta(
+            workload.task_ids(), cfg.seed, cfg.history_last_k, cfg.pass_threshold, None
+        )
+        driver = SyncDriver(cfg, pool, state)
         pool.ready.append(group)
-        driver._classify(Collected())
+        driver._classify(StepBatch([]))
         return [g.group_id for g in driver.buffer] == [group.group_id]
     finally:
         pool.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.rl.collect import JournalTail
-from harnessrl.rl.groups import DataOrder, PassRates, RolloutPool
+from harnessrl.rl.groups import RolloutPool
 from harnessrl.rl.runners import RayRunner
 from harnessrl.rl.workloads import Finished, GatewayAccess, RolloutPlan
 from harnessrl.rollout.ray_cluster import LocalRayCluster
@@ -48,13 +48,9 @@ def test_a_lost_worker_node_ends_its_rollouts_as_infra_errors_and_every_group_co
         cluster.connect()  # this process as the driver (its token read anew), as the RL stage's rank 0 is
         workload = HeldWorkload(tmp_path)
         runner = RayRunner(workload, GatewayAccess("http://127.0.0.1:9", "unused"), cpus=0.5)
-        order = DataOrder(workload.task_ids(), seed=0)
-        pool = RolloutPool(
-            runner, JournalTail(tmp_path / "journal"), order, PassRates(8, 0.5),
-            group_size=2, slots=4, max_slots=4, seed=0, dynamic_low=0.0, dynamic_high=1.0, version=lambda: 0,
-        )  # fmt: skip
+        pool = RolloutPool(runner, JournalTail(tmp_path / "journal"), group_size=2, slots=4, seed=0)
         try:
-            groups = [pool.start_group(), pool.start_group()]
+            groups = [pool.start_group(k, task, 0) for k, task in enumerate(workload.task_ids()[:2])]
             deadline = time.monotonic() + 120
             while len(list(tmp_path.glob("*@g*__r*.*"))) < 4 and time.monotonic() < deadline:
                 time.sleep(0.1)
