@@ -81,3 +81,22 @@ def load_model(model_dir: str | Path | None = None, dtype: str = "float32"):
         for param in model.parameters():
             param.data = param.data.clone()
     return model
+
+
+def cut_tiny_model(dest: Path, layers: int) -> Path:
+    """The tiny model cut to its first `layers` decoder layers in `dest` (real weights, real tokenizer): a policy
+    for tests and benchmarks of the machinery rather than of learning; kept when `dest` holds one already."""
+    from harnessrl.io import atomic_output
+
+    if (dest / "config.json").is_file():
+        return dest
+    model = load_model()
+    inner = model.model
+    inner.layers = inner.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    with atomic_output(dest) as tmp:
+        model.save_pretrained(tmp)
+        load_tokenizer().save_pretrained(tmp)
+    return dest

@@ -42,6 +42,8 @@ class Headline:
     bwrap: bool = False  # rollouts or verification run in bubblewrap sandboxes
     git_rev: str | None = None  # a commit of this repository's history the script checks out
     clis: tuple[str, ...] = ()  # the CLI agents it runs (make cli-agents)
+    # values its smoke run must print: outcomes of real processes it checks (a fault survived), never a timing
+    holds: tuple[tuple[str, object], ...] = ()
 
 
 def headline(
@@ -50,8 +52,9 @@ def headline(
     bwrap: bool = False,
     git_rev: str | None = None,
     clis: tuple[str, ...] = (),
+    holds: dict[str, object] | None = None,
 ) -> Headline:
-    return Headline(frozenset(keys), slow, bwrap, git_rev, clis)
+    return Headline(frozenset(keys), slow, bwrap, git_rev, clis, tuple((holds or {}).items()))
 
 
 HEADLINES: dict[str, Headline] = {
@@ -196,6 +199,18 @@ HEADLINES: dict[str, Headline] = {
         slow=True,
     ),
     "make_swesmith_rows.py": headline("rows", "repos", "expected_rejections", "expected_rejected_rows"),
+    "multinode.py": headline(
+        "nodes",
+        "steps",
+        "weights_match_single_node",
+        "worker_node_killed_recovered",
+        "engine_killed_recovered",
+        "trainer_rank_killed_resumed",
+        "lost_groups",
+        "minutes",
+        slow=True,
+        holds={"worker_node_killed_recovered": True, "trainer_rank_killed_resumed": True, "lost_groups": 0},
+    ),
     "rl_modes.py": headline(
         "colocated_wall_ratio_vs_sync",
         "separate_wall_ratio_vs_sync",
@@ -327,3 +342,5 @@ def test_smoke_run_ends_with_its_headline_json(name: str, smoke_runs):
     expected = row.keys | (PODMAN_KEYS if name == "verify.py" and podman_problem() is None else frozenset())
     missing = sorted(expected - last.keys())
     assert not missing, f"last line lacks {missing}: {lines[-1][:2000]}"
+    for key, value in row.holds:
+        assert last[key] == value, f"{key}: {last[key]!r}, not {value!r}\n{done.stderr[-5000:]}"

@@ -18,19 +18,9 @@ ANSWERS = ("and", "the", "of", "I")
 
 def small_policy(dest: Path, layers: int = 4) -> Path:
     """SmolLM2-135M-Instruct cut to its first `layers` decoder layers (real weights, real tokenizer)."""
-    from harnessrl.tinymodel import load_model, load_tokenizer
+    from harnessrl.tinymodel import cut_tiny_model
 
-    if (dest / "config.json").is_file():
-        return dest
-    model = load_model()
-    inner = model.model
-    inner.layers = inner.layers[:layers]
-    model.config.num_hidden_layers = layers
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[:layers]
-    model.save_pretrained(dest)
-    load_tokenizer().save_pretrained(dest)
-    return dest
+    return cut_tiny_model(dest, layers)
 
 
 def write_prompt_tasks(path: Path, answers: tuple[str, ...] = ANSWERS) -> Path:

@@ -15,9 +15,8 @@ from harnessrl.rl.collect import JournalTail
 from harnessrl.rl.groups import RolloutPool
 from harnessrl.rl.runners import RayRunner
 from harnessrl.rl.workloads import Finished, GatewayAccess, RolloutPlan
-from harnessrl.rollout.ray_cluster import LocalRayCluster
+from harnessrl.rollout.ray_cluster import FAST_HEALTH_CHECK, LocalRayCluster
 from harnessrl.schema import RolloutStatus
-from tests.rl.test_ranks import FAST_RAY_HEALTH_CHECK
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +41,7 @@ class HeldWorkload:
 def test_a_lost_worker_node_ends_its_rollouts_as_infra_errors_and_every_group_completes(
     tmp_path, monkeypatch
 ):
-    env = {**FAST_RAY_HEALTH_CHECK, "PYTHONPATH": str(REPO)}  # the workers import this module's workload
+    env = {**FAST_HEALTH_CHECK, "PYTHONPATH": str(REPO)}  # the workers import this module's workload
     with LocalRayCluster(num_cpus=0, env=env) as cluster:
         nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
         cluster.connect()  # this process as the driver (its token read anew), as the RL stage's rank 0 is
