@@ -181,7 +181,11 @@ def torchrun_command(
     resume: bool = False,
     model_out: str | Path | None = None,
     upload_to: str | None = None,
+    nnodes: int = 1,
+    rendezvous: Rendezvous | None = None,
 ) -> list[str]:
+    """The train stage under torchrun with `nproc` ranks on this node, one of `nnodes` (`rendezvous`: where
+    node 0 is and which node this is; torchrun's static rendezvous, as the RL stage's)."""
     args = [
         "--samples",
         str(samples),
@@ -200,7 +204,7 @@ def torchrun_command(
         args += ["--upload-to", upload_to]
     if resume:
         args.append("--resume")
-    return stage_command(nproc, "train", args)
+    return stage_command(nproc, "train", args, nnodes, rendezvous)
 
 
 def run_multiprocess(

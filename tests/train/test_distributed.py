@@ -1,5 +1,6 @@
 """Real multi-process data parallelism: `torchrun --nproc-per-node 2` (gloo, CPU, FSDP2) runs the train stage
-and must give the same per-step losses and the same updated weights as one process on the same data."""
+and must give the same per-step losses and the same updated weights as one process on the same data — and so
+must two torchrun node agents of one rank each (`--nnodes 2`, static rendezvous), as on two machines."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harnessrl.processes import free_port
 from harnessrl.train.batching import SeqItem
-from harnessrl.train.distributed import shard_items
-from harnessrl.train.launch import run_multiprocess, torchrun_command
+from harnessrl.train.distributed import Rendezvous, shard_items
+from harnessrl.train.launch import run_multiprocess, run_ranks, torchrun_command
 from harnessrl.train.round import TrainConfig, run_train
 from tests.train.support import write_round
 
@@ -82,9 +84,19 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
     samples, rewards, _ = write_round(tmp_path, tokenizer, groups=3, per_group=4, failed=1)
 
     t0 = time.perf_counter()
+    cfg = TrainConfig.from_dict(CONFIG)
+    config = tmp_path / "stage_config.json"
+    config.write_text(json.dumps(cfg.to_dict(), default=list))
+    port = free_port()
+    nodes = [  # two machines' node agents, each its own output folder; rank 0 on node 0 writes the results
+        torchrun_command(1, samples, rewards, dp_policy_dir, tmp_path / f"node{k}", config, nnodes=2,
+                         rendezvous=Rendezvous(k, "127.0.0.1", port))
+        for k in (0, 1)
+    ]  # fmt: skip
     # the exact launch the KFP component does on a multi-GPU pod: torchrun -m harnessrl.cli stage train;
     # started first so its 2 ranks import torch/transformers while this process computes the reference
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(3) as pool:
+        across = [pool.submit(run_ranks, cmd, 1, timeout=240) for cmd in nodes]
         dp = pool.submit(
             run_multiprocess,
             2,
@@ -103,7 +115,11 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
             TrainConfig.from_dict(CONFIG),
         )
         summary = dp.result()
+        for node in across:
+            node.result()
     assert single["steps"] >= 2
+    assert json.loads((tmp_path / "node0" / "metrics.json").read_text())["world_size"] == 2
+    assert not (tmp_path / "node1" / "metrics.json").exists()  # node 1 ran a rank, not the stage's outputs
     print(f"single + torchrun: {time.perf_counter() - t0:.1f}s")
     assert summary["world_size"] == 2 and summary["steps"] == single["steps"]
 
@@ -119,10 +135,12 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, tokenizer, dp_policy_dir
     before = load_file(str(dp_policy_dir / "model.safetensors"))
     w1 = load_file(str(tmp_path / "single" / "model" / "model.safetensors"))
     w2 = load_file(str(tmp_path / "dp" / "model" / "model.safetensors"))
-    assert w1.keys() == w2.keys() == before.keys()
+    w_nodes = load_file(str(tmp_path / "node0" / "model" / "model.safetensors"))
+    assert w1.keys() == w2.keys() == w_nodes.keys() == before.keys()
     moved = 0.0
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(w_nodes[k], w2[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
         moved = max(moved, float((w1[k] - before[k]).abs().max()))
     assert moved > 1e-4  # the step really changed the weights, so equality above is not vacuous
     # the intermediate checkpoint (gathered from the shards by rank 0) holds the same weights after step 1,
