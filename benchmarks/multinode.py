@@ -25,6 +25,9 @@ Flags on the last line:
                                  took it back when it answered, and it serves the run's final policy version
   trainer_rank_killed_resumed    `rank` ended well with every step once, after restarting its ranks from the
                                  newest checkpoint
+  faulted_runs_match_single_node `worker`, `engine` and `rank` hold `single`'s weights after the same steps:
+                                 each resume replayed the same data order and sampled the same tokens (sync
+                                 mode, per-position seeds)
   lost_groups                    over every run: groups whose rollout log holds fewer rollouts than the group
                                  size, plus rollouts that ended in an infrastructure error with a reward (scored
                                  as the agent's): 0
@@ -32,7 +35,7 @@ Flags on the last line:
     .venv/bin/python benchmarks/multinode.py            # the whole tiny model, 3 steps each (~15 min on 2 cores)
     .venv/bin/python benchmarks/multinode.py --smoke    # a 4-layer cut of it, 2 steps, groups of 2 (CI)
 
-Last line: JSON with `nodes` (trainer nodes), `ray_nodes`, `steps`, the four flags, `lost_groups`, each run's
+Last line: JSON with `nodes` (trainer nodes), `ray_nodes`, `steps`, `engine_steps`, the five flags, `lost_groups`, each run's
 `seconds`, `minutes`.
 """
 
@@ -214,10 +217,24 @@ def with_steps(base: list[str], steps: int) -> list[str]:
     return out
 
 
-def weights(run: StageRun) -> dict[str, torch.Tensor]:
+def weights(run: StageRun, step: int) -> dict[str, torch.Tensor] | None:
+    """The run's weights after `step`: its final model, or the checkpoint of that step when it went on."""
     from safetensors.torch import load_file
 
-    return load_file(str(run.out / "model" / "model.safetensors"))
+    steps = run.steps()
+    if step not in steps:
+        return None
+    folder = run.out / "model" if step == steps[-1] else run.out / "checkpoints" / f"step-{step:06d}"
+    return load_file(str(folder / "model.safetensors"))
+
+
+def matches(run: StageRun, reference: dict[str, torch.Tensor] | None, step: int) -> bool:
+    """Whether `run` holds the reference's weights after `step` (says in the log where not)."""
+    got = weights(run, step)
+    mismatch = ["no weights"] if got is None or reference is None else weight_mismatches(got, reference, LR)
+    for line in mismatch:
+        logger.info("%s vs single after step %d: %s", run.name, step, line)
+    return not mismatch
 
 
 def ray_runs(args: argparse.Namespace, root: Path, base: list[str]) -> tuple[StageRun, StageRun, int]:
@@ -354,23 +371,21 @@ def main(argv: list[str] | None = None) -> None:
         single.finish()
         nodes, worker, ray_nodes = ray_runs(args, root, base)
         pace = max(r["step_s"] for r in read_jsonl(single.out / "steps.jsonl"))
-        engine, engine_ok = engine_run(root, policy, base, max(args.steps, 1 + math.ceil(REJOIN_S / pace)))
+        engine_steps = max(args.steps, 1 + math.ceil(REJOIN_S / pace))
+        engine, engine_ok = engine_run(root, policy, base, engine_steps)
         rank, rank_ok = rank_run(root, base, args.steps)
 
         runs = [single, nodes, worker, engine, rank]
-        mismatch = (
-            weight_mismatches(weights(nodes), weights(single), LR)
-            if nodes.every_step_once(args.steps)
-            else ["no weights"]
-        )
-        for line in mismatch:
-            logger.info("nodes vs single: %s", line)
+        reference = weights(single, args.steps) if single.every_step_once(args.steps) else None
+        faulted = [run for run in (worker, engine, rank) if not matches(run, reference, args.steps)]
         worker_ok = worker_recovered(worker, args.steps)
         summary = {
             "nodes": 2,
             "ray_nodes": ray_nodes,
             "steps": args.steps,
-            "weights_match_single_node": single.every_step_once(args.steps) and not mismatch,
+            "engine_steps": engine_steps,
+            "weights_match_single_node": matches(nodes, reference, args.steps),
+            "faulted_runs_match_single_node": not faulted,
             "worker_node_killed_recovered": worker_ok,
             "engine_killed_recovered": engine_ok,
             "trainer_rank_killed_resumed": rank_ok,

@@ -160,8 +160,8 @@ class Driver:
     def _tried(self, batch: StepBatch) -> int:
         return len(batch.discarded) + len(self.buffer)
 
-    def _take(self, batch: int) -> list[Group]:
-        groups = [self.buffer.popleft() for _ in range(min(batch, len(self.buffer)))]
+    def _take(self, size: int) -> list[Group]:
+        groups = [self.buffer.popleft() for _ in range(min(size, len(self.buffer)))]
         self.accepted += len(groups)
         return groups
 
