@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 HARNESSES = ("chat", "react", "claude-code", "codex")
 MIXED = "mixed"
 CLIS = ("claude-code", "codex")
+CLI_WALL_S = 900
 
 
 def harness_spec(harness: str, reply_tokens: int) -> dict[str, Any]:
@@ -80,7 +81,9 @@ def harness_spec(harness: str, reply_tokens: int) -> dict[str, Any]:
             "options": {"max_tokens_per_turn": reply_tokens, "on_no_tool_call": "end"},
         }
     (spec,) = json.loads(CLI_FAMILY_SPECS[harness])
-    spec["limits"]["reply_tokens"] = reply_tokens
+    # 64 rollouts in flight on 2 shared cores: a CLI rollout's wall clock is mostly its wait for the engine, and
+    # the demo's 300 s killed a quarter of Codex's first wave (its 1.4k-token prompts) with other work beside it
+    spec["limits"].update(reply_tokens=reply_tokens, wall_s=CLI_WALL_S)
     return spec
 
 
