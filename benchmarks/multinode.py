@@ -211,9 +211,14 @@ def stage_args(args: argparse.Namespace, policy: Path, tasks: Path, config: Path
     ]  # fmt: skip
 
 
-def with_steps(base: list[str], steps: int) -> list[str]:
+def longer(base: list[str], steps: int, root: Path) -> list[str]:
+    """`base` run for `steps` steps, keeping every checkpoint (the reference's last step is compared there)."""
     out = list(base)
     out[out.index("--steps") + 1] = str(steps)
+    config = Path(out[out.index("--config") + 1])
+    longer_config = root / f"{config.stem}-{steps}-steps.json"
+    longer_config.write_text(json.dumps({**json.loads(config.read_text()), "keep_checkpoints": steps}))
+    out[out.index("--config") + 1] = str(longer_config)
     return out
 
 
@@ -310,7 +315,7 @@ def engine_run(root: Path, policy: Path, base: list[str], steps: int) -> tuple[S
     replicas = [serve(policy, p, root / f"replica-{k}.log") for k, p in enumerate(ports)]
     urls = [a for p in ports for a in ("--engine-url", f"http://127.0.0.1:{p}")]
     try:
-        run = StageRun("engine", root, [*with_steps(base, steps), *urls])
+        run = StageRun("engine", root, [*longer(base, steps, root), *urls])
         run.wait_for(lambda: "rl step=1 " in run.stdout_path.read_text(errors="replace"), "step 1")
         logger.info("engine: killing replica 1")
         replicas[1].kill()

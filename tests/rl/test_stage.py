@@ -213,9 +213,10 @@ def _position(group_id: str) -> int:
 
 @pytest.mark.slow
 def test_resume_refuses_a_run_whose_specs_changed(rl_policy: Path, tmp_path: Path):
-    """The issue's reproduction: two steps under a spec file, the file edited to another reward, `--resume`
-    with more steps into the same `--out` is refused in one line naming the specs' changed field (it used to
-    resume from step 1 under the new reward). The spec file rewritten with other formatting resumes."""
+    """The issue's reproduction: two steps under a spec file (rollouts on Ray workers), the file edited to
+    another reward, `--resume` with more steps into the same `--out` is refused in one line naming the specs'
+    changed field (it used to resume from step 1 under the new reward). The spec file rewritten with other
+    formatting resumes."""
     from harnessrl.cli import main
 
     tasks = tmp_path / "tasks"
@@ -226,9 +227,21 @@ def test_resume_refuses_a_run_whose_specs_changed(rl_policy: Path, tmp_path: Pat
     config = _config(tmp_path, batch_groups=1, group_size=2, max_groups_per_step=1, save_every=1)
     cmd = [*rl_command(tasks, rl_policy, tmp_path / "out", "--config", config), "--specs", str(specs)]
     cmd[cmd.index("--workload") + 1] = "swe"  # the task-set workload: the one that reads specs
-    first = subprocess.run([*cmd, "--steps", "2"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    # the first run's rollouts are Ray tasks (a local cluster the stage starts): the task-set workload, its specs
+    # and task files travel to the Ray workers, and what they return is graded as in threads
+    first = subprocess.run(
+        [*cmd, "--steps", "2", "--rollout-workers", "ray"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert (tmp_path / "out" / "checkpoints" / "step-000001").is_dir()
+    rollouts = list(read_jsonl(tmp_path / "out" / "rollouts" / "step-000001.jsonl"))
+    assert rollouts and all(r["rollout_status"] == "ok" and r["reward"] is not None for r in rollouts), (
+        rollouts
+    )
 
     specs.write_text(json.dumps([{**spec, "reward": "instruction_strict"}]))
     edited = subprocess.run(
