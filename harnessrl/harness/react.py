@@ -177,7 +177,9 @@ class ReActHarness:
                 choice = completion.choices[0]
                 assistant = _assistant_message(choice.message)
                 if not choice.message.tool_calls:
-                    history = self._on_no_tool_call(history, assistant, res)
+                    history = self._on_no_tool_call(
+                        history, assistant, res, cut=choice.finish_reason == "length"
+                    )
                     continue
                 history = self._act(history, assistant, runtime, res)
         except _EndEpisode as end:
@@ -277,12 +279,18 @@ class ReActHarness:
             raise _EndEpisode(EpisodeEnd.TOO_MANY_FAILED_TURNS)
         return history
 
-    def _on_no_tool_call(self, history: list[dict], assistant: dict, res: HarnessResult) -> list[dict]:
+    def _on_no_tool_call(
+        self, history: list[dict], assistant: dict, res: HarnessResult, cut: bool
+    ) -> list[dict]:
+        """`cut`: the reply ran into its token limit (finish_reason `length`)."""
         res.count(TurnError.NO_TOOL_CALL)
         handling = self.config.on_no_tool_call
         if handling is OnNoToolCall.END:  # the reply is the agent's last word: its final answer
             res.final_answer = str(assistant.get("content") or "")
-            raise _EndEpisode(EpisodeEnd.NO_TOOL_CALL, history=[*history, assistant])
+            # a reply cut at the budget is not a finished answer: ended as the chat harness ends one, so a
+            # reward that refuses unfinished answers sees it (scoring it whole taught long, cut replies)
+            end = EpisodeEnd.TOKEN_BUDGET if cut else EpisodeEnd.NO_TOOL_CALL
+            raise _EndEpisode(end, history=[*history, assistant])
         if handling is OnNoToolCall.FAIL_TURN:
             return self._fail_turn(history, res)
         nudge = NUDGE.format(tools=", ".join(self.tools))

@@ -106,6 +106,17 @@ def test_fail_turn_limit_ends_episode(episode):
 def test_no_tool_call_end(episode):
     res, reqs = episode([{"content": "done?"}, SUBMIT], on_no_tool_call="end")
     assert (res.status, res.finish_reason, len(reqs)) == ("ok", "no_tool_call", 1)
+    assert res.final_answer == "done?"
+
+
+def test_a_reply_cut_at_its_token_limit_ends_on_the_token_budget_not_as_an_answer(episode):
+    """The answer is what it wrote, but the episode says it was cut (as the chat harness does): a reward that
+    refuses unfinished replies (the instruction family's `cut_off` guard) must see it."""
+    res, reqs = episode(
+        [{"content": "A long sentence that", "finish_reason": "length"}], on_no_tool_call="end"
+    )
+    assert (res.status, res.finish_reason, len(reqs)) == ("ok", "token_budget", 1)
+    assert res.final_answer == "A long sentence that"
 
 
 @pytest.mark.parametrize(

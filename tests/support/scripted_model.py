@@ -4,6 +4,7 @@ measure harness/sandbox overhead with zero model time in benchmarks. Every reque
 
 Script entries (one per request, in order; the last one repeats when the script runs out if `repeat_last`):
   {"content": "text"}                                       plain answer, no tool call
+  {"content": "text", "finish_reason": "length"}            one cut at the request's max_tokens
   {"tool": "bash", "arguments": {"command": "ls"}}          one tool call (arguments dict or raw string)
   {"tool_calls": [{"tool": ..., "arguments": ...}, ...]}    several tool calls
   {"status": 503, "error": "..."}                           HTTP error
@@ -116,7 +117,11 @@ def _completion(request: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]
         "created": int(time.time()),
         "model": request.get("model", "scripted"),
         "choices": [
-            {"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": step.get("finish_reason", "tool_calls" if tool_calls else "stop"),
+            }
         ],
         "usage": {
             "prompt_tokens": prompt_chars // 4,
