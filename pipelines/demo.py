@@ -109,7 +109,7 @@ DEMO_FAMILY_SPECS = '[{"harness": "chat", "reward": "instruction_strict", "limit
 # in its reply, its `result`). Both CLIs take the tiny model's own default system prompt in place of theirs (a
 # CLI option): under Claude Code's more replies run into the budget (the first RL step: 51% of calls vs 42%),
 # and Claude Code asks 3 times to continue a cut reply (4 calls for nothing); Codex's first prompt drops from
-# 5.2k tokens to 1.2k (its function tools stay). A CLI rollout costs seconds of CPU on top of its model time,
+# 5.2k tokens to 1.4k (its function tools stay). A CLI rollout costs seconds of CPU on top of its model time,
 # so the CLI demos evaluate 2 sampled rollouts per held-out task instead of 4.
 SMOLLM_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
