@@ -182,9 +182,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     except (RanksStopped, TrainerNodesError) as e:  # another node failed, or could not be placed
         raise UserError(str(e)) from None
-    if (
-        summary is not None and not in_torchrun()
-    ):  # launched: rank 0's summary, printed after every rank ended
+    # this process ran the loop, or launched the ranks (rank 0's summary, printed once every rank ended)
+    if summary is not None and not in_torchrun():
         print(json.dumps(summary.to_dict()))
     elif summary is None and inputs.rendezvous.node_rank:
         print(f"trainer node {inputs.rendezvous.node_rank} of {cfg.nnodes}: its ranks are done", flush=True)

@@ -254,7 +254,6 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
     from harnessrl.io import atomic_write_json
     from harnessrl.rl import nodes
     from harnessrl.rl.modes import TrainerNodes
-    from harnessrl.train.launch import RanksFailed, RanksStopped, run_ranks, stage_command
 
     if inputs.specs is not None and not isinstance(inputs.specs, str | Path):
         raise TypeError("specs: with nproc > 1 give a spec file path (the ranks read it)")
@@ -276,44 +275,53 @@ def launch(cfg: RLConfig, inputs: RLInputs, *, timeout: float | None = None) -> 
         args += ["--upload-to", inputs.upload_to]
     by_ray = inputs.trainer_nodes is TrainerNodes.RAY and cfg.nnodes > 1 and inputs.rendezvous.node_rank == 0
     try:
-        for restart in range(cfg.max_restarts + 1):
-            resume = ["--resume"] if inputs.resume or restart else []
-            rendezvous, agents = inputs.rendezvous, []
-            if by_ray:  # the other nodes: Ray tasks on other Ray nodes, meeting this one at a fresh port
-                rendezvous, agents = _start_other_nodes(cfg, args + resume, out / "nodes")
-            command = stage_command(cfg.nproc, "rl", args + resume, cfg.nnodes, rendezvous)
-            try:
-                run_ranks(
-                    command,
-                    cfg.trainer_ranks,
-                    timeout=timeout,
-                    stream=True,
-                    what="trainer rank",
-                    watch=functools.partial(nodes.failed_agent, agents) if agents else None,
-                )
-                nodes.finish(agents, stop=False)
-                break
-            except (RanksFailed, RanksStopped, nodes.TrainerNodesError) as e:
-                nodes.finish(agents, stop=True)
-                first = e.failures[0] if isinstance(e, RanksFailed) and e.failures else None
-                if restart == cfg.max_restarts or (
-                    first is not None and first.rank == 0 and first.exitcode == 2
-                ):
-                    raise  # out of restarts, or rank 0's own error (it has printed it): the same again
-                logger.warning(
-                    "%s: restarting every trainer rank from the newest checkpoint (restart %d of at most %d)",
-                    e,
-                    restart + 1,
-                    cfg.max_restarts,
-                )
+        _run_with_restarts(cfg, inputs, args, by_ray, timeout)
     finally:
-        if by_ray:
+        if by_ray:  # Ray prints what it hears of on stdout while connected: nothing may follow the summary
             nodes.disconnect()
     if inputs.rendezvous.node_rank != 0:
         return None
     from harnessrl.rl.records import RLSummary
 
     return RLSummary.from_dict(json.loads((out / "metrics.json").read_text(encoding="utf-8")))
+
+
+def _run_with_restarts(
+    cfg: RLConfig, inputs: RLInputs, args: list[str], by_ray: bool, timeout: float | None
+) -> None:
+    """This node's torchrun (and, `by_ray`, the other nodes' Ray tasks), restarted from the newest checkpoint
+    when a rank or node fails, `cfg.max_restarts` times (launch's docstring)."""
+    from harnessrl.rl import nodes
+    from harnessrl.train.launch import RanksFailed, RanksStopped, run_ranks, stage_command
+
+    for restart in range(cfg.max_restarts + 1):
+        resume = ["--resume"] if inputs.resume or restart else []
+        rendezvous, agents = inputs.rendezvous, []
+        if by_ray:  # the other nodes: Ray tasks on other Ray nodes, meeting this one at a fresh port
+            rendezvous, agents = _start_other_nodes(cfg, args + resume, inputs.out / "nodes")
+        command = stage_command(cfg.nproc, "rl", args + resume, cfg.nnodes, rendezvous)
+        try:
+            run_ranks(
+                command,
+                cfg.trainer_ranks,
+                timeout=timeout,
+                stream=True,
+                what="trainer rank",
+                watch=functools.partial(nodes.failed_agent, agents) if agents else None,
+            )
+            nodes.finish(agents, stop=False)
+            break
+        except (RanksFailed, RanksStopped, nodes.TrainerNodesError) as e:
+            nodes.finish(agents, stop=True)
+            first = e.failures[0] if isinstance(e, RanksFailed) and e.failures else None
+            if restart == cfg.max_restarts or (first is not None and first.rank == 0 and first.exitcode == 2):
+                raise  # out of restarts, or rank 0's own error (it has printed it): the same again
+            logger.warning(
+                "%s: restarting every trainer rank from the newest checkpoint (restart %d of at most %d)",
+                e,
+                restart + 1,
+                cfg.max_restarts,
+            )
 
 
 def _start_other_nodes(
