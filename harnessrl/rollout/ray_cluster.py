@@ -243,11 +243,12 @@ class LocalRayCluster:
         descriptor = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as token:
             token.write(secrets.token_hex(32))
-        port, client_port = free_ports(2)
+        # all of the head's ports in one pick: ports of two picks can repeat (each pick's sockets close at its end)
+        port, client_port, *node_ports = free_ports(2 + len(NODE_PORT_FLAGS))
         args = ["--head", "--port", str(port), "--ray-client-server-port", str(client_port)]
         args += ["--include-dashboard", "false"]
         try:
-            head = self._start_node(args, self.num_cpus, self.resources, self.object_store_bytes)
+            head = self._start_node(args, node_ports, self.num_cpus, self.resources, self.object_store_bytes)
             self.address = head.wait_ready(self.start_timeout_s)
         except BaseException:
             self.stop()
@@ -265,7 +266,10 @@ class LocalRayCluster:
         """Starts a worker node joined to the head and waits until it is registered."""
         if not self.address:
             raise RayClusterError("start the cluster before adding nodes to it")
-        node = self._start_node(["--address", self.address], num_cpus, resources or {}, object_store_bytes)
+        node_ports = free_ports(len(NODE_PORT_FLAGS))
+        node = self._start_node(
+            ["--address", self.address], node_ports, num_cpus, resources or {}, object_store_bytes
+        )
         try:
             node.wait_ready(self.start_timeout_s)
         except BaseException:
@@ -277,13 +281,14 @@ class LocalRayCluster:
     def _start_node(
         self,
         args: list[str],
+        node_ports: list[int],
         num_cpus: float | None,
         resources: Mapping[str, float],
         object_store_bytes: int | None,
     ) -> RayNode:
         assert self.directory is not None
         args = [*args, "--disable-usage-stats", "--log-color", "false"]
-        for flag, port in zip(NODE_PORT_FLAGS, free_ports(len(NODE_PORT_FLAGS)), strict=True):
+        for flag, port in zip(NODE_PORT_FLAGS, node_ports, strict=True):
             args += [flag, str(port)]
         if num_cpus is not None:
             args += ["--num-cpus", str(num_cpus)]

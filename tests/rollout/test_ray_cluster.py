@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import os
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
-from harnessrl.rollout.ray_cluster import AUTH_ENV, LocalRayCluster, RayClusterError
+from harnessrl.rollout.ray_cluster import (
+    AUTH_ENV,
+    FAST_HEALTH_CHECK,
+    NODE_PORT_FLAGS,
+    LocalRayCluster,
+    RayClusterError,
+)
 
 ray = pytest.importorskip("ray")
 
-FAST_HEALTH_CHECK = {
-    "RAY_health_check_initial_delay_ms": "0",
-    "RAY_health_check_period_ms": "500",
-    "RAY_health_check_timeout_ms": "1000",
-    "RAY_health_check_failure_threshold": "2",
-}
 DEAD_WITHIN_S = 60.0
 
 
@@ -41,6 +42,12 @@ def _processes_naming(directory: Path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _ports_given(pid: int) -> list[str]:
+    """The port numbers of the `--...-port` flags on a `ray start` command line."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return [value for flag, value in pairwise(args) if flag.startswith("--") and flag.endswith("port")]
 
 
 def _wait_dead_nodes(count: int) -> None:
@@ -66,6 +73,9 @@ def test_a_worker_node_takes_its_tasks_and_killed_is_lost_alone(monkeypatch):
         node = cluster.add_node(num_cpus=1, resources={"spare": 1})
         directory = cluster.directory
         assert directory is not None and len(ray.nodes()) == 2
+        # every port given to a node is its own (two picks of free ports once handed the head one port twice)
+        ports = _ports_given(cluster.head.pid) + _ports_given(node.pid)
+        assert len(ports) == 2 + 2 * len(NODE_PORT_FLAGS) and len(set(ports)) == len(ports), ports
         assert ray.get(pid.options(num_cpus=0.5).remote()) in cluster.head.processes()
         assert ray.get(pid.options(num_cpus=0.5, resources={"spare": 1}).remote()) in node.processes()
 
