@@ -5,12 +5,19 @@ attention mask — the trainer's models attend per sequence (segments.py; a mode
 transformers' block-diagonal causal mask, derived from the position ids), so packed logits equal
 per-sequence logits. Targets are shifted *within* each sequence, so no token is ever
 predicted across a sequence boundary.
+
+Shared prefixes (`share_prefixes`, for models that attend per sequence): sequences that begin with the same
+untrained tokens — a CLI agent's system prompt and tools, 1.4k tokens of Codex's first prompt under a
+100-token reply; a group's task prompt — are packed as that prefix once followed by each sequence's rest,
+whose positions go on from the prefix's and which attends to the prefix and to itself. The logits of every
+trained token are those of its whole sequence, and the prefix's gradient is the sum of what each sequence
+sends it: the same update for a fraction of the tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,16 +39,9 @@ class SeqItem:
 
 
 SPANS = "harnessrl_spans"  # a forward call's keyword: [(start, end), ...] of a packed row's sequences (segments.py)
-
-
-def packed_kwargs(position_ids: torch.Tensor) -> dict[str, Any]:
-    """The extra arguments of a forward call on one packed row (`position_ids` [1, T], 0 where a sequence
-    starts) for a model attending per sequence (segments.py): the spans, and a 4D mask so that transformers
-    builds none."""
-    starts = (position_ids[0] == 0).nonzero().flatten().tolist()
-    ends = [*starts[1:], position_ids.shape[1]]
-    no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=position_ids.device)
-    return {"attention_mask": no_mask, SPANS: list(zip(starts, ends, strict=True))}
+PREFIX = "harnessrl_prefix"  # a forward call's keyword: the row's first tokens, context of every span
+# fewer shared tokens than this are packed with each sequence (a span of their own would save next to nothing)
+MIN_SHARED_PREFIX = 32
 
 
 @dataclass
@@ -56,6 +56,17 @@ class MicroBatch:
     weights: torch.Tensor  # (rows, T) per-token aggregation weight
     real_tokens: int
     pad_tokens: int
+    spans: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # packed: each sequence's [start, end) in the row
+    prefix: int = 0  # packed: the row's first `prefix` tokens are the shared start of every span's sequence
+
+
+def packed_kwargs(mb: MicroBatch) -> dict[str, Any]:
+    """The extra arguments of a forward call on one packed row for a model attending per sequence
+    (segments.py): the spans, the shared prefix, and a 4D mask so that transformers builds none."""
+    no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=mb.input_ids.device)
+    return {"attention_mask": no_mask, SPANS: mb.spans, PREFIX: mb.prefix}
 
 
 def _shifted(item: SeqItem) -> tuple[list[int], list[float], list[float]]:
@@ -86,41 +97,101 @@ def plan_packs(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return [sorted(p) for p in packs]
 
 
-def pack(items: Sequence[SeqItem], max_tokens: int) -> list[MicroBatch]:
+def shareable(item: SeqItem) -> int:
+    """How many of `item`'s first tokens a shared prefix may hold: up to, not including, the token before
+    its first trained one (the prefix's last position predicts a token that must be shared and untrained)."""
+    first_trained = next((t for t, m in enumerate(item.loss_mask) if t > 0 and m), len(item))
+    return max(first_trained - 1, 0)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_families(items: Sequence[SeqItem]) -> list[tuple[int, list[int]]]:
+    """The items as families of (shared prefix length, indices): items sorted by their tokens, each family
+    the longest run whose shared untrained start stays ≥ MIN_SHARED_PREFIX; the others alone, prefix 0."""
+    order = sorted(range(len(items)), key=lambda i: items[i].input_ids)
+    families: list[tuple[int, list[int]]] = []
+    for i in order:
+        if families:
+            shared, members = families[-1]
+            common = _common(items[members[0]].input_ids, items[i].input_ids)
+            joined = min(shared, shareable(items[i]), common - 1)
+            if joined >= MIN_SHARED_PREFIX:
+                families[-1] = (joined, [*members, i])
+                continue
+        families.append((shareable(items[i]), [i]))
+    return [(n if len(m) > 1 and n >= MIN_SHARED_PREFIX else 0, sorted(m)) for n, m in families]
+
+
+def pack(items: Sequence[SeqItem], max_tokens: int, share_prefixes: bool = False) -> list[MicroBatch]:
+    """Packed micro-batches of ≤ max_tokens tokens (a longer sequence alone). `share_prefixes` (only for
+    models that attend per sequence, segments.py): each family of sequences with a shared untrained start is
+    packed as that start once plus each sequence's rest; the rests fill max_tokens less the prefix, at least
+    half of max_tokens (a long prefix is counted once, as a long sequence's own tokens are)."""
+    if not share_prefixes:
+        return [
+            _packed_row(items, members, 0) for members in plan_packs([len(it) for it in items], max_tokens)
+        ]
     batches = []
-    for pack_idx in plan_packs([len(it) for it in items], max_tokens):
-        ids: list[int] = []
-        pos: list[int] = []
-        tgt: list[int] = []
-        tmask: list[float] = []
-        beh: list[float] = []
-        adv: list[float] = []
-        wts: list[float] = []
-        for i in pack_idx:
-            it = items[i]
-            t, m, b = _shifted(it)
-            ids += it.input_ids
-            pos += list(range(len(it)))
-            tgt += t
-            tmask += m
-            beh += b
-            adv += [it.advantage] * len(it)
-            wts += [it.weight] * len(it)
-        batches.append(
-            MicroBatch(
-                input_ids=torch.tensor([ids]),
-                position_ids=torch.tensor([pos]),
-                attention_mask=None,
-                targets=torch.tensor([tgt]),
-                target_mask=torch.tensor([tmask]),
-                behavior_logprobs=torch.tensor([beh]),
-                advantages=torch.tensor([adv]),
-                weights=torch.tensor([wts]),
-                real_tokens=len(ids),
-                pad_tokens=0,
-            )
-        )
+    for shared, family in prefix_families(items):
+        room = max(max_tokens - shared, max_tokens // 2) if shared else max_tokens
+        for members in plan_packs([len(items[i]) - shared for i in family], room):
+            batches.append(_packed_row(items, [family[m] for m in members], shared))
     return batches
+
+
+def _packed_row(items: Sequence[SeqItem], members: list[int], prefix: int) -> MicroBatch:
+    """One packed row of `members`, their first `prefix` tokens (the same in each) once at its start."""
+    ids: list[int] = []
+    pos: list[int] = []
+    tgt: list[int] = []
+    tmask: list[float] = []
+    beh: list[float] = []
+    adv: list[float] = []
+    wts: list[float] = []
+    if prefix:
+        first = items[members[0]]
+        t, _, _ = _shifted(first)
+        ids += first.input_ids[:prefix]
+        pos += list(range(prefix))
+        tgt += t[:prefix]
+        tmask += [0.0] * prefix
+        beh += [0.0] * prefix
+        adv += [0.0] * prefix
+        wts += [0.0] * prefix
+    spans = []
+    for i in members:
+        it = items[i]
+        t, m, b = _shifted(it)
+        spans.append((len(ids), len(ids) + len(it) - prefix))
+        ids += it.input_ids[prefix:]
+        pos += list(range(prefix, len(it)))
+        tgt += t[prefix:]
+        tmask += m[prefix:]
+        beh += b[prefix:]
+        adv += [it.advantage] * (len(it) - prefix)
+        wts += [it.weight] * (len(it) - prefix)
+    return MicroBatch(
+        input_ids=torch.tensor([ids]),
+        position_ids=torch.tensor([pos]),
+        attention_mask=None,
+        targets=torch.tensor([tgt]),
+        target_mask=torch.tensor([tmask]),
+        behavior_logprobs=torch.tensor([beh]),
+        advantages=torch.tensor([adv]),
+        weights=torch.tensor([wts]),
+        real_tokens=len(ids),
+        pad_tokens=0,
+        spans=spans,
+        prefix=prefix,
+    )
 
 
 def pad(items: Sequence[SeqItem], seqs_per_batch: int, pad_id: int = 0) -> list[MicroBatch]:

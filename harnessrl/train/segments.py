@@ -5,6 +5,8 @@ SDPA path would attend over the whole row under a block-diagonal mask: (row leng
 nearly all of it masked out — on a CPU it made a 3,200-token micro-batch of 32 sequences ~1.9× slower to
 train than the same sequences as a batch. Here each sequence attends to itself alone (causal SDPA on its own
 span), the same result without the masked work; padded batches keep transformers' SDPA with their mask.
+A row that starts with a prefix its sequences share (batching.py, `share_prefixes`) attends causally over the
+prefix, then each span over the prefix and, causally, itself.
 
 `use_segments(model)` registers the attention function with transformers and selects it on the model;
 `batching.packed_kwargs(position_ids)` are the extra arguments of a forward call on a packed row.
@@ -20,7 +22,7 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from harnessrl.train.batching import SPANS
+from harnessrl.train.batching import PREFIX, SPANS
 
 ATTENTION = "harnessrl_segments"
 
@@ -36,21 +38,32 @@ def segment_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     spans: list[tuple[int, int]] | None = kwargs.pop(SPANS, None)
+    prefix: int = kwargs.pop(PREFIX, 0)
     if spans is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     gqa = query.shape[1] != key.shape[1]
-    parts = [
-        functional.scaled_dot_product_attention(
-            query[:, :, s:e],
-            key[:, :, s:e],
-            value[:, :, s:e],
+
+    def attend(q: tuple[int, int], kv: list[tuple[int, int]], mask: torch.Tensor | None) -> torch.Tensor:
+        keys, values = (torch.cat([t[:, :, s:e] for s, e in kv], dim=2) for t in (key, value))
+        return functional.scaled_dot_product_attention(
+            query[:, :, q[0] : q[1]],
+            keys,
+            values,
+            attn_mask=mask,
             dropout_p=dropout,
-            is_causal=True,
+            is_causal=mask is None,
             scale=scaling,
             enable_gqa=gqa,
         )
-        for s, e in spans
-    ]
+
+    parts = [attend((0, prefix), [(0, prefix)], None)] if prefix else []
+    for s, e in spans:
+        if not prefix:
+            parts.append(attend((s, e), [(s, e)], None))
+            continue
+        causal = torch.ones(e - s, e - s, dtype=torch.bool, device=query.device).tril()
+        seen = torch.ones(e - s, prefix, dtype=torch.bool, device=query.device)
+        parts.append(attend((s, e), [(0, prefix), (s, e)], torch.cat([seen, causal], dim=1)))
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
 
 

@@ -40,6 +40,7 @@ MEMORY_SETTINGS_AS_HASHED: dict[str, object] = {
     "max_tokens_per_micro_batch": 4096,
     "activation_checkpointing": None,
     "head_chunk_tokens": None,
+    "share_prefixes": None,
 }
 
 # how a checkpoint's optimizer state is keyed: a DP run saves the full, FQN-keyed state (see state_dict)
@@ -71,6 +72,10 @@ class TrainerConfig:
     # for the backward grow with it: 1,024 keeps one step of the tiny model under ~1.3 GB above its weights and
     # optimizer state, where 4,096 took ~6 GB, and was no faster on a CPU (docs/train.md, "Memory").
     max_tokens_per_micro_batch: int = 1024
+    # Sequences that start with the same untrained tokens (a CLI's system prompt, a group's task) are packed
+    # with that start once (batching.py): the same update, computed on fewer tokens. Only where the models
+    # attend per sequence (segments.py).
+    share_prefixes: bool = True
     # Recompute each decoder layer in the backward instead of keeping its activations: ~30 layers × tokens ×
     # hidden kept instead of every intermediate of every layer, for one more forward pass.
     activation_checkpointing: bool = True
@@ -266,9 +271,11 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> bool:
     return True
 
 
-def micro_batches(items: Sequence[SeqItem], cfg: TrainerConfig, pad_id: int = 0) -> list[MicroBatch]:
+def micro_batches(
+    items: Sequence[SeqItem], cfg: TrainerConfig, pad_id: int = 0, share_prefixes: bool = False
+) -> list[MicroBatch]:
     if cfg.packing:
-        return pack(items, cfg.max_tokens_per_micro_batch)
+        return pack(items, cfg.max_tokens_per_micro_batch, share_prefixes)
     return pad(items, cfg.seqs_per_micro_batch, pad_id)
 
 
@@ -301,6 +308,10 @@ class Trainer:
             from harnessrl.train.segments import use_segments  # transformers: only where a trainer runs
 
             self._per_sequence = {id(m) for m in (model, ref_model) if m is not None and use_segments(m)}
+        # a shared prefix is only read right by per-sequence attention: every model the rows go through must have it
+        self.share_prefixes = cfg.share_prefixes and all(
+            id(m) in self._per_sequence for m in (model, ref_model) if m is not None
+        )
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
         o = cfg.optim
@@ -329,7 +340,7 @@ class Trainer:
     def _forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         positions = mb.position_ids.to(self.device)
         if mb.attention_mask is None and id(model) in self._per_sequence:
-            extra = packed_kwargs(positions)
+            extra = packed_kwargs(mb)
         else:
             extra = {
                 "attention_mask": None if mb.attention_mask is None else mb.attention_mask.to(self.device)
@@ -360,7 +371,7 @@ class Trainer:
         """One batch of whole rollouts → `ppo_epochs` optimizer steps. Returns metrics of the last."""
         cfg = self.cfg
         start = time.perf_counter()
-        mbs = micro_batches(items, cfg, self.pad_id)
+        mbs = micro_batches(items, cfg, self.pad_id, self.share_prefixes)
         real_mbs = len(mbs)
         if self.world_size > 1:
             # FSDP all-gathers in every forward and reduce-scatters in every backward: all ranks must run the

@@ -39,7 +39,7 @@ def test_packed_logprobs_match_and_a_step_updates_the_real_model(tokenizer):
             assert torch.allclose(packed[offset : offset + len(ids) - 1], alone[:-1], atol=2e-4)
             offset += len(ids)
         assert use_segments(model)  # the trainer's attention for packed rows: per sequence, no row-wide mask
-        kwargs = packed_kwargs(mb.position_ids)
+        kwargs = packed_kwargs(mb)
         assert kwargs[SPANS] == [
             (0, len(seqs[0][0])),
             (len(seqs[0][0]), offset - len(seqs[2][0])),
@@ -50,6 +50,27 @@ def test_packed_logprobs_match_and_a_step_updates_the_real_model(tokenizer):
             mb.targets,
         )[0]
         assert torch.allclose(per_sequence, packed, atol=2e-4)
+        # two replies to one long request: its prompt packed once, each reply's logprobs as when packed whole
+        request = (
+            "Write one sentence about the sea that holds the word [harbor] and ends with a period, please."
+        )
+        twice = []
+        for answer in ("The [harbor] is calm.", "Ships rest in the [harbor] at night."):
+            p, a = chat_ids(tokenizer, request, answer)
+            twice.append(SeqItem(p + a, [0] * len(p) + [1] * len(a), [0.0] * (len(p) + len(a)), 1.0, 1.0))
+        (shared,) = pack(twice, 4096, share_prefixes=True)
+        assert shared.prefix == len(p) - 1 and shared.real_tokens == sum(map(len, twice)) - shared.prefix
+        whole = pack(twice, 4096)[0]
+        scored = [
+            token_logprobs(
+                model(
+                    input_ids=b.input_ids, position_ids=b.position_ids, use_cache=False, **packed_kwargs(b)
+                ).logits,
+                b.targets,
+            )[0][b.target_mask[0] > 0]
+            for b in (shared, whole)
+        ]
+        assert scored[0].shape == scored[1].shape and torch.allclose(scored[0], scored[1], atol=2e-4)
         # behavior logprobs = the model's own: the on-policy case, IS weights are 1
         for it, (ids, _) in zip(items, seqs, strict=True):
             lp = token_logprobs(

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harnessrl.train.batching import MicroBatch, SeqItem, pack, pad, plan_packs
+from harnessrl.train.batching import (
+    MIN_SHARED_PREFIX,
+    MicroBatch,
+    SeqItem,
+    pack,
+    pad,
+    plan_packs,
+    prefix_families,
+)
 from harnessrl.train.losses import ppo_token_losses, sequence_weights
 from harnessrl.train.modes import LossMode, Precision
 from harnessrl.train.trainer import Trainer, TrainerConfig, token_logprobs
@@ -106,6 +114,60 @@ def test_simulated_data_parallel_world_size_does_not_change_gradient(world):
     assert loss == pytest.approx(ref_loss, rel=1e-5)
     for name, g in ref.items():
         assert torch.allclose(acc[name], g, rtol=1e-4, atol=1e-7), name
+
+
+def items_with_shared_prompts(mode: LossMode) -> list[SeqItem]:
+    """Two "system prompts" (60 and 45 tokens) under 3 and 2 replies, each reply after a task line of its own
+    (two replies share theirs: a group), and one sequence that shares nothing; replies trained, prompts not."""
+    g = torch.Generator().manual_seed(3)
+    systems = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (60, 45)]
+    task = torch.randint(3, VOCAB, (6,), generator=g).tolist()
+    layout = [(0, task), (0, task), (0, None), (1, None), (1, None), (None, None)]
+    rollouts = ["a", "b", "c", "d", "d", "e"]
+    advs = {"a": 1.0, "b": -0.5, "c": 0.25, "d": -1.5, "e": 0.75}
+    seqs = []
+    for n, (system, own_task) in zip((9, 14, 5, 20, 7, 11), layout, strict=True):
+        prompt = (systems[system] if system is not None else []) + (
+            own_task or torch.randint(3, VOCAB, (6,), generator=g).tolist()
+        )
+        reply = torch.randint(3, VOCAB, (n,), generator=g).tolist()
+        beh = [0.0] * len(prompt) + (-torch.rand(n, generator=g) * 3).tolist()
+        seqs.append((prompt + reply, [0] * len(prompt) + [1] * n, beh))
+    counts = [sum(m[1:]) for _, m, _ in seqs]
+    w = sequence_weights(counts, rollouts, mode, loss_scale_factor=64.0)
+    return [SeqItem(i, m, b, advs[r], wi, r) for (i, m, b), r, wi in zip(seqs, rollouts, w, strict=True)]
+
+
+def test_shared_prefixes_are_packed_once_and_leave_the_update_unchanged():
+    """A prompt several sequences start with is packed once (each family: the tokens up to the one before
+    its first trained token, where they all agree), and the step's loss and gradient are those of packing
+    every sequence whole: per-sequence attention over prefix + own span reads the same context."""
+    mode = LossMode.ROLLOUT_TOKEN_MEAN
+    items = items_with_shared_prompts(mode)
+    families = prefix_families(items)
+    # the group's two replies share system + task (66 tokens: 65 before the last shared one), the third reply
+    # of that system only the system (59); the other system's two share theirs (44); the last nothing
+    assert sorted(families) == [(0, [5]), (44, [3, 4]), (59, [0, 1, 2])]
+    assert MIN_SHARED_PREFIX <= 44
+    shared, whole = pack(items, 10_000, share_prefixes=True), pack(items, 10_000)
+    assert sum(b.real_tokens for b in shared) == sum(len(it) for it in items) - 2 * 59 - 44
+    assert sum(b.real_tokens for b in whole) == sum(len(it) for it in items)
+    assert sum(float(b.target_mask.sum()) for b in shared) == sum(float(b.target_mask.sum()) for b in whole)
+    ref_loss, ref = grads_of_step(items, no_clip(loss_mode=mode, share_prefixes=False))
+    for budget in (10_000, 40):  # one row per family, and families split over rows of their own prefix
+        loss, grads = grads_of_step(items, no_clip(loss_mode=mode, max_tokens_per_micro_batch=budget))
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
+        for name, g in ref.items():
+            assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-6), name
+
+
+def test_a_prefix_ends_before_the_first_trained_token_of_any_sequence_that_shares_it():
+    mode = LossMode.TOKEN_MEAN
+    items = items_with_shared_prompts(mode)[3:5]
+    items[1].loss_mask = [0] * 40 + [1] * (len(items[1]) - 40)  # trains tokens of the prompt from 40 on
+    assert prefix_families(items) == [(39, [0, 1])]  # position 38 predicts token 39: shared, untrained
+    items[1].loss_mask = [0] * 20 + [1] * (len(items[1]) - 20)  # too little left to share
+    assert sorted(prefix_families(items)) == [(0, [0]), (0, [1])]
 
 
 def padding_fraction(batches: list[MicroBatch]) -> float:
