@@ -13,15 +13,21 @@ step's FLOPs are 6 × the linear and head weights × its tokens (attention's few
     .venv/bin/python benchmarks/train.py [--reps 2] [--threads 0] [--row-tokens 0] [--copies 1] [--smoke]
 
 Packed once more with transformers' row-wide block-diagonal mask instead of per-sequence attention (the
-trainer's own, train/segments.py): `per_sequence_attention_speedup`. `--row-tokens N` sets the packed budget
+trainer's own, train/segments.py): `per_sequence_attention_speedup`. And a CLI agent's step: 2 groups × 4
+replies (16…128 tokens) under Codex's first prompt as measured in an RL run (1,376 tokens every rollout shares,
+58 of the group's task), at the trainer's default budget (1,024 tokens), packed whole vs with the shared prefix
+packed once (`share_prefixes`, train/batching.py): `shared_prefix_step_speedup`, `shared_prefix_token_ratio`
+(tokens computed, shared over whole), the same loss. `--row-tokens N` sets the packed budget
 (the trainer's default is 1,024; 0 here: four of the longest sequence) and `--copies K` repeats the batch K times.
 
-Last line: JSON with packed_speedup, per_sequence_attention_speedup, padding_fraction_packed, padding_fraction_padded, peak_rss_mb,
+Last line: JSON with packed_speedup, per_sequence_attention_speedup, shared_prefix_step_speedup,
+shared_prefix_token_ratio, cli_step_s, padding_fraction_packed, padding_fraction_padded, peak_rss_mb,
 `bf16_vs_fp32_tokens_per_s` (packed bf16 over packed fp32), `tokens_per_s_fp32` / `_bf16`, `matmul_fraction_fp32` /
 `_bf16` (the step's FLOP/s over the probe's for its format), `matmul_limit_gflops`, and `auto_precision` with the
 probe's `auto_bf16_factor` (what `precision: auto` picks on this host, from the cached probe).
-`--smoke`: one repetition of each mode on sequences an eighth as long (2…20 tokens), 1 torch thread unless
-`--threads`, the matmul limits measured once (before the steps): ~2 minutes on a 2-core AMD EPYC.
+`--smoke`: one repetition of each mode on sequences an eighth as long (2…20 tokens; the CLI step's a 32nd),
+1 torch thread unless `--threads`, the matmul limits measured once (before the steps): ~3 minutes on a 2-core
+AMD EPYC.
 """
 
 from __future__ import annotations
@@ -37,12 +43,45 @@ import time
 
 LENGTHS = [16, 24, 40, 56, 80, 104, 136, 160]
 SMOKE_LENGTHS = [n // 8 for n in LENGTHS]
+CLI_SHARED, CLI_TASK = 1376, 58  # Codex's first prompt: what every rollout shares, what its group's task adds
+CLI_REPLIES = [16, 40, 64, 88, 104, 112, 120, 128]  # two groups of four
+CLI_GROUP = 4
+CLI_BUDGET = 1024  # the trainer's default max_tokens_per_micro_batch
+SMOKE_CLI_SCALE = 32  # --smoke: the CLI step's sizes divided by this (a 43-token shared prompt)
 
 
-RUNS = [("padded", "fp32"), ("packed", "fp32"), ("packed", "bf16"), ("packed-row-mask", "fp32")]
+RUNS = [
+    ("padded", "fp32"),
+    ("packed", "fp32"),
+    ("packed", "bf16"),
+    ("packed-row-mask", "fp32"),
+    ("cli-whole", "fp32"),
+    ("cli-shared", "fp32"),
+]
 
 
-def child(mode: str, threads: int, lengths: list[int], precision: str = "fp32", row_tokens: int = 0) -> None:
+def cli_sequences(scale: int, rng: random.Random) -> list[tuple[list[int], list[int], list[float], str]]:
+    """A CLI agent's step: each reply after the shared prompt and its group's task (sizes divided by scale)."""
+    shared = [rng.randrange(100, 49000) for _ in range(CLI_SHARED // scale)]
+    groups = range(len(CLI_REPLIES) // CLI_GROUP)
+    tasks = [[rng.randrange(100, 49000) for _ in range(CLI_TASK // scale)] for _ in groups]
+    seqs = []
+    for i, n in enumerate(CLI_REPLIES):
+        prompt = shared + tasks[i // CLI_GROUP]
+        reply = [rng.randrange(100, 49000) for _ in range(max(n // scale, 2))]
+        beh = [0.0] * len(prompt) + [-rng.uniform(0.1, 3.0) for _ in reply]
+        seqs.append((prompt + reply, [0] * len(prompt) + [1] * len(reply), beh, f"r{i}"))
+    return seqs
+
+
+def child(
+    mode: str,
+    threads: int,
+    lengths: list[int],
+    precision: str = "fp32",
+    row_tokens: int = 0,
+    cli_scale: int = 1,
+) -> None:
     import torch
 
     if threads:
@@ -63,6 +102,9 @@ def child(mode: str, threads: int, lengths: list[int], precision: str = "fp32", 
         mask = [0] * prompt + [1] * (n - prompt)
         beh = [0.0] * prompt + [-rng.uniform(0.1, 3.0) for _ in range(n - prompt)]
         seqs.append((ids, mask, beh, f"r{i % 4}"))
+    cli = mode.startswith("cli-")
+    if cli:
+        seqs = cli_sequences(cli_scale, rng)
     w = sequence_weights(
         [sum(m[1:]) for _, m, _, _ in seqs], [r for *_, r in seqs], LossMode.ROLLOUT_TOKEN_MEAN
     )
@@ -71,8 +113,9 @@ def child(mode: str, threads: int, lengths: list[int], precision: str = "fp32", 
         for k, ((i, m, b, r), wk) in enumerate(zip(seqs, w, strict=True))
     ]
     cfg = TrainerConfig(
-        packing=mode.startswith("packed"),
-        max_tokens_per_micro_batch=row_tokens or 4 * max(lengths),
+        packing=mode != "padded",
+        max_tokens_per_micro_batch=CLI_BUDGET if cli else row_tokens or 4 * max(lengths),
+        share_prefixes=mode == "cli-shared",
         seqs_per_micro_batch=4,
         precision=precision,  # pyright: ignore[reportArgumentType]  (parsed into a Precision)
     )
@@ -114,9 +157,10 @@ def main() -> None:
         help="packed micro-batch budget (default 4 x the longest sequence)",
     )
     ap.add_argument("--copies", type=int, default=1, help="the batch's sequences this many times over")
-    ap.add_argument("--child", choices=["packed", "padded", "packed-row-mask"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=sorted({mode for mode, _ in RUNS}), help=argparse.SUPPRESS)
     ap.add_argument("--lengths", help=argparse.SUPPRESS)  # the child's sequence lengths, comma-separated
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)  # the child's
+    ap.add_argument("--cli-scale", type=int, default=1, help=argparse.SUPPRESS)  # the child's
     args = ap.parse_args()
     if args.child:
         child(
@@ -125,6 +169,7 @@ def main() -> None:
             [int(n) for n in args.lengths.split(",")],
             args.precision,
             args.row_tokens,
+            args.cli_scale,
         )
         return
     lengths = LENGTHS * args.copies
@@ -149,6 +194,8 @@ def main() -> None:
                     precision,
                     "--row-tokens",
                     str(args.row_tokens),
+                    "--cli-scale",
+                    str(SMOKE_CLI_SCALE if args.smoke else 1),
                 ],
                 capture_output=True,
                 text=True,
@@ -172,6 +219,9 @@ def main() -> None:
     )
     for other in (padded, row_mask):
         assert abs(packed["loss"] - other["loss"]) < 1e-4, "modes must compute the same loss"
+    cli_whole, cli_shared = results["cli-whole-fp32"][0], results["cli-shared-fp32"][0]
+    assert abs(cli_whole["loss"] - cli_shared["loss"]) < 1e-4, "a shared prefix must leave the loss as it is"
+    step_s = {m: statistics.median(r["step_s"] for r in rows) for m, rows in results.items()}
     flops_per_token = 6 * model_weights()  # forward and backward through every linear map and the head
     from harnessrl import numformat
 
@@ -183,6 +233,12 @@ def main() -> None:
                 "tokens_per_s_packed": round(tps["packed-fp32"], 1),
                 "tokens_per_s_padded": round(tps["padded-fp32"], 1),
                 "per_sequence_attention_speedup": round(tps["packed-fp32"] / tps["packed-row-mask-fp32"], 3),
+                "shared_prefix_step_speedup": round(step_s["cli-whole-fp32"] / step_s["cli-shared-fp32"], 3),
+                "shared_prefix_token_ratio": round(cli_shared["tokens"] / cli_whole["tokens"], 4),
+                "cli_step_s": {
+                    "whole": round(step_s["cli-whole-fp32"], 2),
+                    "shared": round(step_s["cli-shared-fp32"], 2),
+                },
                 "tokens_per_s_packed_row_mask": round(tps["packed-row-mask-fp32"], 1),
                 "micro_batches_packed": packed["micro_batches"],
                 "padding_fraction_packed": packed["padding_fraction"],

@@ -242,6 +242,8 @@ HEADLINES: dict[str, Headline] = {
         "matmul_fraction_bf16",
         "auto_precision",
         "auto_bf16_factor",
+        "shared_prefix_step_speedup",
+        "shared_prefix_token_ratio",
         slow=True,
     ),
     "verify.py": headline(

@@ -44,6 +44,8 @@ def test_a_changed_update_setting_changes_the_identity():
     lora = RLConfig.from_dict({"train": {"lora": {"rank": 8}}}).hashed_settings()
     assert lora != base  # adapters: another run
     assert RLConfig.from_dict({"steps": 99, "save_every": 3}).hashed_settings() == base  # unhashed
+    # how a step is computed, not what: a run resumes with a shared prefix packed once or per sequence
+    assert RLConfig.from_dict({"train": {"share_prefixes": False}}).hashed_settings() == base
 
 
 SPEC = {"harness": "chat", "tools": [], "reward": "instruction_fraction", "limits": {"tokens": 8}}
