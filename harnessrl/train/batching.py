@@ -135,15 +135,17 @@ def pack(items: Sequence[SeqItem], max_tokens: int, share_prefixes: bool = False
     models that attend per sequence, segments.py): each family of sequences with a shared untrained start is
     packed as that start once plus each sequence's rest; the rests fill max_tokens less the prefix, at least
     half of max_tokens (a long prefix is counted once, as a long sequence's own tokens are)."""
-    if not share_prefixes:
-        return [
-            _packed_row(items, members, 0) for members in plan_packs([len(it) for it in items], max_tokens)
-        ]
-    batches = []
-    for shared, family in prefix_families(items):
-        room = max(max_tokens - shared, max_tokens // 2) if shared else max_tokens
-        for members in plan_packs([len(items[i]) - shared for i in family], room):
-            batches.append(_packed_row(items, [family[m] for m in members], shared))
+    families = prefix_families(items) if share_prefixes else [(0, list(range(len(items))))]
+    alone = [i for shared, family in families if not shared for i in family]  # packed together, whole
+    batches = [
+        _packed_row(items, [alone[m] for m in members], 0)
+        for members in plan_packs([len(items[i]) for i in alone], max_tokens)
+    ]
+    for shared, family in families:
+        if shared:
+            room = max(max_tokens - shared, max_tokens // 2)
+            for members in plan_packs([len(items[i]) - shared for i in family], room):
+                batches.append(_packed_row(items, [family[m] for m in members], shared))
     return batches
 
 

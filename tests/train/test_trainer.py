@@ -153,6 +153,9 @@ def test_shared_prefixes_are_packed_once_and_leave_the_update_unchanged():
     assert sum(b.real_tokens for b in shared) == sum(len(it) for it in items) - 2 * 59 - 44
     assert sum(b.real_tokens for b in whole) == sum(len(it) for it in items)
     assert sum(float(b.target_mask.sum()) for b in shared) == sum(float(b.target_mask.sum()) for b in whole)
+    # sequences that share nothing are packed together as before, not a row each
+    unrelated = make_items(mode)
+    assert len(pack(unrelated, 64, share_prefixes=True)) == len(pack(unrelated, 64)) < len(unrelated)
     ref_loss, ref = grads_of_step(items, no_clip(loss_mode=mode, share_prefixes=False))
     for budget in (10_000, 40):  # one row per family, and families split over rows of their own prefix
         loss, grads = grads_of_step(items, no_clip(loss_mode=mode, max_tokens_per_micro_batch=budget))
