@@ -134,6 +134,7 @@ def child(
                 "mode": mode,
                 "precision": precision,
                 "tokens": m["tokens"],
+                "computed_tokens": m["computed_tokens"],
                 "step_s": elapsed,
                 "tokens_per_s": m["tokens"] / elapsed,
                 "padding_fraction": m["padding_fraction"],
@@ -234,7 +235,9 @@ def main() -> None:
                 "tokens_per_s_padded": round(tps["padded-fp32"], 1),
                 "per_sequence_attention_speedup": round(tps["packed-fp32"] / tps["packed-row-mask-fp32"], 3),
                 "shared_prefix_step_speedup": round(step_s["cli-whole-fp32"] / step_s["cli-shared-fp32"], 3),
-                "shared_prefix_token_ratio": round(cli_shared["tokens"] / cli_whole["tokens"], 4),
+                "shared_prefix_token_ratio": round(
+                    cli_shared["computed_tokens"] / cli_whole["computed_tokens"], 4
+                ),
                 "cli_step_s": {
                     "whole": round(step_s["cli-whole-fp32"], 2),
                     "shared": round(step_s["cli-shared-fp32"], 2),

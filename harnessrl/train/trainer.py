@@ -153,7 +153,8 @@ class StepMetrics(TypedDict):
     step: int  # the trainer's own count of steps
     sequences: int
     micro_batches: int
-    tokens: int
+    tokens: int  # the sequences' tokens
+    computed_tokens: int  # the tokens the model ran: fewer where sequences share a prefix (batching.py)
     padding_fraction: float
     step_seconds: float
     tokens_per_s: float
@@ -451,12 +452,13 @@ class Trainer:
             {
                 "sequences": len(items),
                 "micro_batches": len(mbs),
-                "tokens": sum(mb.real_tokens for mb in mbs),
+                "tokens": sum(len(it) for it in items),
+                "computed": sum(mb.real_tokens for mb in mbs),
                 "pad": sum(mb.pad_tokens for mb in mbs),
             },
             str(self.device),
         )
-        real = int(counts["tokens"])
+        real, computed = int(counts["tokens"]), int(counts["computed"])
         ntok = max(sums["tokens"], 1.0)  # the last PPO epoch's
         return StepMetrics(
             loss=sums["loss"],
@@ -474,7 +476,8 @@ class Trainer:
             sequences=int(counts["sequences"]),
             micro_batches=int(counts["micro_batches"]),
             tokens=real,
-            padding_fraction=counts["pad"] / (real + counts["pad"]) if real + counts["pad"] else 0.0,
+            computed_tokens=computed,
+            padding_fraction=counts["pad"] / (computed + counts["pad"]) if computed + counts["pad"] else 0.0,
             step_seconds=elapsed,
             tokens_per_s=real * cfg.ppo_epochs / max(elapsed, 1e-9),
         )
