@@ -56,9 +56,8 @@ class MicroBatch:
     weights: torch.Tensor  # (rows, T) per-token aggregation weight
     real_tokens: int
     pad_tokens: int
-    spans: list[tuple[int, int]] = field(
-        default_factory=list
-    )  # packed: each sequence's [start, end) in the row
+    # packed: each sequence's [start, end) in the row
+    spans: list[tuple[int, int]] = field(default_factory=list)
     prefix: int = 0  # packed: the row's first `prefix` tokens are the shared start of every span's sequence
 
 
