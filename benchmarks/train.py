@@ -95,16 +95,14 @@ def child(
     rng = random.Random(0)
     lengths = list(lengths)
     rng.shuffle(lengths)  # padded micro-batches mix short and long sequences, as real batches do
-    seqs = []
-    for i, n in enumerate(lengths):
+    cli = mode.startswith("cli-")
+    seqs = cli_sequences(cli_scale, rng) if cli else []
+    for i, n in enumerate([] if cli else lengths):
         prompt = n // 4
         ids = [rng.randrange(100, 49000) for _ in range(n)]
         mask = [0] * prompt + [1] * (n - prompt)
         beh = [0.0] * prompt + [-rng.uniform(0.1, 3.0) for _ in range(n - prompt)]
         seqs.append((ids, mask, beh, f"r{i % 4}"))
-    cli = mode.startswith("cli-")
-    if cli:
-        seqs = cli_sequences(cli_scale, rng)
     w = sequence_weights(
         [sum(m[1:]) for _, m, _, _ in seqs], [r for *_, r in seqs], LossMode.ROLLOUT_TOKEN_MEAN
     )

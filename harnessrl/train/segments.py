@@ -9,7 +9,7 @@ A row that starts with a prefix its sequences share (batching.py, `share_prefixe
 prefix, then each span over the prefix and, causally, itself.
 
 `use_segments(model)` registers the attention function with transformers and selects it on the model;
-`batching.packed_kwargs(position_ids)` are the extra arguments of a forward call on a packed row.
+`batching.packed_kwargs(micro_batch)` are the extra arguments of a forward call on a packed row.
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ def segment_attention(
     gqa = query.shape[1] != key.shape[1]
 
     def attend(q: tuple[int, int], kv: list[tuple[int, int]], mask: torch.Tensor | None) -> torch.Tensor:
-        keys, values = (torch.cat([t[:, :, s:e] for s, e in kv], dim=2) for t in (key, value))
+        if len(kv) == 1:  # a view: no copy on the rows that share nothing (most of them)
+            keys, values = key[:, :, kv[0][0] : kv[0][1]], value[:, :, kv[0][0] : kv[0][1]]
+        else:
+            keys, values = (torch.cat([t[:, :, s:e] for s, e in kv], dim=2) for t in (key, value))
         return functional.scaled_dot_product_attention(
             query[:, :, q[0] : q[1]],
             keys,
@@ -56,14 +59,14 @@ def segment_attention(
             enable_gqa=gqa,
         )
 
-    parts = [attend((0, prefix), [(0, prefix)], None)] if prefix else []
-    for s, e in spans:
-        if not prefix:
-            parts.append(attend((s, e), [(s, e)], None))
-            continue
-        causal = torch.ones(e - s, e - s, dtype=torch.bool, device=query.device).tril()
-        seen = torch.ones(e - s, prefix, dtype=torch.bool, device=query.device)
-        parts.append(attend((s, e), [(0, prefix), (s, e)], torch.cat([seen, causal], dim=1)))
+    if not prefix:
+        parts = [attend((s, e), [(s, e)], None) for s, e in spans]
+    else:  # the prefix causally, then each span over the prefix and, causally, itself
+        parts = [attend((0, prefix), [(0, prefix)], None)]
+        for s, e in spans:
+            mask = torch.ones(e - s, prefix + e - s, dtype=torch.bool, device=query.device)
+            mask[:, prefix:] = mask[:, prefix:].tril()
+            parts.append(attend((s, e), [(0, prefix), (s, e)], mask))
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
 
 
