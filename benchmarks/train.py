@@ -60,7 +60,11 @@ RUNS = [
 ]
 
 
-def cli_sequences(scale: int, rng: random.Random) -> list[tuple[list[int], list[int], list[float], str]]:
+# token ids, loss mask, behaviour logprobs, rollout id
+RawSequence = tuple[list[int], list[int], list[float], str]
+
+
+def cli_sequences(scale: int, rng: random.Random) -> list[RawSequence]:
     """A CLI agent's step: each reply after the shared prompt and its group's task (sizes divided by scale)."""
     shared = [rng.randrange(100, 49000) for _ in range(CLI_SHARED // scale)]
     groups = range(len(CLI_REPLIES) // CLI_GROUP)
@@ -71,6 +75,20 @@ def cli_sequences(scale: int, rng: random.Random) -> list[tuple[list[int], list[
         reply = [rng.randrange(100, 49000) for _ in range(max(n // scale, 2))]
         beh = [0.0] * len(prompt) + [-rng.uniform(0.1, 3.0) for _ in reply]
         seqs.append((prompt + reply, [0] * len(prompt) + [1] * len(reply), beh, f"r{i}"))
+    return seqs
+
+
+def random_sequences(lengths: list[int], rng: random.Random) -> list[RawSequence]:
+    """One sequence per length in shuffled order (padded micro-batches mix short and long sequences, as real
+    batches do), its first quarter the untrained prompt."""
+    shuffled = list(lengths)
+    rng.shuffle(shuffled)
+    seqs = []
+    for i, n in enumerate(shuffled):
+        prompt = n // 4
+        ids = [rng.randrange(100, 49000) for _ in range(n)]
+        beh = [0.0] * prompt + [-rng.uniform(0.1, 3.0) for _ in range(n - prompt)]
+        seqs.append((ids, [0] * prompt + [1] * (n - prompt), beh, f"r{i % 4}"))
     return seqs
 
 
@@ -93,16 +111,8 @@ def child(
     from harnessrl.train.trainer import Trainer, TrainerConfig
 
     rng = random.Random(0)
-    lengths = list(lengths)
-    rng.shuffle(lengths)  # padded micro-batches mix short and long sequences, as real batches do
     cli = mode.startswith("cli-")
-    seqs = cli_sequences(cli_scale, rng) if cli else []
-    for i, n in enumerate([] if cli else lengths):
-        prompt = n // 4
-        ids = [rng.randrange(100, 49000) for _ in range(n)]
-        mask = [0] * prompt + [1] * (n - prompt)
-        beh = [0.0] * prompt + [-rng.uniform(0.1, 3.0) for _ in range(n - prompt)]
-        seqs.append((ids, mask, beh, f"r{i % 4}"))
+    seqs = cli_sequences(cli_scale, rng) if cli else random_sequences(lengths, rng)
     w = sequence_weights(
         [sum(m[1:]) for _, m, _, _ in seqs], [r for *_, r in seqs], LossMode.ROLLOUT_TOKEN_MEAN
     )
