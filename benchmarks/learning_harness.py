@@ -12,6 +12,8 @@ seed, with the demo's loss (Dr. GRPO, token losses summed over the reply budget)
   codex        the real Codex CLI (the demo's spec)
   mixed        one run whose spec list holds all four: each group's rollouts take them round-robin (a
                per-sample harness, as Uni-Agent does)
+  mixed-groups the same four dealt one per group (`spec_mix: group`): each group's baseline compares
+               rollouts of one harness, so a harness's own pass rate is not part of an advantage
 
 every model call held to `--reply-tokens` by the gateway. Then `harnessrl stage evaluate` of the base and every
 trained policy *through every harness* on the held-out requests (sampled, `--k` per task, the same seed), and
@@ -62,6 +64,8 @@ logger = logging.getLogger(__name__)
 
 HARNESSES = ("chat", "react", "claude-code", "codex")
 MIXED = "mixed"
+MIXED_GROUPS = "mixed-groups"
+MIXES = (MIXED, MIXED_GROUPS)
 CLIS = ("claude-code", "codex")
 CLI_WALL_S = 900
 
@@ -88,16 +92,18 @@ def harness_spec(harness: str, reply_tokens: int) -> dict[str, Any]:
 
 
 def specs_of(through: str, reply_tokens: int) -> str:
-    harnesses = HARNESSES if through == MIXED else (through,)
+    harnesses = HARNESSES if through in MIXES else (through,)
     return json.dumps([harness_spec(h, reply_tokens) for h in harnesses])
 
 
-def rl_config(reply_tokens: int, lr: float) -> dict[str, Any]:
+def rl_config(through: str, reply_tokens: int, lr: float) -> dict[str, Any]:
     """The demo's loop settings (pipelines/demo.py says why), the sum-norm horizon at the reply budget."""
     from pipelines.demo import DEMO_RL_CONFIG
 
     config = json.loads(DEMO_RL_CONFIG)
     config["train"].update(optim={"lr": lr}, loss_scale_factor=reply_tokens)
+    if through == MIXED_GROUPS:
+        config["spec_mix"] = "group"
     return config
 
 
@@ -108,7 +114,7 @@ def train(through: str, args: argparse.Namespace, tasks: Path, root: Path) -> Pa
         logger.info("%s: trained already", out)
         return out
     config = root / f"rl-{through}.json"
-    config.write_text(json.dumps(rl_config(args.reply_tokens, args.lr)))
+    config.write_text(json.dumps(rl_config(through, args.reply_tokens, args.lr)))
     harnessrl(
         "stage", "rl", "--tasks", str(tasks), "--out", str(out), "--mode", "colocated",
         "--steps", str(args.steps), "--batch-groups", str(args.batch_groups), "--group-size", str(args.group_size),
@@ -211,7 +217,7 @@ def main() -> None:
     from harnessrl.harness.cli_agents import skip_reason
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train-through", nargs="+", choices=[*HARNESSES, MIXED], default=[*HARNESSES, MIXED])
+    p.add_argument("--train-through", nargs="+", choices=[*HARNESSES, *MIXES], default=[*HARNESSES, *MIXES])
     p.add_argument("--eval-through", nargs="+", choices=HARNESSES, default=list(HARNESSES))
     add_family_arguments(p, k=2)
     p.add_argument(
@@ -229,7 +235,7 @@ def main() -> None:
         args.train_through, args.train_tasks, args.heldout_tasks, args.steps = [MIXED], 1, 1, 1
         args.batch_groups, args.group_size, args.k, args.reply_tokens = 1, 4, 1, 8
     used = set(args.eval_through) | {
-        h for t in args.train_through for h in (HARNESSES if t == MIXED else [t])
+        h for t in args.train_through for h in (HARNESSES if t in MIXES else [t])
     }
     missing = [why for cli in CLIS if cli in used and (why := skip_reason(cli)) is not None]
     if missing:

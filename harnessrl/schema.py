@@ -97,6 +97,13 @@ class HarnessName(StrEnum):
     CHAT = "chat"  # one reply, no tools (environments graded on the answer)
 
 
+class SpecMix(StrEnum):
+    """How a run's harness specs are dealt to the rollouts of its groups (rollout.specs.assign)."""
+
+    SAMPLE = "sample"  # rollout k of group g takes spec (g × group size + k) mod n: every group mixes them
+    GROUP = "group"  # group g takes spec g mod n for all its rollouts: a group baseline compares one harness
+
+
 class SandboxKind(StrEnum):
     BUBBLEWRAP = "bubblewrap"  # workspace = a one-commit git repo
     BUBBLEWRAP_STRICT = "bubblewrap-strict"  # no .git in the workspace; git refuses

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from harnessrl.choices import parse_choice
 from harnessrl.engine.base import DType, WeightSyncMode
 from harnessrl.rl.modes import RLMode, RolloutWorkers, TrainerNodes, WorkloadKind
+from harnessrl.schema import SpecMix
 from harnessrl.train.config import UpdateConfig
 from harnessrl.train.distributed import Rendezvous
 
@@ -27,7 +28,9 @@ UNHASHED = (
 )  # fmt: skip
 # settings the identities of earlier versions did not hash, with the value that behaves as they did: hashed only
 # when set otherwise (tests/rl/test_records.py keeps those identities)
-ADDED_LATER: dict[str, object] = {"engine_dtype": "float32", "environments": (), "nnodes": 1}
+ADDED_LATER: dict[str, object] = {
+    "engine_dtype": "float32", "environments": (), "nnodes": 1, "spec_mix": "sample",
+}  # fmt: skip
 
 
 @dataclass
@@ -64,6 +67,7 @@ class RLConfig(UpdateConfig):
     temperature: float = 1.0  # prompt workload
     verify_timeout_s: float = 120.0  # swe workload: test run per rollout
     environments: tuple[str, ...] = ()  # train only on the task set's tasks of these environments (): all
+    spec_mix: SpecMix = SpecMix.SAMPLE  # several harness specs: mixed inside each group, or one per group
     allow_unsandboxed: bool = False
     tool_format: str = (
         ""  # the gateway's tool-call parser (hermes | qwen | ...); "": read off the chat template
@@ -79,6 +83,7 @@ class RLConfig(UpdateConfig):
         self.weight_sync = parse_choice(WeightSyncMode, self.weight_sync, "weight_sync")
         self.rollout_workers = parse_choice(RolloutWorkers, self.rollout_workers, "rollout_workers")
         self.engine_dtype = parse_choice(DType, self.engine_dtype, "engine_dtype")
+        self.spec_mix = parse_choice(SpecMix, self.spec_mix, "spec_mix")
         parse_choice(StalePolicy, self.stale_policy, "stale_policy")
         if self.tool_format:
             from harnessrl.gateway.toolcalls import ToolParser

@@ -98,6 +98,7 @@ def make_workload(inputs: RLInputs, cfg: RLConfig, work: Path) -> Workload:
         verify_timeout_s=cfg.verify_timeout_s,
         work=work,
         environments=tuple(cfg.environments),
+        spec_mix=cfg.spec_mix,
     )
 
 

@@ -32,7 +32,7 @@ from harnessrl.io import read_jsonl
 if TYPE_CHECKING:
     from harnessrl.rollout.episode import RolloutRow
     from harnessrl.rollout.specs import NamedSpec
-from harnessrl.schema import SCORED_STATUSES, RolloutStatus
+from harnessrl.schema import SCORED_STATUSES, RolloutStatus, SpecMix
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +163,11 @@ class TaskSetWorkload:
         verify_timeout_s: float = 120.0,
         work: str | Path | None = None,
         environments: tuple[str, ...] = (),
+        spec_mix: SpecMix = SpecMix.SAMPLE,
     ):
-        """`environments`: train only on the task set's tasks of these environments (none: every task)."""
+        """`environments`: train only on the task set's tasks of these environments (none: every task);
+        `spec_mix`: several specs mixed inside each group (a task's rollouts take them round-robin, as the
+        generate stage deals them) or dealt one per group by the group's position in the data order."""
         from harnessrl.environments.registry import environment_name
         from harnessrl.rollout.episode import Sandboxes, import_harnesses, spec_for
         from harnessrl.rollout.fit import check_run
@@ -190,26 +193,42 @@ class TaskSetWorkload:
         self.specs = specs if isinstance(specs, list) else load_specs(specs)
         self.position = {task_id: i for i, task_id in enumerate(self.rows)}  # spec assignment, as in generate
         self.group_size = group_size
+        self.spec_mix = spec_mix
         self.verify_timeout_s = verify_timeout_s
         self.work = str(work) if work else None
-        check_run(  # every pairing the run will make, before its first rollout
-            self.rows.values(),
-            lambda task, i, k: spec_for(task, self.specs, i, k, group_size),
-            group_size,
-        )
+        if spec_mix is SpecMix.GROUP:  # any group position may meet any task: every spec for it is checked
+            check_run(
+                self.rows.values(),
+                lambda task, i, k: spec_for(task, self.specs, k, 0, 1, spec_mix),
+                max(len(self.specs), 1),
+            )
+        else:  # every pairing the run will make, before its first rollout
+            check_run(
+                self.rows.values(),
+                lambda task, i, k: spec_for(task, self.specs, i, k, group_size),
+                group_size,
+            )
         import_harnesses({s.spec.harness for s in self.specs})
 
     def task_ids(self) -> list[str]:
         return list(self.rows)
 
+    def spec_of(self, plan: RolloutPlan) -> NamedSpec:
+        from harnessrl.rollout.episode import spec_for
+
+        task = self.rows[plan.task_id]
+        if self.spec_mix is SpecMix.GROUP:
+            return spec_for(task, self.specs, plan.group_index, plan.index, self.group_size, self.spec_mix)
+        return spec_for(task, self.specs, self.position[plan.task_id], plan.index, self.group_size)
+
     def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished:
-        from harnessrl.rollout.episode import RolloutContext, plan_row, run_rollout, spec_for
+        from harnessrl.rollout.episode import RolloutContext, plan_row, run_rollout
         from harnessrl.verify.grading import GRADED
         from harnessrl.verify.rollouts import spec_sandbox, verify_rollout
 
         t0 = time.monotonic()
         task = self.rows[plan.task_id]
-        spec = spec_for(task, self.specs, self.position[plan.task_id], plan.index, self.group_size)
+        spec = self.spec_of(plan)
         row = plan_row(task, spec, plan.index, group_id=plan.group_id, rollout=plan.rollout_id)
         ctx = RolloutContext(self.sandboxes, gateway.url, gateway.admin_token, self.work)
         row = run_rollout(ctx, row, spec, task, plan.seed).row

@@ -42,7 +42,7 @@ from harnessrl.rollout.snapshots import SnapshotRuntime
 from harnessrl.rollout.specs import NamedSpec, assign, build_harness, sandbox_limits
 from harnessrl.sandbox.base import AgentSandbox
 from harnessrl.sandbox.host_tools import TOOLS_MOUNT, HostToolSocket
-from harnessrl.schema import HarnessName, RolloutStatus, SandboxKind
+from harnessrl.schema import HarnessName, RolloutStatus, SandboxKind, SpecMix
 from harnessrl.taskset import TaskSet
 
 if TYPE_CHECKING:
@@ -95,15 +95,21 @@ def rollout_seed(seed: int, rollout_id: str) -> int:
 
 
 def spec_for(
-    task: Mapping[str, Any], specs: list[NamedSpec], task_index: int, index: int, group_size: int
+    task: Mapping[str, Any],
+    specs: list[NamedSpec],
+    task_index: int,
+    index: int,
+    group_size: int,
+    mix: SpecMix = SpecMix.SAMPLE,
 ) -> NamedSpec:
     """The spec rollout `index` of a task runs under: the run's specs for the task's environment round-robin
-    (specs.assign), or, when the run gives none for it, the task's environment's default."""
+    (specs.assign; `task_index` is the group's position under SpecMix.GROUP), or, when the run gives none for
+    it, the task's environment's default."""
     env = environment_of(task)
     names = {env.name, environment_name(task)}  # a custom environment: its name or its import path
     fitting = [s for s in specs if not s.environments or names & set(s.environments)]
     if fitting:
-        return assign(fitting, task_index, index, group_size)
+        return assign(fitting, task_index, index, group_size, mix)
     spec = env.episode(task).default_spec
     return NamedSpec(f"{spec.harness}/{spec.sandbox}#0", spec)
 

@@ -3,7 +3,7 @@
 A spec file is JSON: one `HarnessSpec` object or a list of them (fields: harness, tools, sandbox, network,
 reward, limits, options; plus an optional `name` and `environments`). Rollout k of task i (global index g =
 i * group_size + k) gets spec[g % len(specs)] of the specs for the task's environment, so a list of two
-specs mixes them inside every group.
+specs mixes them inside every group; the RL loop's `spec_mix: group` deals them per group instead (SpecMix).
 
     harness   HarnessName: react | mini-swe-agent | claude-code | codex (the real CLIs inside the rollout's
               sandbox: bubblewrap, podman or a Kubernetes pod)
@@ -40,7 +40,7 @@ from harnessrl.choices import parse_choice
 from harnessrl.gateway.enums import TrainChains
 from harnessrl.harness.base import LIMIT_TYPES, Harness, SpecConfig
 from harnessrl.rollout.fit import check_spec
-from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind
+from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind, SpecMix
 
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
 # The harness limits: each harness's config says which it honours (its LIMITS), `reply_tokens` every one (the
@@ -176,8 +176,14 @@ def load_specs(path: str | Path | None) -> list[NamedSpec]:
     return parse_specs(raw, str(path))
 
 
-def assign(specs: list[NamedSpec], task_index: int, sample_index: int, group_size: int) -> NamedSpec:
-    return specs[(task_index * group_size + sample_index) % len(specs)]
+def assign(
+    specs: list[NamedSpec], position: int, sample_index: int, group_size: int, mix: SpecMix = SpecMix.SAMPLE
+) -> NamedSpec:
+    """The spec of rollout `sample_index` of the group at `position` (a task's index, or the RL loop's group
+    position under SpecMix.GROUP)."""
+    if mix is SpecMix.GROUP:
+        return specs[position % len(specs)]
+    return specs[(position * group_size + sample_index) % len(specs)]
 
 
 def config_class(harness: HarnessName) -> type[SpecConfig]:

@@ -120,3 +120,40 @@ def test_tasks_mix_takes_n_of_each_set_with_its_repo_data_and_refuses_shared_ids
     assert main(["tasks", "mix", "--out", bad, f"{procedural.root}:7"]) != 0
     assert "asked for 7 tasks, it holds 6" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_loop_deals_specs_inside_each_group_or_one_per_group(tmp_path: Path) -> None:
+    """`spec_mix: sample` (the default) mixes a run's specs inside every group, as the generate stage does;
+    `spec_mix: group` gives every rollout of a group the spec its position in the data order picks, so a
+    group's baseline compares one harness. Each is checked against every task before the first rollout."""
+    from harnessrl.cli import main
+    from harnessrl.rl.config import RLConfig
+    from harnessrl.rl.workloads import RolloutPlan, TaskSetWorkload
+    from harnessrl.rollout.fit import Unfit
+    from harnessrl.schema import SpecMix
+
+    assert main(["tasks", "instruction", "--out", str(tmp_path / "t"), "--n", "3"]) == 0
+    specs = parse_specs(
+        [
+            {"name": "a", "harness": "chat", "limits": {"tokens": 16}},
+            {"name": "b", "harness": "react", "tools": ["answer"], "limits": {"turns": 2}},
+        ]
+    )
+
+    def dealt(mix: SpecMix) -> list[list[str]]:
+        workload = TaskSetWorkload(tmp_path / "t", specs, group_size=3, spec_mix=mix)
+        task = workload.task_ids()[0]
+        return [
+            [workload.spec_of(RolloutPlan(f"{g}-{k}", f"{task}@g{g}", task, k, g, 0)).name for k in range(3)]
+            for g in range(3)
+        ]
+
+    assert dealt(SpecMix.SAMPLE) == [["a", "b", "a"]] * 3  # the task's rollouts round-robin, whatever the group
+    assert dealt(SpecMix.GROUP) == [["a"] * 3, ["b"] * 3, ["a"] * 3]
+    assert RLConfig.from_dict({"spec_mix": "group"}).spec_mix is SpecMix.GROUP
+    assert "spec_mix" not in RLConfig().hashed_settings()  # runs from before the setting still resume
+    with pytest.raises(ValueError, match="spec_mix must be one of"):
+        RLConfig(spec_mix="task")  # pyright: ignore[reportArgumentType]
+    no_answer = parse_specs([specs[0].to_row(), {"name": "c", "harness": "react", "limits": {"turns": 2}}])
+    with pytest.raises(Unfit, match="'c'"):  # a group may deal it to any task: refused before any rollout
+        TaskSetWorkload(tmp_path / "t", no_answer, group_size=1, spec_mix=SpecMix.GROUP)
