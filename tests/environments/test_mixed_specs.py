@@ -148,7 +148,8 @@ def test_the_loop_deals_specs_inside_each_group_or_one_per_group(tmp_path: Path)
             for g in range(3)
         ]
 
-    assert dealt(SpecMix.SAMPLE) == [["a", "b", "a"]] * 3  # the task's rollouts round-robin, whatever the group
+    # sample: the task's rollouts round-robin, whatever the group; group: one spec a group, by its position
+    assert dealt(SpecMix.SAMPLE) == [["a", "b", "a"]] * 3
     assert dealt(SpecMix.GROUP) == [["a"] * 3, ["b"] * 3, ["a"] * 3]
     assert RLConfig.from_dict({"spec_mix": "group"}).spec_mix is SpecMix.GROUP
     assert "spec_mix" not in RLConfig().hashed_settings()  # runs from before the setting still resume
