@@ -216,10 +216,10 @@ class TaskSetWorkload:
     def spec_of(self, plan: RolloutPlan) -> NamedSpec:
         from harnessrl.rollout.episode import spec_for
 
-        task = self.rows[plan.task_id]
-        if self.spec_mix is SpecMix.GROUP:
-            return spec_for(task, self.specs, plan.group_index, plan.index, self.group_size, self.spec_mix)
-        return spec_for(task, self.specs, self.position[plan.task_id], plan.index, self.group_size)
+        position = plan.group_index if self.spec_mix is SpecMix.GROUP else self.position[plan.task_id]
+        return spec_for(
+            self.rows[plan.task_id], self.specs, position, plan.index, self.group_size, self.spec_mix
+        )
 
     def run(self, plan: RolloutPlan, gateway: GatewayAccess) -> Finished:
         from harnessrl.rollout.episode import RolloutContext, plan_row, run_rollout
