@@ -196,13 +196,14 @@ class TaskSetWorkload:
         self.spec_mix = spec_mix
         self.verify_timeout_s = verify_timeout_s
         self.work = str(work) if work else None
-        if spec_mix is SpecMix.GROUP:  # any group position may meet any task: every spec for it is checked
+        # every pairing the run will make, before its first rollout (one spec per group: any group position
+        # may meet any task, so every spec is checked against it)
+        if spec_mix is SpecMix.GROUP:
+            picks = len(self.specs) or 1
             check_run(
-                self.rows.values(),
-                lambda task, i, k: spec_for(task, self.specs, k, 0, 1, spec_mix),
-                max(len(self.specs), 1),
+                self.rows.values(), lambda task, i, k: spec_for(task, self.specs, k, 0, 1, spec_mix), picks
             )
-        else:  # every pairing the run will make, before its first rollout
+        else:
             check_run(
                 self.rows.values(),
                 lambda task, i, k: spec_for(task, self.specs, i, k, group_size),

@@ -97,19 +97,19 @@ def rollout_seed(seed: int, rollout_id: str) -> int:
 def spec_for(
     task: Mapping[str, Any],
     specs: list[NamedSpec],
-    task_index: int,
+    position: int,
     index: int,
     group_size: int,
     mix: SpecMix = SpecMix.SAMPLE,
 ) -> NamedSpec:
     """The spec rollout `index` of a task runs under: the run's specs for the task's environment round-robin
-    (specs.assign; `task_index` is the group's position under SpecMix.GROUP), or, when the run gives none for
-    it, the task's environment's default."""
+    (specs.assign: `position` is the task's index, or the group's under SpecMix.GROUP), or, when the run gives
+    none for it, the task's environment's default."""
     env = environment_of(task)
     names = {env.name, environment_name(task)}  # a custom environment: its name or its import path
     fitting = [s for s in specs if not s.environments or names & set(s.environments)]
     if fitting:
-        return assign(fitting, task_index, index, group_size, mix)
+        return assign(fitting, position, index, group_size, mix)
     spec = env.episode(task).default_spec
     return NamedSpec(f"{spec.harness}/{spec.sandbox}#0", spec)
 

@@ -155,6 +155,10 @@ def test_the_loop_deals_specs_inside_each_group_or_one_per_group(tmp_path: Path)
     assert "spec_mix" not in RLConfig().hashed_settings()  # runs from before the setting still resume
     with pytest.raises(ValueError, match="spec_mix must be one of"):
         RLConfig(spec_mix="task")  # pyright: ignore[reportArgumentType]
+    # react without `answer` cannot answer an instruction task. With one task and groups of one, mixing inside
+    # groups only ever deals it spec a; one spec per group deals it c at the second group: refused at once
+    assert main(["tasks", "instruction", "--out", str(tmp_path / "one"), "--n", "1"]) == 0
     no_answer = parse_specs([specs[0].to_row(), {"name": "c", "harness": "react", "limits": {"turns": 2}}])
-    with pytest.raises(Unfit, match="'c'"):  # a group may deal it to any task: refused before any rollout
-        TaskSetWorkload(tmp_path / "t", no_answer, group_size=1, spec_mix=SpecMix.GROUP)
+    TaskSetWorkload(tmp_path / "one", no_answer, group_size=1, spec_mix=SpecMix.SAMPLE)
+    with pytest.raises(Unfit, match="'c'"):
+        TaskSetWorkload(tmp_path / "one", no_answer, group_size=1, spec_mix=SpecMix.GROUP)
