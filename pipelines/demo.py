@@ -114,8 +114,18 @@ DEMO_FAMILY_SPECS = '[{"harness": "chat", "reward": "instruction_strict", "limit
 SMOLLM_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
-def _cli_spec(harness: str, options: dict[str, object]) -> str:
-    limits = {"reply_tokens": 128, "turns": 2, "wall_s": 300}
+# Claude Code's rollouts get a context window of the request and one reply (its first prompts: 171-192 tokens,
+# + 128): its own request to continue a cut reply (the cut reply and a ~51-token "resume" note appended) does
+# not fit, and the CLI ends as it does on any full context, after one model call instead of four. A cut reply
+# scores 0 either way (its continuations' answers did too: 11 of 11 measured), but the continuations were most
+# of the tokens the engine sampled and the trainer computed (an evaluation of 80: 9,216 of 12,962 sampled).
+CLAUDE_CODE_WINDOW = 336
+
+
+def _cli_spec(harness: str, options: dict[str, object], context_tokens: int | None = None) -> str:
+    limits: dict[str, object] = {"reply_tokens": 128, "turns": 2, "wall_s": 300}
+    if context_tokens is not None:
+        limits["context_tokens"] = context_tokens
     return json.dumps(
         [{"harness": harness, "reward": "instruction_strict", "options": options, "limits": limits}]
     )
@@ -123,7 +133,7 @@ def _cli_spec(harness: str, options: dict[str, object]) -> str:
 
 CLI_FAMILY_SPECS = {
     "claude-code": _cli_spec(
-        "claude-code", {"bare": True, "tools": [], "system_prompt": SMOLLM_SYSTEM_PROMPT}
+        "claude-code", {"bare": True, "tools": [], "system_prompt": SMOLLM_SYSTEM_PROMPT}, CLAUDE_CODE_WINDOW
     ),
     "codex": _cli_spec("codex", {"model": "gpt-5.1-codex-max", "base_instructions": SMOLLM_SYSTEM_PROMPT}),
 }

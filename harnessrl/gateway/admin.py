@@ -70,9 +70,13 @@ class AdminAPI:
             if not isinstance(body.get(k), str) or not body[k]:
                 raise RequestError(f"{k}: required non-empty string")
         train_chains = choice(TrainChains, body.get("train_chains") or TrainChains.ALL, "train_chains")
-        raw = body.get("reply_tokens")
-        reply_tokens = None if raw is None else integer(raw, "reply_tokens", 1)
-        s, key = await self.sessions.create(body["rollout_id"], body["group_id"], train_chains, reply_tokens)
+        reply_tokens, context_tokens = (
+            None if body.get(k) is None else integer(body[k], k, 1)
+            for k in ("reply_tokens", "context_tokens")
+        )
+        s, key = await self.sessions.create(
+            body["rollout_id"], body["group_id"], train_chains, reply_tokens, context_tokens
+        )
         base = f"{self.base_url()}/sessions/{s.session_id}"
         return web.json_response(
             {

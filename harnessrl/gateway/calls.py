@@ -132,7 +132,7 @@ class CallRunner:
         self.pause.set_working(me, True)
         handed_over = False
         try:
-            room = self.config.max_model_len - len(plan.prompt_ids)
+            room = self._window(s) - len(plan.prompt_ids)
             if room < max(self.config.min_new_tokens, 1):
                 return await self._context_exhausted(s, plan, sink, req.api)
             call_id = "c-" + uuid.uuid4().hex[:16]
@@ -202,6 +202,10 @@ class CallRunner:
         async with s.lock:
             s.chains.release(plan)
 
+    def _window(self, s: Session) -> int:
+        """The session's context: the engine's, or the smaller window its spec gave it (`context_tokens`)."""
+        return min(self.config.max_model_len, s.context_tokens or self.config.max_model_len)
+
     async def _context_exhausted(
         self, s: Session, plan: CallPlan, sink: CallSink | None, api: Api
     ) -> CallResult:
@@ -213,7 +217,7 @@ class CallRunner:
         self.metrics.context_exhausted += 1
         n = len(plan.prompt_ids)
         await self.journal.append(NoticeRecord(s.session_id, NoticeKind.CONTEXT_EXHAUSTED, n, time.time()))
-        limit = self.config.max_model_len - max(self.config.min_new_tokens, 1)
+        limit = self._window(s) - max(self.config.min_new_tokens, 1)
         if api is Api.ANTHROPIC:
             raise HTTPError(400, "invalid_request_error", f"prompt is too long: {n} tokens > {limit} maximum")
         if api is Api.RESPONSES:  # a streamed call answers it as a failed stream (harness_api)

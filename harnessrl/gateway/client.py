@@ -73,15 +73,19 @@ class GatewayAdmin:
         group_id: str,
         train_chains: TrainChains | str = TrainChains.ALL,
         reply_tokens: int | None = None,
+        context_tokens: int | None = None,
     ) -> SessionInfo:
         """`train_chains`: which of the session's chains become samples (`main`: only its first chain);
         `reply_tokens`: each of its calls samples at most this many tokens, whatever the call asks (the caller
-        gets its API's ordinary length stop)."""
+        gets its API's ordinary length stop); `context_tokens`: its context window, below the engine's (a call
+        whose prompt fills it gets its API's context-full answer, a reply is cut where it would overflow)."""
         body: dict[str, object] = {"rollout_id": rollout_id, "group_id": group_id}
         if TrainChains(train_chains) is not TrainChains.ALL:  # a gateway of before gets the body it knows
             body["train_chains"] = TrainChains(train_chains).value
         if reply_tokens is not None:
             body["reply_tokens"] = reply_tokens
+        if context_tokens is not None:
+            body["context_tokens"] = context_tokens
         d = self._call("POST", "/admin/sessions", body, ADMIN_CALL_TIMEOUT_S)
         return SessionInfo(
             d["session_id"], d["api_key"], d["base_url"], d["openai_base_url"], d["anthropic_base_url"]

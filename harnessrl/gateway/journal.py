@@ -135,6 +135,8 @@ def record_to_json(rec: Record) -> dict[str, Any]:
             out["train_chains"] = rec.train_chains.value
         if rec.reply_tokens is not None:
             out["reply_tokens"] = rec.reply_tokens
+        if rec.context_tokens is not None:
+            out["context_tokens"] = rec.context_tokens
         return out
     if isinstance(rec, SessionEndRecord):
         return {
@@ -202,6 +204,7 @@ def record_from_json(d: Any) -> Record:
                 d.get("created_at", 0.0),
                 TrainChains(d.get("train_chains", TrainChains.ALL)),
                 d.get("reply_tokens"),
+                d.get("context_tokens"),
             )
         if kind == "session_end":
             return SessionEndRecord(

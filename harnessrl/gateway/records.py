@@ -32,6 +32,7 @@ class SessionRecord:
     created_at: float = 0.0
     train_chains: TrainChains = TrainChains.ALL  # which of its chains become samples
     reply_tokens: int | None = None  # each call's output tokens at most (None: what the call asks)
+    context_tokens: int | None = None  # prompt + reply of each call at most (None: the engine's context)
     TYPE = RecordType.SESSION
 
 

@@ -39,6 +39,9 @@ class Session:
     created_at: float = field(default_factory=time.time)
     train_chains: TrainChains = TrainChains.ALL
     reply_tokens: int | None = None  # each call's output tokens at most, whatever it asks (None: no cap)
+    context_tokens: int | None = (
+        None  # its context window: prompt + reply (None: the gateway's max_model_len)
+    )
     # Held while its chains change (plan, commit, release): a large request plans in a worker thread.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -53,6 +56,7 @@ class Session:
             "chains": len(self.chains.chains),
             "train_chains": self.train_chains.value,
             "reply_tokens": self.reply_tokens,
+            "context_tokens": self.context_tokens,
         }
 
 
@@ -69,7 +73,8 @@ class SessionStore:
     # -- applying records (live and on recovery) --------------------------------------------------------
     def add(self, rec: SessionRecord) -> Session:
         s = Session(rec.session_id, rec.rollout_id, rec.group_id, rec.key_sha256, self._chainset())
-        s.created_at, s.train_chains, s.reply_tokens = rec.created_at, rec.train_chains, rec.reply_tokens
+        s.created_at, s.train_chains = rec.created_at, rec.train_chains
+        s.reply_tokens, s.context_tokens = rec.reply_tokens, rec.context_tokens
         self.sessions[rec.session_id] = s
         return s
 
@@ -85,12 +90,20 @@ class SessionStore:
         group_id: str,
         train_chains: TrainChains = TrainChains.ALL,
         reply_tokens: int | None = None,
+        context_tokens: int | None = None,
     ) -> tuple[Session, str]:
         """A new session and its API key (only the key's hash is kept)."""
         key = new_api_key()
         sid = "s-" + uuid.uuid4().hex[:16]
         rec = SessionRecord(
-            sid, rollout_id, group_id, sha256_hex(key), time.time(), train_chains, reply_tokens
+            sid,
+            rollout_id,
+            group_id,
+            sha256_hex(key),
+            time.time(),
+            train_chains,
+            reply_tokens,
+            context_tokens,
         )
         return await shielded(self._journaled(rec, lambda: self.add(rec))), key
 

@@ -96,13 +96,16 @@ class Harness(Protocol):
 
 
 # A spec's harness limits and their types; each harness's config says which it honours (`SpecConfig.LIMITS`).
-# `reply_tokens` is every harness's: the gateway holds each model call to it (a CLI is also told it).
+# The gateway's limits are every harness's: `reply_tokens` holds each model call's reply (a CLI is also told it),
+# `context_tokens` each call's prompt + reply (the rollout's context window).
+GATEWAY_LIMITS = ("reply_tokens", "context_tokens")
 LIMIT_TYPES: dict[str, type] = {
     "turns": int,
     "tokens": int,
     "wall_s": float,
     "tool_timeout_s": float,
     "reply_tokens": int,
+    "context_tokens": int,
 }
 
 

@@ -272,6 +272,7 @@ def run_rollout(
             group_id=row.group_id,
             train_chains=spec.spec.train_chains,
             reply_tokens=spec.spec.limits.get("reply_tokens"),  # validated when the specs were read
+            context_tokens=spec.spec.limits.get("context_tokens"),
         )
         row.session_id = session.session_id
         row.setup_s = time.monotonic() - t0

@@ -23,7 +23,10 @@ specs mixes them inside every group; the RL loop's `spec_mix: group` deals them 
               tool_timeout_s (per command); reply_tokens (every harness: each model call samples at most this
               many tokens, whatever the harness asks; the gateway ends the reply with its API's ordinary
               length stop: `finish_reason: length`, Anthropic `stop_reason: max_tokens`, Responses
-              `incomplete`); what a spec leaves out is its harness's default (DEFAULT_LIMITS; chat: a reply
+              `incomplete`); context_tokens (every harness: the rollout's context window, prompt + reply of
+              each call, below the engine's; a call whose prompt fills it gets its API's context-full answer —
+              Anthropic's `prompt is too long`, Responses' `context_length_exceeded`, an empty chat reply cut
+              for length); what a spec leaves out is its harness's default (DEFAULT_LIMITS; chat: a reply
               of at most 256 tokens), else turns 20, tokens 8192, wall_s 600, no reply_tokens
     train_chains  all (default: every chain of a rollout is a sample) | main (only the chain its first call
               started; a CLI agent's subagents, compaction and side calls are left out of training)
@@ -38,17 +41,17 @@ from typing import Any
 
 from harnessrl.choices import parse_choice
 from harnessrl.gateway.enums import TrainChains
-from harnessrl.harness.base import LIMIT_TYPES, Harness, SpecConfig
+from harnessrl.harness.base import GATEWAY_LIMITS, LIMIT_TYPES, Harness, SpecConfig
 from harnessrl.rollout.fit import check_spec
 from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind, SpecMix
 
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
-# The harness limits: each harness's config says which it honours (its LIMITS), `reply_tokens` every one (the
-# gateway holds its calls to it). A spec that gives one its harness does not use is refused, with what the
+# The harness limits: each harness's config says which it honours (its LIMITS), the gateway's (`reply_tokens`,
+# `context_tokens`) every one (the gateway holds its calls to them). A spec that gives one its harness does not use is refused, with what the
 # harness does instead.
 HARNESS_LIMITS = tuple(sorted(LIMIT_TYPES))
 _INSTEAD = {
-    "tokens": "its context is the gateway's max_model_len; a budget per model call is reply_tokens",
+    "tokens": "its context is the gateway's: a window per rollout is context_tokens, per model call reply_tokens",
     "turns": "it answers in one model call",
     "tool_timeout_s": "chat runs no commands; a CLI runs its own, under the sandbox's wall_s",
 }
@@ -147,11 +150,10 @@ def validate_spec(spec: HarnessSpec, where: str) -> None:
         raise ValueError(
             f"{where}.limits: unknown key(s) {unknown}; allowed: {list(HARNESS_LIMITS + SANDBOX_LIMITS)}"
         )
-    reply = spec.limits.get("reply_tokens")
-    if reply is not None and (not isinstance(reply, int) or isinstance(reply, bool) or reply < 1):
-        raise ValueError(
-            f"{where}.limits.reply_tokens: expected an integer >= 1 (tokens per model call), got {reply!r}"
-        )
+    for key, what in zip(GATEWAY_LIMITS, ("tokens per model call", "prompt + reply tokens"), strict=True):
+        value = spec.limits.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{where}.limits.{key}: expected an integer >= 1 ({what}), got {value!r}")
     try:
         build_harness(spec)  # option names and values are checked by the harness's own config
     except (TypeError, ValueError) as e:
@@ -212,7 +214,7 @@ def config_class(harness: HarnessName) -> type[SpecConfig]:
 
 
 def honoured_limits(harness: HarnessName) -> frozenset[str]:
-    return frozenset(config_class(harness).LIMITS) | {"reply_tokens"}
+    return frozenset(config_class(harness).LIMITS) | set(GATEWAY_LIMITS)
 
 
 def build_harness(spec: HarnessSpec, seed: int | None = None) -> Harness:

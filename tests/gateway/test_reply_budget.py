@@ -1,7 +1,8 @@
 """A session's reply budget (`limits.reply_tokens` of a harness spec): every call of the session samples at
 most that many tokens whatever it asks, and the harness sees its own API's ordinary length stop — the way a
-CLI agent that asks for tens of thousands of output tokens is held to a budget the tiny model can meet. The
-budget travels with the session (journaled)."""
+CLI agent that asks for tens of thousands of output tokens is held to a budget the tiny model can meet. Its
+context window (`limits.context_tokens`): a call's prompt and reply fit in it, and a prompt that fills it gets
+the API's context-full answer. Both travel with the session (journaled)."""
 
 from __future__ import annotations
 
@@ -66,20 +67,64 @@ def test_a_call_asking_less_than_the_budget_gets_what_it_asks_and_no_budget_mean
 
 def test_a_bad_budget_is_refused_naming_the_field(gateway, fast_engine):
     _, admin = gateway(HTTPEngine(fast_engine([{"text": FINAL_REPLY}]).base_url))
-    response = httpx.post(
-        f"{admin.base_url}/admin/sessions",
-        json={"rollout_id": "r", "group_id": "t", "reply_tokens": 0},
-        headers={"Authorization": f"Bearer {admin.token}"},
-    )
-    assert response.status_code == 400 and "reply_tokens" in response.text
+    for key in ("reply_tokens", "context_tokens"):
+        response = httpx.post(
+            f"{admin.base_url}/admin/sessions",
+            json={"rollout_id": "r", "group_id": "t", key: 0},
+            headers={"Authorization": f"Bearer {admin.token}"},
+        )
+        assert response.status_code == 400 and key in response.text
 
 
-def test_the_budget_is_journaled_and_journals_of_before_read_the_same():
+def test_a_sessions_context_window_cuts_the_reply_that_would_overflow_it_and_refuses_a_full_prompt(
+    gateway, fast_engine
+):
+    """The window is the session's, below the engine's (the gateway's max_model_len is far larger here): a
+    reply ends where prompt + reply reach it (`length`); a prompt that leaves no room gets each API's
+    context-full answer — chat an empty reply cut for length, Anthropic the 400 Claude Code reads as a full
+    context — and the engine is not asked."""
+    import anthropic
+    import openai
+
+    engine = fast_engine([{"text": FINAL_REPLY}])
+    g, admin = gateway(HTTPEngine(engine.base_url))
+    ask = [{"role": "user", "content": "Describe the repo."}]
+
+    def chat_call(context_tokens: int | None) -> tuple[openai.OpenAI, openai.types.chat.ChatCompletion]:
+        s = admin.create_session("r", "t", context_tokens=context_tokens)
+        chat = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0)
+        return chat, chat.chat.completions.create(model="m", messages=ask, max_tokens=LONG_ASK)
+
+    _, free = chat_call(None)
+    assert free.usage is not None and free.choices[0].finish_reason == "stop"
+    prompt, whole = free.usage.prompt_tokens, free.usage.completion_tokens
+    assert whole > 2
+
+    _, cut = chat_call(prompt + 2)
+    assert cut.choices[0].finish_reason == "length"
+    assert cut.usage is not None and cut.usage.completion_tokens == 2
+    engine_calls = engine.requests
+    _, full = chat_call(prompt)
+    assert full.choices[0].finish_reason == "length" and full.choices[0].message.content in ("", None)
+    assert engine.requests == engine_calls  # answered by the gateway
+
+    s = admin.create_session("r", "t", context_tokens=prompt)
+    assert admin.session(s.session_id)["context_tokens"] == prompt
+    claude = anthropic.Anthropic(base_url=s.anthropic_base_url, api_key=s.api_key, max_retries=0)
+    with pytest.raises(
+        anthropic.BadRequestError, match=rf"prompt is too long: \d+ tokens > {prompt - 1} maximum"
+    ):
+        claude.messages.create(model="m", max_tokens=LONG_ASK, messages=ask)
+    assert [len(r.completion_ids) for r in call_records(g.journal_dir)] == [whole, 2]
+
+
+def test_the_budgets_are_journaled_and_journals_of_before_read_the_same():
     plain = SessionRecord("s-1", "r", "t", "00", 1.0)
-    assert b"reply_tokens" not in encode_record(plain)
-    capped = SessionRecord("s-1", "r", "t", "00", 1.0, reply_tokens=64)
+    assert b"reply_tokens" not in encode_record(plain) and b"context_tokens" not in encode_record(plain)
+    capped = SessionRecord("s-1", "r", "t", "00", 1.0, reply_tokens=64, context_tokens=512)
     assert decode_line(encode_record(capped)) == capped
     assert json.loads(encode_record(capped))["reply_tokens"] == 64
+    assert json.loads(encode_record(capped))["context_tokens"] == 512
 
 
 def test_specs_set_it_for_every_harness_and_refuse_a_bad_one():
@@ -88,5 +133,6 @@ def test_specs_set_it_for_every_harness_and_refuse_a_bad_one():
         assert spec.spec.limits["reply_tokens"] == 96
     assert "reply_tokens" not in parse_specs([{}])[0].spec.limits
     for bad in (0, -1, 2.5, "64", True):
-        with pytest.raises(ValueError, match=r"\[0\]\.limits\.reply_tokens: expected an integer >= 1"):
-            parse_specs([{"harness": "claude-code", "limits": {"reply_tokens": bad}}])
+        for key in ("reply_tokens", "context_tokens"):
+            with pytest.raises(ValueError, match=rf"\[0\]\.limits\.{key}: expected an integer >= 1"):
+                parse_specs([{"harness": "claude-code", "limits": {key: bad}}])

@@ -138,6 +138,28 @@ def test_a_reply_cut_by_the_reply_budget_ends_the_episode_as_the_agents_token_bu
     assert calls and all(len(c.completion_ids) == 12 for c in calls)
 
 
+def test_a_window_that_holds_one_reply_ends_a_cut_reply_without_the_clis_continuations(rollout, task):
+    """`limits.context_tokens` of the first prompt plus one reply and a little: the CLI's own request to continue
+    a cut reply (the cut reply and its "resume" note appended) no longer fits, the gateway answers it with
+    Anthropic's `prompt is too long`, and the CLI ends after one call (`token_budget`, scored) instead of asking
+    three more times — the same end, a quarter of the calls."""
+    long = "I will first read every file of the repository and think about each of them. " * 8
+    options = {"models": SONNET, "bare": True, "tools": [], "reply_tokens": 12}
+    r, _ = rollout((long,) * 8, reply_tokens=12)
+    res = r.run(task, options)
+    first = r.records()
+    assert res.finish_reason == EpisodeEnd.TOKEN_BUDGET and len(first) == 4, res.error  # its continuations
+    window = first[0].timings.prompt_tokens + 12 + 8
+    assert first[1].timings.prompt_tokens > window  # the first continuation would not fit
+
+    r, _ = rollout((long,) * 8, reply_tokens=12, context_tokens=window)
+    res = r.run(task, options)
+    assert (res.status, res.finish_reason) == (RolloutStatus.OK, EpisodeEnd.TOKEN_BUDGET), res.error
+    assert "Prompt is too long" in res.error
+    [call] = r.records()
+    assert len(call.completion_ids) == 12 and r.admin.metrics()["context_exhausted"] >= 1  # no engine call
+
+
 def test_compaction_is_a_chain_of_its_own(rollout, task, tokenizer):
     """Auto-compaction (forced early with CLAUDE_AUTOCOMPACT_PCT_OVERRIDE) sends the history before the last
     executed turn plus "summarize": a chain of its own in the same rollout (a second sample), never a rollback

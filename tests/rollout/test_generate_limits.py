@@ -88,14 +88,14 @@ def test_a_chat_spec_that_names_no_limits_gets_a_reply_budget_a_run_moves_at():
 
 
 USED = {
-    "react": {"turns": 3, "tokens": 4096, "reply_tokens": 64, "wall_s": 60, "tool_timeout_s": 10},
-    "mini-swe-agent": {"turns": 3, "reply_tokens": 64, "wall_s": 60, "tool_timeout_s": 10},
-    "chat": {"tokens": 64, "reply_tokens": 64, "wall_s": 60},
-    "claude-code": {"turns": 3, "reply_tokens": 64, "wall_s": 60},
-    "codex": {"turns": 3, "reply_tokens": 64, "wall_s": 60},
+    "react": {"turns": 3, "tokens": 4096, "reply_tokens": 64, "context_tokens": 4096, "wall_s": 60},
+    "mini-swe-agent": {"turns": 3, "reply_tokens": 64, "context_tokens": 900, "tool_timeout_s": 10},
+    "chat": {"tokens": 64, "reply_tokens": 64, "context_tokens": 512, "wall_s": 60},
+    "claude-code": {"turns": 3, "reply_tokens": 64, "context_tokens": 2048, "wall_s": 60},
+    "codex": {"turns": 3, "reply_tokens": 64, "context_tokens": 4096, "wall_s": 60},
 }
 UNUSED = [("chat", "turns", "one model call"), ("chat", "tool_timeout_s", "chat runs no commands")] + [
-    (cli, "tokens", "max_model_len; a budget per model call is reply_tokens")
+    (cli, "tokens", "a window per rollout is context_tokens, per model call reply_tokens")
     for cli in ("claude-code", "codex", "mini-swe-agent")
 ]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -178,9 +179,11 @@ class CliRollout:
         max_model_len: int,
         make_sandbox: Callable[[Path], AgentSandbox] | None = None,
         reply_tokens: int | None = None,
+        context_tokens: int | None = None,
     ):
         self.config = config
         self.make_sandbox = make_sandbox or (lambda ws: BubblewrapSandbox(ws, None))
+        tmp_path = Path(tempfile.mkdtemp(dir=tmp_path, prefix="rollout-"))  # a test may make several
         self.server = ScriptedEngineServer(engine)
         url = self.server.__enter__()
         gateway_config = GatewayConfig(max_model_len=max_model_len)
@@ -188,7 +191,9 @@ class CliRollout:
             HTTPEngine(url), tokenizer, tmp_path / "journal", "adm", config=gateway_config
         )
         self.admin = GatewayAdmin(self.gateway.start(), "adm")
-        self.session = self.admin.create_session("r0", task.iid, reply_tokens=reply_tokens)
+        self.session = self.admin.create_session(
+            "r0", task.iid, reply_tokens=reply_tokens, context_tokens=context_tokens
+        )
         self.workspace = task.workspace(tmp_path / "ws")
         self.secret = tmp_path / "host-secret.txt"
         self.sandboxes: list[AgentSandbox] = []
@@ -242,18 +247,32 @@ def cli_rollouts(
     tmp_path: Path,
     make_sandbox: Callable[[Path], AgentSandbox] | None = None,
 ) -> Iterator[Callable[..., tuple[CliRollout, CliScriptEngine]]]:
-    """make(replies, max_model_len=65536, reply_tokens=None) -> a CliRollout of `config`'s CLI on `task` and its
-    engine, which answers `replies` in order (stateful), in sandboxes `make_sandbox(workspace)` makes (default
-    bubblewrap), its session's calls held to `reply_tokens`; all closed at the end."""
+    """make(replies, max_model_len=65536, reply_tokens=None, context_tokens=None) -> a CliRollout of `config`'s
+    CLI on `task` and its engine, which answers `replies` in order (stateful), in sandboxes
+    `make_sandbox(workspace)` makes (default bubblewrap), its session's calls held to `reply_tokens` and a
+    window of `context_tokens`; all closed at the end."""
     made: list[CliRollout] = []
 
     def make(
-        replies: tuple[str, ...], max_model_len: int = 65536, reply_tokens: int | None = None
+        replies: tuple[str, ...],
+        max_model_len: int = 65536,
+        reply_tokens: int | None = None,
+        context_tokens: int | None = None,
     ) -> tuple[CliRollout, CliScriptEngine]:
         demo = Demonstration(task.iid, task.row["problem_statement"], replies)
         engine = CliScriptEngine([demo], tokenizer, tiny_model_dir(), stateful=True)
         made.append(
-            CliRollout(config, task, engine, tmp_path, tokenizer, max_model_len, make_sandbox, reply_tokens)
+            CliRollout(
+                config,
+                task,
+                engine,
+                tmp_path,
+                tokenizer,
+                max_model_len,
+                make_sandbox,
+                reply_tokens,
+                context_tokens,
+            )
         )
         return made[-1], engine
 
