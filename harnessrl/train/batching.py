@@ -16,6 +16,7 @@ sends it: the same update for a fraction of the tokens.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,20 +114,34 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def prefix_families(items: Sequence[SeqItem]) -> list[tuple[int, list[int]]]:
-    """The items as families of (shared prefix length, indices): items sorted by their tokens, each family
-    the longest run whose shared untrained start stays ≥ MIN_SHARED_PREFIX; the others alone, prefix 0."""
+    """The items as families of (shared prefix length, indices): the items sorted by their tokens, cut into runs
+    whose shared untrained start stays >= MIN_SHARED_PREFIX, the cuts chosen to compute the fewest tokens (a
+    run's prefix is computed once: it saves (members - 1) x prefix). A step of several groups keeps each group's
+    whole prompt as its family's prefix rather than one family on the system prompt they all share; an item
+    no run takes is alone, prefix 0."""
     order = sorted(range(len(items)), key=lambda i: items[i].input_ids)
+    room = [shareable(items[i]) for i in order]
+    common = [0] + [_common(items[a].input_ids, items[b].input_ids) for a, b in itertools.pairwise(order)]
+    n = len(order)
+    saved = [0] * (n + 1)  # saved[k]: the most tokens the first k sorted items can save
+    runs = [(k - 1, 0) for k in range(n + 1)]  # runs[k]: (first, prefix) of the last run in that best cut
+    for end in range(1, n + 1):
+        saved[end] = saved[end - 1]
+        shared = room[end - 1]
+        for first in range(end - 2, -1, -1):  # the run order[first:end]
+            shared = min(shared, room[first], common[first + 1] - 1)
+            if shared < MIN_SHARED_PREFIX:
+                break
+            if saved[first] + (end - first - 1) * shared > saved[end]:
+                saved[end] = saved[first] + (end - first - 1) * shared
+                runs[end] = (first, shared)
     families: list[tuple[int, list[int]]] = []
-    for i in order:
-        if families:
-            shared, members = families[-1]
-            common = _common(items[members[0]].input_ids, items[i].input_ids)
-            joined = min(shared, shareable(items[i]), common - 1)
-            if joined >= MIN_SHARED_PREFIX:
-                families[-1] = (joined, [*members, i])
-                continue
-        families.append((shareable(items[i]), [i]))
-    return [(n if len(m) > 1 and n >= MIN_SHARED_PREFIX else 0, sorted(m)) for n, m in families]
+    end = n
+    while end > 0:
+        first, shared = runs[end]
+        families.append((shared, sorted(order[first:end])))
+        end = first
+    return families[::-1]
 
 
 def pack(items: Sequence[SeqItem], max_tokens: int, share_prefixes: bool = False) -> list[MicroBatch]:

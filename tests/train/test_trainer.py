@@ -173,6 +173,23 @@ def test_a_prefix_ends_before_the_first_trained_token_of_any_sequence_that_share
     assert sorted(prefix_families(items)) == [(0, [0]), (0, [1])]
 
 
+def test_groups_under_one_system_prompt_each_share_their_whole_prompt_not_only_the_system_prompt():
+    """A step of several groups: every sequence starts with the same system prompt (40 tokens), each group's
+    with its own task (30 more). One family on the system prompt would save 8 x 39 tokens; a family per group
+    on its whole prompt saves 3 x 2 x 69, and that is the cut taken (the fewest tokens computed)."""
+    g = torch.Generator().manual_seed(5)
+    system = torch.randint(3, VOCAB, (40,), generator=g).tolist()
+    items = []
+    for _group in range(3):
+        prompt = system + torch.randint(3, VOCAB, (30,), generator=g).tolist()
+        for _reply in range(3):
+            reply = torch.randint(3, VOCAB, (8,), generator=g).tolist()
+            items.append(SeqItem(prompt + reply, [0] * 70 + [1] * 8, [0.0] * 78, 1.0, 1.0, "r"))
+    assert sorted(prefix_families(items)) == [(69, [0, 1, 2]), (69, [3, 4, 5]), (69, [6, 7, 8])]
+    computed = sum(b.real_tokens for b in pack(items, 10_000, share_prefixes=True))
+    assert computed == 9 * 78 - 3 * 2 * 69
+
+
 def padding_fraction(batches: list[MicroBatch]) -> float:
     return sum(b.pad_tokens for b in batches) / sum(b.real_tokens + b.pad_tokens for b in batches)
 
