@@ -10,6 +10,7 @@ import json
 
 import httpx
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from harnessrl.engine.http_client import HTTPEngine
 from harnessrl.gateway.journal import decode_line, encode_record
@@ -88,23 +89,24 @@ def test_a_sessions_context_window_cuts_the_reply_that_would_overflow_it_and_ref
 
     engine = fast_engine([{"text": FINAL_REPLY}])
     g, admin = gateway(HTTPEngine(engine.base_url))
-    ask = [{"role": "user", "content": "Describe the repo."}]
+    ask = "Describe the repo."
 
-    def chat_call(context_tokens: int | None) -> tuple[openai.OpenAI, openai.types.chat.ChatCompletion]:
+    def chat_call(context_tokens: int | None) -> ChatCompletion:
         s = admin.create_session("r", "t", context_tokens=context_tokens)
         chat = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0)
-        return chat, chat.chat.completions.create(model="m", messages=ask, max_tokens=LONG_ASK)
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": ask}]
+        return chat.chat.completions.create(model="m", messages=messages, max_tokens=LONG_ASK)
 
-    _, free = chat_call(None)
+    free = chat_call(None)
     assert free.usage is not None and free.choices[0].finish_reason == "stop"
     prompt, whole = free.usage.prompt_tokens, free.usage.completion_tokens
     assert whole > 2
 
-    _, cut = chat_call(prompt + 2)
+    cut = chat_call(prompt + 2)
     assert cut.choices[0].finish_reason == "length"
     assert cut.usage is not None and cut.usage.completion_tokens == 2
     engine_calls = engine.requests
-    _, full = chat_call(prompt)
+    full = chat_call(prompt)
     assert full.choices[0].finish_reason == "length" and full.choices[0].message.content in ("", None)
     assert engine.requests == engine_calls  # answered by the gateway
 
@@ -114,7 +116,7 @@ def test_a_sessions_context_window_cuts_the_reply_that_would_overflow_it_and_ref
     with pytest.raises(
         anthropic.BadRequestError, match=rf"prompt is too long: \d+ tokens > {prompt - 1} maximum"
     ):
-        claude.messages.create(model="m", max_tokens=LONG_ASK, messages=ask)
+        claude.messages.create(model="m", max_tokens=LONG_ASK, messages=[{"role": "user", "content": ask}])
     assert [len(r.completion_ids) for r in call_records(g.journal_dir)] == [whole, 2]
 
 
