@@ -47,8 +47,8 @@ from harnessrl.schema import HarnessName, HarnessSpec, SandboxKind, SpecMix
 
 SANDBOX_LIMITS = ("memory_mb", "processes", "cpu_s", "file_size_mb", "tmp_mb")
 # The harness limits: each harness's config says which it honours (its LIMITS), the gateway's (`reply_tokens`,
-# `context_tokens`) every one (the gateway holds its calls to them). A spec that gives one its harness does not use is refused, with what the
-# harness does instead.
+# `context_tokens`) every one (the gateway holds its calls to them). A spec that gives one its harness does not
+# use is refused, with what the harness does instead.
 HARNESS_LIMITS = tuple(sorted(LIMIT_TYPES))
 _INSTEAD = {
     "tokens": "its context is the gateway's: a window per rollout is context_tokens, per model call reply_tokens",
