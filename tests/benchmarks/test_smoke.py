@@ -6,8 +6,9 @@ root); the test checks its exit status and that its last stdout line is a JSON o
 of its docstring (the README's benchmark table). The scripts are found in the folder, so a new script without
 `--smoke`, or without a row in `HEADLINES`, fails here. Timings are never asserted: a smoke run's figures mean
 nothing. The rows marked slow take more than ~30 s on 2 busy cores (the real tiny model in several processes or
-stages). The scripts run two at a time (SMOKE_WORKERS), the slow ones first: the whole file took 7.7 minutes on
-a slow 2-core host (14.3 one at a time), `-m "not slow"` about one.
+stages). The scripts start when the suite is collected, one at a time beside the other tests, the slow ones
+first, and their tests run last (tests/support/benchmark_smoke.py); alone, the whole file took 7.7 minutes on a
+slow 2-core host two at a time (14.3 one at a time), `-m "not slow"` about one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +27,11 @@ from benchmarks.demo_steps import BASELINE_REV
 from benchmarks.gpu_check import skip_reason
 from harnessrl.harness.cli_agents import skip_reason as cli_skip_reason
 from harnessrl.sandbox.images import podman_problem
+from tests.support.benchmark_smoke import POOL
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 TIMEOUT_S = 600  # a hung script fails its test instead of stalling the suite
-# two scripts at a time: most of a smoke run is one core's work (process starts, imports, a 1-thread model)
-SMOKE_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -290,7 +289,7 @@ def test_every_table_row_names_a_script():
     assert sorted(HEADLINES) == _scripts(), "HEADLINES must list exactly the scripts in benchmarks/"
 
 
-def _smoke(name: str) -> subprocess.CompletedProcess[str]:
+def smoke_run(name: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(BENCHMARKS / name), "--smoke"],
         cwd=REPO,
@@ -301,12 +300,16 @@ def _smoke(name: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def runnable_smoke_runs(names: list[str]) -> list[str]:
+    """The scripts of `names` that can run here, the slow rows first."""
+    runnable = [n for n in names if (row := HEADLINES.get(n)) is not None and _skip_reason(row) is None]
+    return sorted(runnable, key=lambda n: not HEADLINES[n].slow)
+
+
 @pytest.fixture(scope="module")
-def smoke_runs(
-    request: pytest.FixtureRequest,
-) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
-    """The selected scripts' smoke runs, SMOKE_WORKERS at a time from the first test on, the slow rows first;
-    each test waits for its own. Nothing else of the suite runs meanwhile (pytest runs one test at a time)."""
+def smoke_runs(request: pytest.FixtureRequest) -> dict[str, Future[subprocess.CompletedProcess[str]]]:
+    """The selected scripts' smoke runs: started when the suite was collected (tests.support.benchmark_smoke),
+    one at a time beside the other tests, and from here on two at a time; each test waits for its own."""
     selected = [
         str(item.callspec.params["name"])
         for item in request.session.items
@@ -314,13 +317,9 @@ def smoke_runs(
         and item.originalname == "test_smoke_run_ends_with_its_headline_json"
         and item.path == request.path
     ]
-    runnable = [n for n in selected if (row := HEADLINES.get(n)) is not None and _skip_reason(row) is None]
-    runnable.sort(key=lambda n: not HEADLINES[n].slow)
-    with ThreadPoolExecutor(SMOKE_WORKERS) as pool:
-        runs = {name: pool.submit(_smoke, name) for name in runnable}
-        yield runs
-        for run in runs.values():
-            run.cancel()
+    POOL.start(runnable_smoke_runs(selected), smoke_run)  # those the collection did not start
+    POOL.widen()
+    return POOL.runs
 
 
 # the first test waits for the slow rows ahead of it in the pool (~7 min on a slow host): past pytest's 900 s
