@@ -300,9 +300,17 @@ def smoke_run(name: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def runnable_smoke_runs(names: list[str]) -> list[str]:
-    """The scripts of `names` that can run here, the slow rows first."""
+# Scripts that start podman containers: they run once the smoke tests are reached, not beside the suite, whose
+# podman tests count the host's containers (tests/sandbox/test_podman.py).
+AFTER_THE_SUITE = frozenset({"verify.py"})
+
+
+def runnable_smoke_runs(names: list[str], beside_the_suite: bool = False) -> list[str]:
+    """The scripts of `names` that can run here, the slow rows first (`beside_the_suite`: those that may run
+    while other tests do)."""
     runnable = [n for n in names if (row := HEADLINES.get(n)) is not None and _skip_reason(row) is None]
+    if beside_the_suite:
+        runnable = [n for n in runnable if n not in AFTER_THE_SUITE]
     return sorted(runnable, key=lambda n: not HEADLINES[n].slow)
 
 

@@ -4,7 +4,8 @@ collected, and their tests run last.
 A smoke run is mostly one core's work, and the rest of the suite leaves about half of 2 cores idle (a CI run
 on 2 cores: 62 CPU-minutes in 53 minutes, the smoke runs' 13 of them at both cores busy): one run at a time beside
 the suite uses that idle core, instead of holding the suite ~13 minutes while two run. When the smoke tests
-are reached, the rest of the queue runs two at a time."""
+are reached, the rest of the queue runs two at a time, and the scripts kept from running beside the suite
+(test_smoke.AFTER_THE_SUITE: they start podman containers, which podman tests count) start."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if names:
         from tests.benchmarks.test_smoke import runnable_smoke_runs, smoke_run
 
-        POOL.start(runnable_smoke_runs(names), smoke_run)
+        POOL.start(runnable_smoke_runs(names, beside_the_suite=True), smoke_run)
 
 
 def pytest_sessionfinish() -> None:
