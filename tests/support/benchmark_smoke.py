@@ -1,9 +1,9 @@
 """The benchmarks' smoke runs (tests/benchmarks/test_smoke.py) start in the background as soon as the suite is
 collected, and their tests run last.
 
-A smoke run is mostly one core's work, and the rest of the suite leaves about half of 2 cores idle (a CI run
-on 2 cores: 62 CPU-minutes in 53 minutes, the smoke runs' 13 of them at both cores busy): one run at a time beside
-the suite uses that idle core, instead of holding the suite ~13 minutes while two run. When the smoke tests
+A smoke run is mostly one core's work, and the rest of the suite leaves about half of 2 cores idle (a full run on
+2 cores, smoke runs first and two at a time: 62 CPU-minutes in 53 minutes, both cores busy for the smoke runs'
+13): one run at a time beside the suite uses that idle core, instead of holding the suite while two run. When the smoke tests
 are reached, the rest of the queue runs two at a time, and the scripts kept from running beside the suite
 (test_smoke.AFTER_THE_SUITE: they start podman containers, which podman tests count) start."""
 
