@@ -6,9 +6,8 @@ root); the test checks its exit status and that its last stdout line is a JSON o
 of its docstring (the README's benchmark table). The scripts are found in the folder, so a new script without
 `--smoke`, or without a row in `HEADLINES`, fails here. Timings are never asserted: a smoke run's figures mean
 nothing. The rows marked slow take more than ~30 s on 2 busy cores (the real tiny model in several processes or
-stages). The scripts start when the suite is collected, one at a time beside the other tests, the slow ones
-first, and their tests run last (tests/support/benchmark_smoke.py); alone, the whole file took 7.7 minutes on a
-slow 2-core host two at a time (14.3 one at a time), `-m "not slow"` about one.
+stages). The scripts run two at a time (SMOKE_WORKERS), the slow ones first: the whole file took 7.7 minutes on
+a slow 2-core host (14.3 one at a time), `-m "not slow"` about one.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ import json
 import shutil
 import subprocess
 import sys
-from concurrent.futures import Future
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +27,12 @@ from benchmarks.demo_steps import BASELINE_REV
 from benchmarks.gpu_check import skip_reason
 from harnessrl.harness.cli_agents import skip_reason as cli_skip_reason
 from harnessrl.sandbox.images import podman_problem
-from tests.support.benchmark_smoke import POOL
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 TIMEOUT_S = 600  # a hung script fails its test instead of stalling the suite
+# two scripts at a time: most of a smoke run is one core's work (process starts, imports, a 1-thread model)
+SMOKE_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -289,7 +290,7 @@ def test_every_table_row_names_a_script():
     assert sorted(HEADLINES) == _scripts(), "HEADLINES must list exactly the scripts in benchmarks/"
 
 
-def smoke_run(name: str) -> subprocess.CompletedProcess[str]:
+def _smoke(name: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(BENCHMARKS / name), "--smoke"],
         cwd=REPO,
@@ -300,24 +301,12 @@ def smoke_run(name: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-# Scripts that start podman containers: they run once the smoke tests are reached, not beside the suite, whose
-# podman tests count the host's containers (tests/sandbox/test_podman.py).
-AFTER_THE_SUITE = frozenset({"verify.py"})
-
-
-def runnable_smoke_runs(names: list[str], beside_the_suite: bool = False) -> list[str]:
-    """The scripts of `names` that can run here, the slow rows first (`beside_the_suite`: those that may run
-    while other tests do)."""
-    runnable = [n for n in names if (row := HEADLINES.get(n)) is not None and _skip_reason(row) is None]
-    if beside_the_suite:
-        runnable = [n for n in runnable if n not in AFTER_THE_SUITE]
-    return sorted(runnable, key=lambda n: not HEADLINES[n].slow)
-
-
 @pytest.fixture(scope="module")
-def smoke_runs(request: pytest.FixtureRequest) -> dict[str, Future[subprocess.CompletedProcess[str]]]:
-    """The selected scripts' smoke runs: started when the suite was collected (tests.support.benchmark_smoke),
-    one at a time beside the other tests, and from here on two at a time; each test waits for its own."""
+def smoke_runs(
+    request: pytest.FixtureRequest,
+) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """The selected scripts' smoke runs, SMOKE_WORKERS at a time from the first test on, the slow rows first;
+    each test waits for its own. Nothing else of the suite runs meanwhile (pytest runs one test at a time)."""
     selected = [
         str(item.callspec.params["name"])
         for item in request.session.items
@@ -325,9 +314,13 @@ def smoke_runs(request: pytest.FixtureRequest) -> dict[str, Future[subprocess.Co
         and item.originalname == "test_smoke_run_ends_with_its_headline_json"
         and item.path == request.path
     ]
-    POOL.start(runnable_smoke_runs(selected), smoke_run)  # those the collection did not start
-    POOL.widen()
-    return POOL.runs
+    runnable = [n for n in selected if (row := HEADLINES.get(n)) is not None and _skip_reason(row) is None]
+    runnable.sort(key=lambda n: not HEADLINES[n].slow)
+    with ThreadPoolExecutor(SMOKE_WORKERS) as pool:
+        runs = {name: pool.submit(_smoke, name) for name in runnable}
+        yield runs
+        for run in runs.values():
+            run.cancel()
 
 
 # the first test waits for the slow rows ahead of it in the pool (~7 min on a slow host): past pytest's 900 s
