@@ -39,9 +39,7 @@ class Session:
     created_at: float = field(default_factory=time.time)
     train_chains: TrainChains = TrainChains.ALL
     reply_tokens: int | None = None  # each call's output tokens at most, whatever it asks (None: no cap)
-    context_tokens: int | None = (
-        None  # its window: prompt + reply at most (None: the gateway's max_model_len)
-    )
+    context_tokens: int | None = None  # prompt + reply of a call at most (None: the gateway's max_model_len)
     # Held while its chains change (plan, commit, release): a large request plans in a worker thread.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
