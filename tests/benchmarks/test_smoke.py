@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -290,8 +291,15 @@ def test_every_table_row_names_a_script():
     assert sorted(HEADLINES) == _scripts(), "HEADLINES must list exactly the scripts in benchmarks/"
 
 
-def _smoke(name: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+@dataclass(frozen=True)
+class SmokeRun:
+    done: subprocess.CompletedProcess[str]
+    seconds: float  # its own wall time: recorded in the test's report (junit `smoke_seconds`), never asserted
+
+
+def _smoke(name: str) -> SmokeRun:
+    started = time.monotonic()
+    done = subprocess.run(
         [sys.executable, str(BENCHMARKS / name), "--smoke"],
         cwd=REPO,
         capture_output=True,
@@ -299,12 +307,13 @@ def _smoke(name: str) -> subprocess.CompletedProcess[str]:
         timeout=TIMEOUT_S,
         check=False,
     )
+    return SmokeRun(done, time.monotonic() - started)
 
 
 @pytest.fixture(scope="module")
 def smoke_runs(
     request: pytest.FixtureRequest,
-) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+) -> Iterator[dict[str, Future[SmokeRun]]]:
     """The selected scripts' smoke runs, SMOKE_WORKERS at a time from the first test on, the slow rows first;
     each test waits for its own. Nothing else of the suite runs meanwhile (pytest runs one test at a time)."""
     selected = [
@@ -326,13 +335,15 @@ def smoke_runs(
 # the first test waits for the slow rows ahead of it in the pool (~7 min on a slow host): past pytest's 900 s
 @pytest.mark.timeout(3 * TIMEOUT_S)
 @pytest.mark.parametrize("name", [_param(n) for n in _scripts()])
-def test_smoke_run_ends_with_its_headline_json(name: str, smoke_runs):
+def test_smoke_run_ends_with_its_headline_json(name: str, smoke_runs, record_property):
     row = HEADLINES.get(name)
     assert row is not None, f"benchmarks/{name} has no row in HEADLINES: add its documented last-line keys"
     reason = _skip_reason(row)
     if reason is not None:
         pytest.skip(reason)
-    done = smoke_runs[name].result()
+    run = smoke_runs[name].result()
+    record_property("smoke_seconds", round(run.seconds, 1))
+    done = run.done
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     lines = done.stdout.strip().splitlines()
     assert lines, f"no output on stdout\n{done.stderr[-3000:]}"
