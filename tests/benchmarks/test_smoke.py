@@ -28,9 +28,6 @@ from benchmarks.demo_steps import BASELINE_REV
 from benchmarks.gpu_check import skip_reason
 from harnessrl.harness.cli_agents import skip_reason as cli_skip_reason
 from harnessrl.sandbox.images import podman_problem
-from tests.support.scheduling import PODMAN
-
-pytestmark = PODMAN  # runs podman containers: one worker runs these modules (tests/support/scheduling.py)
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"

@@ -23,19 +23,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.memory_pressure import LAUNCHES, probe_image
-from tests.support.scheduling import PODMAN
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 300
 
 OVERCOMMIT = Path("/proc/sys/vm/overcommit_memory")
-pytestmark = [
-    pytest.mark.skipif(
-        not OVERCOMMIT.is_file() or OVERCOMMIT.read_text().strip() != "0",
-        reason="vm.overcommit_memory is not 0 (the heuristic that refuses to fork a process bigger than RAM)",
-    ),
-    PODMAN,  # its podman case starts a container
-]
+pytestmark = pytest.mark.skipif(
+    not OVERCOMMIT.is_file() or OVERCOMMIT.read_text().strip() != "0",
+    reason="vm.overcommit_memory is not 0 (the heuristic that refuses to fork a process bigger than RAM)",
+)
 
 
 def _not_here(kind: str) -> str | None:

@@ -21,9 +21,8 @@ from tests.support import codex as codex_support
 from tests.support.claude_code import call, requires_claude_code
 from tests.support.cli_agents import cli_rollouts, generate_two_tasks
 from tests.support.codex import requires_codex
-from tests.support.scheduling import PODMAN
 
-pytestmark = [requires_podman, PODMAN, pytest.mark.slow]
+pytestmark = [requires_podman, pytest.mark.slow]
 
 CLIS = {
     "claude-code": (requires_claude_code, claude_fix, {"tools": ["Bash", "Read", "Edit"], "models": SONNET}),

@@ -13,9 +13,8 @@ from harnessrl.sandbox import images
 from harnessrl.taskset import TaskSet
 from pipelines.local_run import Runner, run_local
 from tests.sandbox.podman_fixtures import project_image, requires_podman  # noqa: F401 - a fixture
-from tests.support.scheduling import PODMAN
 
-pytestmark = [requires_podman, PODMAN]
+pytestmark = requires_podman
 MINIREPO = Path(__file__).parents[1] / "fixtures" / "minirepo"
 
 

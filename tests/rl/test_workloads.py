@@ -19,9 +19,8 @@ from harnessrl.rollout.specs import parse_specs
 from harnessrl.sandbox import images
 from harnessrl.schema import RolloutStatus
 from tests.sandbox.podman_fixtures import requires_podman
-from tests.support.scheduling import PODMAN
 
-pytestmark = [requires_podman, PODMAN, pytest.mark.slow]
+pytestmark = [requires_podman, pytest.mark.slow]
 
 IMAGE_ONLY = "harnessrl_image_only"  # a module the task's image holds and the host's environment lacks
 

@@ -13,9 +13,6 @@ from harnessrl.sandbox.backends import SandboxChoice, make_sandbox, needs_env
 from harnessrl.sandbox.base import Limits, Outcome
 from harnessrl.schema import SandboxKind
 from tests.support.fixtures import requires_bwrap
-from tests.support.scheduling import PODMAN
-
-pytestmark = PODMAN  # runs podman containers: one worker runs these modules (tests/support/scheduling.py)
 
 PODMAN_MODULE = importlib.util.find_spec("harnessrl.sandbox.podman") is not None
 

@@ -21,9 +21,8 @@ from harnessrl.sandbox.podman import PodmanSandbox
 from harnessrl.schema import SandboxKind
 from harnessrl.verify.verifier import verify_workspace
 from tests.sandbox.podman_fixtures import requires_podman
-from tests.support.scheduling import PODMAN
 
-pytestmark = [requires_podman, PODMAN]
+pytestmark = requires_podman
 PODMAN = SandboxChoice(SandboxKind.PODMAN)
 
 

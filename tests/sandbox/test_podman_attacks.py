@@ -9,7 +9,6 @@ from harnessrl.sandbox.backends import SandboxChoice
 from harnessrl.schema import SandboxKind
 from tests.sandbox.podman_fixtures import requires_podman
 from tests.support.fixtures import Task, requires_bwrap
-from tests.support.scheduling import PODMAN
 from tests.verify.test_attacks import (  # noqa: F401 - collected here, graded by this module's fixtures
     graded,
     test_deleting_and_rewriting_test_files,
@@ -23,12 +22,7 @@ from tests.verify.test_attacks import (  # noqa: F401 - collected here, graded b
     test_syntax_error_that_makes_tests_vanish,
 )
 
-pytestmark = [
-    requires_bwrap,
-    requires_podman,
-    PODMAN,
-    pytest.mark.slow,
-]  # bwrap: the table's agent-side setup
+pytestmark = [requires_bwrap, requires_podman, pytest.mark.slow]  # bwrap: the table's agent-side setup
 
 
 @pytest.fixture(scope="module")

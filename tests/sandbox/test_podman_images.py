@@ -15,9 +15,6 @@ from harnessrl.harness.cli_agents import CLAUDE_CODE, CLAUDE_CODE_VERSION, CODEX
 from harnessrl.sandbox import images
 from harnessrl.taskset import TaskSet
 from tests.sandbox.podman_fixtures import requires_podman
-from tests.support.scheduling import PODMAN
-
-pytestmark = PODMAN  # runs podman containers: one worker runs these modules (tests/support/scheduling.py)
 
 ROOT = Path(__file__).parents[2]
 INSTRUCTIONS = {

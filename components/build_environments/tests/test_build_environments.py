@@ -15,9 +15,6 @@ from harnessrl.io import read_jsonl
 from harnessrl.sandbox import images
 from harnessrl.taskset import TaskSet, write_taskset
 from tests.sandbox.podman_fixtures import requires_podman
-from tests.support.scheduling import PODMAN
-
-pytestmark = PODMAN  # runs podman containers: one worker runs these modules (tests/support/scheduling.py)
 
 
 def test_keep_uses_the_rows_own_images_without_building(synth_taskset, tmp_path, capsys):

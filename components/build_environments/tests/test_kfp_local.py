@@ -7,9 +7,6 @@ from harnessrl.io import read_jsonl
 from harnessrl.sandbox import images
 from harnessrl.taskset import TaskSet
 from tests.sandbox.podman_fixtures import requires_podman
-from tests.support.scheduling import PODMAN
-
-pytestmark = PODMAN  # runs podman containers: one worker runs these modules (tests/support/scheduling.py)
 
 
 @requires_podman
