@@ -1,7 +1,7 @@
 """The test process's own memory across the suite: its peak resident set, the tests that raised that peak and
 the tests that left the most resident memory behind, printed in pytest's terminal summary (and written as JSON
-to `$HARNESSRL_TEST_MEMORY_JSON` when set); under pytest-xdist (`make test`), each worker process's. A report for whoever reads the run, never a pass/fail: memory
-figures depend on the host and on what ran before.
+to `$HARNESSRL_TEST_MEMORY_JSON` when set); under pytest-xdist (`make test`), each worker process's. A report
+for whoever reads the run, never a pass/fail: memory figures depend on the host and on what ran before.
 """
 
 from __future__ import annotations

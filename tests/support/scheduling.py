@@ -1,11 +1,14 @@
 """How `make test` spreads the suite over two worker processes (pytest-xdist: `-n 2 --dist loadfile`).
 
-Run one test at a time, the suite kept about one of CI's 2 cores busy (32 CPU-minutes in 38 minutes besides the
-benchmarks' smoke runs, measured): most tests wait on real processes — servers, sandboxes, torchrun ranks, CLIs.
-Each worker takes a whole test module at a time (its tests in their order, its module fixtures built once);
-the modules that start podman containers (`PODMAN_MODULES`) are one unit, run by one worker: some count the
-host's containers before and after, which another module's containers would confuse. A new module that starts
-containers goes into that list. Run without `-n`, nothing changes.
+Run one test at a time, the suite kept about one of CI's 2 cores busy (32 CPU-minutes in 38 minutes besides
+the benchmarks' smoke runs, measured): most tests wait on real processes — servers, sandboxes, torchrun ranks,
+CLIs. Each worker takes a whole test module at a time (its tests in their order, its module fixtures built
+once); the modules that start podman containers (`PODMAN_MODULES`) are one unit, run by one worker: some count
+the host's containers before and after, which another module's containers would confuse. A new module that
+starts containers goes into that list (tests/core/test_scheduling.py checks it). Run without `-n`, nothing
+changes. A scheduler of our own (xdist's loadfile with one unit renamed) because xdist's `xdist_group` marks do
+not reach its scheduler under pytest 9: xdist renames a node id to carry the group, and pytest 9 derives node
+ids.
 """
 
 from __future__ import annotations
