@@ -99,7 +99,8 @@ data is ready the lent engines are handed back: their requests are aborted (part
 the rollout pool).
 
 Staleness: the same admission rule as the loop (`can_admit` on accepted + running vs
-(max_staleness + version + 1) x batch) in every async mode, with the loop's default `max_staleness = 1`,
+(max_staleness + version + 1) x batch) in every async mode, without the loop's stop at the run's last batch
+(the figures are the schedules' over `--steps`, not a run's end), with the loop's default `max_staleness = 1`,
 and the per-group `keep_group` check at train time with `--stale-policy`: `keep` (default, as in the loop: a
 long-tail partial rollout whose oldest token is older than the bound is still trained, TIS correcting it)
 or `drop` (the group is discarded and its slot regenerated). Staleness = trainer version at training - the

@@ -201,9 +201,9 @@ class AsyncDriver(Driver):
     def _admit(self) -> bool:
         pool = self.pool
         accepted = self.accepted + len(self.buffer) + len(pool.ready)
-        return can_admit(
-            accepted, len(pool.running_groups), self.version, self.cfg.max_staleness, self.cfg.batch_groups
-        )
+        cfg = self.cfg
+        running = len(pool.running_groups)
+        return can_admit(accepted, running, self.version, cfg.max_staleness, cfg.batch_groups, cfg.steps)
 
     def _feed(self) -> None:
         pool = self.pool

@@ -44,6 +44,24 @@ def test_admitting_until_refused_fills_exactly_the_staleness_window():
 
 
 @pytest.mark.parametrize(
+    ("accepted", "running", "version", "steps", "expected_capacity"),
+    [
+        (0, 0, 0, 6, 8),  # the first step: two batches open, as without a run length
+        (16, 0, 4, 6, 8),  # the fifth step: its batch and the last
+        (20, 0, 5, 6, 4),  # the last step: its own batch only (the staleness window would open 8)
+        (20, 4, 5, 6, 0),
+        (24, 0, 6, 6, 0),  # the run is done
+        (0, 0, 0, 1, 4),  # a one-step run: one batch
+    ],
+)
+def test_window_ends_at_the_runs_last_batch(accepted, running, version, steps, expected_capacity):
+    capacity = admission_capacity(accepted, running, version, 1, 4, steps)
+    assert capacity == expected_capacity
+    assert can_admit(accepted, running, version, 1, 4, steps) is (expected_capacity > 0)
+    assert capacity <= admission_capacity(accepted, running, version, 1, 4)  # the run's end only narrows it
+
+
+@pytest.mark.parametrize(
     "args",
     [(-1, 0, 0, 0, 1), (0, -1, 0, 0, 1), (0, 0, -1, 0, 1), (0, 0, 0, -1, 1), (0, 0, 0, 0, 0)],
 )

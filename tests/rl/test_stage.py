@@ -82,6 +82,10 @@ def test_stage_rl_runs_each_mode(mode: RLMode, rl_policy: Path, prompt_tasks: Pa
     for r in rows:  # samples per rollout (a chat rollout is one chain: one sample)
         assert r["sampled_rollouts"] > 0 and r["single_sample_share"] == r["samples_per_rollout_mean"] == 1.0
     assert summary["samples_per_rollout_mean"] == 1.0
+    # no group starts that no step could train: every started group trained, was discarded, or was in flight
+    # for the last step's batch
+    discarded = summary["groups_zero_variance"] + summary["groups_stale_dropped"]
+    assert summary["groups_started"] <= 2 * 2 + discarded
     assert (out / "model" / "model.safetensors").is_file()
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     report = (out / "report.md").read_text()
