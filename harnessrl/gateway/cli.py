@@ -57,6 +57,12 @@ def register(commands, stages) -> None:
     serve.add_argument("--max-model-len", type=int, default=32768)
     serve.add_argument("--tool-format", default="hermes", choices=sorted(PARSERS))
     serve.add_argument("--drift-check-every", type=int, default=10)
+    serve.add_argument(
+        "--stream-interval-ms",
+        type=int,
+        default=1000,
+        help="a streamed reply's text at most this often (0: each step)",
+    )
     serve.add_argument("--rollback-any-depth", action="store_true")
     serve.add_argument(
         "--max-request-mb",
@@ -129,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
         drift_check_every=args.drift_check_every,
         rollback_any_depth=args.rollback_any_depth,
         max_request_bytes=int(args.max_request_mb * (1 << 20)),
+        stream_interval_ms=args.stream_interval_ms,
         salvage=args.salvage,
     )
     server = GatewayServer(engine, tokenizer, args.journal, args.admin_token, args.host, args.port, config)

@@ -64,6 +64,7 @@ class HarnessAPI:
     ) -> None:
         self.sessions, self.calls, self.renderer, self.config = sessions, calls, renderer, config
         self.metrics, self.offload = metrics, offload
+        self._stream_interval_s = config.stream_interval_ms / 1000
         # (session id, response id) -> the conversation that response ended (its input and its reply)
         self.stored: OrderedDict[tuple[str, str], list[Msg]] = OrderedDict()
 
@@ -99,6 +100,7 @@ class HarnessAPI:
                 self.renderer.completion_text,
                 params.stops,
                 params.include_usage,
+                interval_s=self._stream_interval_s,
             )
             return await self._streamed(sink, s, req)
         r = await self.calls.run(s, req)
@@ -126,7 +128,12 @@ class HarnessAPI:
         req = CallRequest(Api.ANTHROPIC, params, convert, json_cpu, large)
         if params.stream:
             sink = SSEReply(
-                request, Api.ANTHROPIC, self.config.model_name, self.renderer.completion_text, params.stops
+                request,
+                Api.ANTHROPIC,
+                self.config.model_name,
+                self.renderer.completion_text,
+                params.stops,
+                interval_s=self._stream_interval_s,
             )
             return await self._streamed(sink, s, req)
         r = await self.calls.run(s, req)
@@ -182,7 +189,13 @@ class HarnessAPI:
         shape = fmt.ResponsesShape(body, self.config.model_name, kinds)
         if params.stream:
             sink = SSEReply(
-                request, Api.RESPONSES, self.config.model_name, self.renderer.completion_text, [], shape=shape
+                request,
+                Api.RESPONSES,
+                self.config.model_name,
+                self.renderer.completion_text,
+                [],
+                shape=shape,
+                interval_s=self._stream_interval_s,
             )
             reply = await self._streamed(sink, s, req)
             result = sink.result

@@ -70,8 +70,10 @@ class SSEReply:
         stops: list[str],
         include_usage: bool = False,
         shape: fmt.ResponsesShape | None = None,
+        interval_s: float = 0.0,
     ) -> None:
         self.request, self.api, self.model = request, api, model
+        self.interval_s = interval_s  # text events at most this often (GatewayConfig.stream_interval_ms)
         self.shape = shape  # the Responses API's reply (Api.RESPONSES)
         self.result: CallResult | None = None  # the call, once it is recorded
         self.decode = decode  # sampled ids -> completion text (stop token dropped)
@@ -139,11 +141,13 @@ class SSEReply:
             await self._write(head + fmt.anthropic_text_delta(text))
 
     async def on_tokens(self, ids: list[int]) -> None:
-        """Called with all ids sampled so far, after each engine delta. An Anthropic stream opens with the first
-        token (message_start, as the API sends it once it generates), and while text is held back (a tool call
-        being generated) a ping goes out every PING_EVERY_S, so a client's idle timeout never fires."""
+        """Called with all ids sampled so far, after each engine delta. New text goes out once `interval_s` has
+        passed since the last write (at once when nothing was sent yet). An Anthropic stream opens with the
+        first token (message_start, as the API sends it once it generates), and while text is held back (a tool
+        call being generated) a ping goes out every PING_EVERY_S, so a client's idle timeout never fires."""
         safe = safe_prefix(self.decode(ids), self.stops)
-        if len(safe) > len(self.sent) and safe.startswith(self.sent):
+        grown = len(safe) > len(self.sent) and safe.startswith(self.sent)
+        if grown and (self.response is None or time.monotonic() - self.last_write >= self.interval_s):
             await self._text(safe[len(self.sent) :])
         elif self.api is Api.ANTHROPIC and (
             self.response is None or time.monotonic() - self.last_write >= PING_EVERY_S

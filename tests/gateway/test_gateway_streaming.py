@@ -69,7 +69,7 @@ def test_safe_prefix_holds_back_what_later_tokens_can_change():
 @pytest.mark.parametrize("stop", [None, ["naïve"]])
 def test_openai_stream_arrives_incrementally_and_matches_non_streamed(gateway, fast_engine, stop):
     engine = fast_engine([{"text": LONG_REPLY}], per_token_s=0.01)
-    g, admin = gateway(HTTPEngine(engine.base_url))
+    g, admin = gateway(HTTPEngine(engine.base_url), stream_interval_ms=0)
     plain_s, stream_s = admin.create_session("r-plain", "t"), admin.create_session("r-stream", "t")
     plain = openai.OpenAI(base_url=plain_s.openai_base_url, api_key=plain_s.api_key, max_retries=0)
     streamed = openai.OpenAI(base_url=stream_s.openai_base_url, api_key=stream_s.api_key, max_retries=0)
@@ -103,7 +103,7 @@ def test_openai_stream_arrives_incrementally_and_matches_non_streamed(gateway, f
 
 def test_anthropic_stream_arrives_incrementally_and_matches_non_streamed(gateway, fast_engine):
     engine = fast_engine([{"text": LONG_REPLY}], per_token_s=0.01)
-    g, admin = gateway(HTTPEngine(engine.base_url))
+    g, admin = gateway(HTTPEngine(engine.base_url), stream_interval_ms=0)
     plain_s, stream_s = admin.create_session("r-plain", "t"), admin.create_session("r-stream", "t")
     msgs: list[MessageParam] = [{"role": "user", "content": "Explain."}]
     plain = anthropic.Anthropic(base_url=plain_s.anthropic_base_url, api_key=plain_s.api_key, max_retries=0)
@@ -127,6 +127,35 @@ def test_anthropic_stream_arrives_incrementally_and_matches_non_streamed(gateway
     assert kinds[0] == "message_start" and kinds[1] == "content_block_start" and kinds[-1] == "message_stop"
     assert arrivals[0] < 0.3 * end
     assert _same(*_calls(g.journal_dir)) == {}
+
+
+def test_stream_text_goes_out_at_most_once_per_interval(gateway, fast_engine):
+    """The default interval (1 s): a reply generated over ~2 s reaches the harness in a few text events, not one
+    per token, the first at once; together the same text as the non-streamed reply."""
+    engine = fast_engine([{"text": LONG_REPLY}], per_token_s=0.03)
+    g, admin = gateway(HTTPEngine(engine.base_url))
+    assert g.config.stream_interval_ms == 1000
+    plain_s, stream_s = admin.create_session("r-plain", "t"), admin.create_session("r-stream", "t")
+    msgs: list[MessageParam] = [{"role": "user", "content": "Explain."}]
+    plain = anthropic.Anthropic(base_url=plain_s.anthropic_base_url, api_key=plain_s.api_key, max_retries=0)
+    whole = plain.messages.create(model="p", max_tokens=300, messages=msgs)
+    streamed = anthropic.Anthropic(
+        base_url=stream_s.anthropic_base_url, api_key=stream_s.api_key, max_retries=0
+    )
+    t0 = time.perf_counter()
+    arrivals: list[float] = []
+    pieces: list[str] = []
+    for event in streamed.messages.create(model="p", max_tokens=300, messages=msgs, stream=True):
+        if event.type == "content_block_delta" and event.delta.type == "text_delta":
+            arrivals.append(time.perf_counter() - t0)
+            pieces.append(event.delta.text)
+    end = time.perf_counter() - t0
+    assert "".join(pieces) == _anthropic_text(whole) == LONG_REPLY
+    tokens = whole.usage.output_tokens
+    assert tokens >= 50 and end > 1.5, (tokens, end)  # else the interval is not what is measured
+    assert 2 <= len(pieces) <= end / 1.0 + 2, (len(pieces), end)  # one per second, and the last at the end
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:-1], strict=False)]
+    assert all(gap >= 0.9 for gap in gaps), gaps  # the end events may follow sooner than a full interval
 
 
 def test_streamed_tool_call_text_first_then_calls_at_the_end(gateway, fast_engine):
@@ -181,7 +210,7 @@ def test_text_streamed_before_an_aborting_pause_stays_in_the_record(gateway, fas
     """The fast engine has no /abort: the pause cancels the stream; the tokens already shown to the harness
     are kept and the call continues from them after resume, so the stream and the record agree."""
     engine = fast_engine([{"text": LONG_REPLY}], per_token_s=0.01)
-    g, admin = gateway(HTTPEngine(engine.base_url))
+    g, admin = gateway(HTTPEngine(engine.base_url), stream_interval_ms=0)  # an event per token: paused at 3
     s = admin.create_session("r", "t")
     client = openai.OpenAI(base_url=s.openai_base_url, api_key=s.api_key, max_retries=0, timeout=60)
     pieces: list[str] = []
