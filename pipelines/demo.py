@@ -89,11 +89,16 @@ DEMO_SPECS = '[{"harness": "react", "sandbox": "bubblewrap", "limits": {"turns":
 # samples in the format this host multiplies faster (bfloat16 on a Xeon with AMX, ~3x float32's rate; float32
 # elsewhere); the trainer stays float32: in bfloat16 too (1.8x) the loop's steps took 275 s instead of 413 s,
 # but the stage peaked at 4.55 GB instead of 3.87 GB.
+DEMO_TRAIN_SETTINGS: dict[str, object] = {
+    "optim": {"lr": 3e-5},
+    "loss_mode": "seq-mean-token-sum-norm",
+    "loss_scale_factor": 128,
+}
 DEMO_RL_SETTINGS: dict[str, object] = {
     "verify_timeout_s": 60,
     "estimator": "drgrpo",
     "engine_dtype": "auto",
-    "train": {"optim": {"lr": 3e-5}, "loss_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 128},
+    "train": DEMO_TRAIN_SETTINGS,
 }
 DEMO_RL_CONFIG = json.dumps(DEMO_RL_SETTINGS)
 
@@ -150,7 +155,7 @@ CLI_RL_CONFIG = json.dumps(
     {
         **DEMO_RL_SETTINGS,
         "concurrency": 32,
-        "train": {**json.loads(DEMO_RL_CONFIG)["train"], "activation_checkpointing": False},
+        "train": {**DEMO_TRAIN_SETTINGS, "activation_checkpointing": False},
     }
 )
 HARNESSES = ("chat", *CLI_FAMILY_SPECS)

@@ -130,8 +130,9 @@ def test_anthropic_stream_arrives_incrementally_and_matches_non_streamed(gateway
 
 
 def test_stream_text_goes_out_at_most_once_per_interval(gateway, fast_engine):
-    """The default interval (1 s): a reply generated over ~2 s reaches the harness in a few text events, not one
-    per token, the first at once; together the same text as the non-streamed reply."""
+    """The default interval (1 s): a reply generated over ~2 s reaches the harness in a few text events at least
+    a second apart (the stream opened with the first token), not one per token; together the same text as the
+    non-streamed reply."""
     engine = fast_engine([{"text": LONG_REPLY}], per_token_s=0.03)
     g, admin = gateway(HTTPEngine(engine.base_url))
     assert g.config.stream_interval_ms == 1000
