@@ -217,30 +217,39 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
 
 @contextlib.contextmanager
 def scoring_head(
-    head: torch.nn.Module, targets: torch.Tensor, chunk: int, entropy_grad: bool
+    head: torch.nn.Module, targets: torch.Tensor, trained: torch.Tensor, chunk: int, entropy_grad: bool
 ) -> Iterator[None]:
     """While open, the output head returns [rows, T, 2] (log π(target), entropy) instead of logits, `chunk`
     positions at a time under activation checkpointing: the backward recomputes each chunk's logits, so at
-    most one chunk's (chunk × vocab) exists at once. The head is still called inside the model's own forward,
-    so FSDP2 has its parameters gathered as usual."""
+    most one chunk's (chunk × vocab) exists at once. Only the positions where `trained` is true are scored
+    (0 elsewhere: the loss and every metric mask them out; a micro-batch with none scores its first position
+    alone): a prompt, a tool's output or a shared prefix costs the head nothing. The head is still called inside the model's own forward, so FSDP2 has its parameters
+    gathered as usual."""
     plain = head.forward
+    where = trained.reshape(-1).nonzero().squeeze(-1)
+    if not len(
+        where
+    ):  # still one row, so the head gets a (zero) gradient: FSDP ranks reduce the same tensors
+        where = where.new_zeros(1)
 
     def score(hidden: torch.Tensor) -> torch.Tensor:
-        flat, tgt = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        kept, tgt = flat.index_select(0, where), targets.reshape(-1).index_select(0, where)
         parts = [
             checkpoint(
                 _chunk_scores,
                 plain,
-                flat[s : s + chunk],
+                kept[s : s + chunk],
                 tgt[s : s + chunk],
                 entropy_grad,
                 use_reentrant=False,
             )
-            for s in range(0, flat.shape[0], chunk)
+            for s in range(0, kept.shape[0], chunk)
         ]
         lp = torch.cat([p[0] for p in parts])
         entropy = torch.cat([p[1] for p in parts])
-        return torch.stack((lp, entropy), dim=-1).view(*hidden.shape[:-1], 2)
+        scored = flat.new_zeros(flat.shape[0], 2, dtype=torch.float32)
+        return scored.index_copy(0, where, torch.stack((lp, entropy), dim=-1)).view(*hidden.shape[:-1], 2)
 
     head.forward = score
     try:
@@ -356,7 +365,7 @@ class Trainer:
         targets = mb.targets.to(self.device)
         head, chunk = output_head(model), self.cfg.head_chunk_tokens
         if head is not None and chunk:  # other models: their whole logits
-            with scoring_head(head, targets, chunk, entropy_grad):
+            with scoring_head(head, targets, mb.target_mask.to(self.device) > 0, chunk, entropy_grad):
                 scored = self._forward(model, mb)
             return TokenScores(scored[..., 0], scored[..., 1])
         logits = self._forward(model, mb)
@@ -369,7 +378,12 @@ class Trainer:
         return self._scores(model, mb).logprobs
 
     def step(self, items: Sequence[SeqItem]) -> StepMetrics:
-        """One batch of whole rollouts → `ppo_epochs` optimizer steps. Returns metrics of the last."""
+        """One batch of whole rollouts → `ppo_epochs` optimizer steps. Returns metrics of the last. The step's
+        activations and gradients come from malloc's heaps and go back to the system after it (memory.py)."""
+        with memory.large_tensors_from_the_heap():
+            return self._step(items)
+
+    def _step(self, items: Sequence[SeqItem]) -> StepMetrics:
         cfg = self.cfg
         start = time.perf_counter()
         mbs = micro_batches(items, cfg, self.pad_id, self.share_prefixes)
@@ -445,7 +459,6 @@ class Trainer:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.global_step += 1
-        memory.trim()  # the step's activations and gradients back to the system
         elapsed = time.perf_counter() - start
         mbs = mbs[:real_mbs]
         counts = dist_mod.all_reduce_sum(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harnessrl.train import trainer as trainer_module
 from harnessrl.train.batching import (
     MIN_SHARED_PREFIX,
     MicroBatch,
@@ -15,7 +16,7 @@ from harnessrl.train.batching import (
     plan_packs,
     prefix_families,
 )
-from harnessrl.train.losses import ppo_token_losses, sequence_weights
+from harnessrl.train.losses import PolicyLossConfig, ppo_token_losses, sequence_weights
 from harnessrl.train.modes import LossMode, Precision
 from harnessrl.train.trainer import Trainer, TrainerConfig, token_logprobs
 from tests.train.support import tiny_llama
@@ -102,6 +103,48 @@ def test_micro_batch_budget_and_padding_do_not_change_loss_or_gradient(mode):
         assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
         for name, g in ref.items():
             assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-7), name
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_the_output_head_scores_only_trained_positions_and_leaves_the_update_unchanged(
+    entropy_coef, monkeypatch
+):
+    """The chunked head skips the prompt positions (a third of these tokens): same loss, gradient and entropy as
+    the model's whole logits, in one chunk or many, with and without the entropy's gradient."""
+    mode = LossMode.ROLLOUT_TOKEN_MEAN
+    items = make_items(mode)
+
+    def cfg(chunk: int) -> TrainerConfig:
+        return no_clip(
+            loss_mode=mode, head_chunk_tokens=chunk, policy=PolicyLossConfig(entropy_coef=entropy_coef)
+        )
+
+    ref_loss, ref = grads_of_step(items, cfg(0))
+    ref_entropy = Trainer(small_llama(), cfg(0)).step(items)["entropy"]
+    for chunk in (256, 7):
+        loss, grads = grads_of_step(items, cfg(chunk))
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
+        for name, g in ref.items():
+            assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-7), name
+        assert Trainer(small_llama(), cfg(chunk)).step(items)["entropy"] == pytest.approx(
+            ref_entropy, rel=1e-5
+        )
+    # what the head computed: the trained positions' rows alone, each the whole logits' log-prob
+    trainer, scored_rows = Trainer(small_llama(), cfg(7)), []
+    score = trainer_module._chunk_scores
+    monkeypatch.setattr(
+        trainer_module, "_chunk_scores", lambda head, h, *a: scored_rows.append(len(h)) or score(head, h, *a)
+    )
+    (mb,) = pack(items, 10_000)
+    logprobs = trainer._logprobs_no_grad(trainer.model, mb)
+    trained = mb.target_mask > 0
+    assert sum(scored_rows) == int(trained.sum()) < mb.input_ids.numel() and max(scored_rows) <= 7
+    whole = token_logprobs(
+        trainer.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits,
+        mb.targets,
+    )
+    assert torch.allclose(logprobs[trained], whole[trained], atol=1e-5)
+    assert not logprobs[~trained].any()
 
 
 @pytest.mark.parametrize("world", [3])
