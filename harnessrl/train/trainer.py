@@ -222,14 +222,13 @@ def scoring_head(
     """While open, the output head returns [rows, T, 2] (log π(target), entropy) instead of logits, `chunk`
     positions at a time under activation checkpointing: the backward recomputes each chunk's logits, so at
     most one chunk's (chunk × vocab) exists at once. Only the positions where `trained` is true are scored
-    (0 elsewhere: the loss and every metric mask them out; a micro-batch with none scores its first position
-    alone): a prompt, a tool's output or a shared prefix costs the head nothing. The head is still called inside the model's own forward, so FSDP2 has its parameters
-    gathered as usual."""
+    (0 elsewhere: the loss and every metric mask them out): a prompt, a tool's output or a shared prefix costs
+    the head nothing. A micro-batch without any scores its first position alone, so that the head still gets a
+    (zero) gradient and every FSDP rank reduces the same tensors. The head is still called inside the model's
+    own forward, so FSDP2 has its parameters gathered as usual."""
     plain = head.forward
     where = trained.reshape(-1).nonzero().squeeze(-1)
-    if not len(
-        where
-    ):  # still one row, so the head gets a (zero) gradient: FSDP ranks reduce the same tensors
+    if not len(where):
         where = where.new_zeros(1)
 
     def score(hidden: torch.Tensor) -> torch.Tensor:
